@@ -1,0 +1,41 @@
+package etcdtest
+
+import (
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/pkg/v3/proxy"
+	"go.uber.org/zap"
+)
+
+// Proxy puts etcd's fault-injecting TCP proxy on a free loopback port in
+// front of target (a client URL) and returns it with its own URL. It is
+// closed when the test ends.
+func Proxy(tb testing.TB, target string) (proxy.Server, string) {
+	tb.Helper()
+	to, err := url.Parse(target)
+	if err != nil {
+		tb.Fatalf("proxy target %q: %v", target, err)
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	from := url.URL{Scheme: "tcp", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	p := proxy.NewServer(proxy.ServerConfig{
+		Logger: zap.NewNop(),
+		From:   from,
+		To:     url.URL{Scheme: "tcp", Host: to.Host},
+	})
+	select {
+	case <-p.Ready():
+	case err := <-p.Error():
+		tb.Fatalf("proxy: %v", err)
+	case <-time.After(10 * time.Second):
+		tb.Fatal("proxy not ready after 10s")
+	}
+	tb.Cleanup(func() { p.Close() })
+	return p, "http://" + from.Host
+}

@@ -1,0 +1,45 @@
+// Package lease takes named locks on etcd and gives each holder a fencing
+// token.
+//
+// A Session is one etcd lease, kept alive in the background. Session.Lock
+// queues for a name the way etcd's own concurrency.Mutex does (the key is
+// name + "/" + the lease ID in hex, and the holder is the oldest key under
+// the name), so locks taken here exclude, and are excluded by,
+// concurrency.Mutex, etcd's Lock RPC and etcdctl lock.
+//
+// # What is guaranteed
+//
+//   - Lock.Token is the creation revision of the lock key: raft-committed,
+//     cluster-wide, and strictly larger for every later holder of the same
+//     name, across etcd leader changes. It is never the response header
+//     revision (which differs when the lock was contended) nor the lease ID
+//     (which is not ordered).
+//   - A waiter is told it holds the lock only after it has read its own key,
+//     with its token, in the same read that found no older key. A waiter
+//     whose key or session vanishes returns at once with an error.
+//   - Unlock deletes the key only if its creation revision is still the
+//     token, so it never removes a successor's key. A failed or cancelled
+//     Lock removes its own key before it returns.
+//   - Locks of one name taken through one session exclude each other, and
+//     names nest: "jobs" and "jobs/7" are independent locks.
+//   - Waiting costs one commit (the predecessor's delete) and one watch
+//     event per handoff: the waiter's watch is opened at the current
+//     revision, which etcd serves at once, then the predecessor is read
+//     again to close the gap.
+//
+// # What is not
+//
+// A lease-based lock is not exclusive in time. A holder can pause (garbage
+// collection, swapping, SIGSTOP, a slow disk) past its lease; etcd then gives
+// the lock to the next waiter, and the paused holder wakes up believing it
+// still holds it. Lock.Done, Lock.Err, Lock.Context and Session.Done are
+// early warnings, computed conservatively (from when each keep-alive was
+// sent, not when its answer came), but a paused process sees none of them
+// until it runs again. Only a check made by the protected resource, in the
+// same atomic step as the write, makes the write safe: pass Lock.Token to it
+// (see package fence).
+//
+// Tokens compare only within one lock name. Restoring etcd from a snapshot
+// can move revisions, and so tokens, backwards unless the restore bumps
+// them (etcdutl snapshot restore --bump-revision N --mark-compacted).
+package lease

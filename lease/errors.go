@@ -1,0 +1,46 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Match them with errors.Is: the errors this package
+// returns wrap them with context.
+var (
+	// ErrLocked is returned by TryLock when another holder has the lock.
+	ErrLocked = errors.New("lease: locked by another holder")
+
+	// ErrLost is wrapped by every error that reports an involuntary end of
+	// ownership: the lease expired, or the lock key was deleted or replaced.
+	// A lost lock may already belong to someone else.
+	ErrLost = errors.New("lease: lock lost")
+
+	// ErrLeaseExpired reports that the session's lease ended without the
+	// session closing it: etcd said it was gone, or it was not renewed before
+	// the library's conservative deadline. It wraps ErrLost.
+	ErrLeaseExpired = fmt.Errorf("%w: lease expired", ErrLost)
+
+	// ErrKeyDeleted reports that the lock's key was deleted or replaced by
+	// someone other than this lock. It wraps ErrLost.
+	ErrKeyDeleted = fmt.Errorf("%w: lock key deleted or replaced", ErrLost)
+
+	// ErrUnlocked is the Err of a lock that Unlock released, and the error of
+	// a second Unlock.
+	ErrUnlocked = errors.New("lease: lock released")
+
+	// ErrSessionClosed is the Err of a session ended by Close, of the locks it
+	// held, and the error of calls on a closed session.
+	ErrSessionClosed = errors.New("lease: session closed")
+
+	// ErrInvalidArgument is wrapped by errors for bad input (an empty lock
+	// name, a nil client, a TTL under one second), returned before anything
+	// is sent to etcd.
+	ErrInvalidArgument = errors.New("lease: invalid argument")
+
+	// ErrKeyInUse reports that the key this session would use for a lock
+	// already exists without being this library's: another client shares the
+	// session's lease (for example a concurrency.Mutex built on it). Taking
+	// the lock would make two holders, so the library refuses.
+	ErrKeyInUse = errors.New("lease: lock key already in use on this lease")
+)

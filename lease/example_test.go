@@ -1,0 +1,57 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease"
+)
+
+// Take a lock, do work under it with a context that ends if the lock is lost,
+// and pass the token to whatever is written.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+
+	s, err := lease.NewSession(ctx, cli, lease.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	l, err := s.Lock(ctx, "shards/7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+
+	work, stop := l.Context(ctx)
+	defer stop()
+	fmt.Println("holding", l.Key(), "with token", l.Token())
+	<-work.Done() // the work; it ends early if the lock is lost
+}
+
+func ExampleSession_TryLock() {
+	ctx := context.Background()
+	var s *lease.Session // from lease.NewSession
+	l, err := s.TryLock(ctx, "scheduler")
+	switch {
+	case err == nil:
+		defer l.Unlock(ctx)
+		fmt.Println("we are the scheduler, token", l.Token())
+	case errors.Is(err, lease.ErrLocked):
+		fmt.Println("someone else is the scheduler")
+	default:
+		log.Print(err)
+	}
+}

@@ -1,0 +1,471 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Lock is one holding of a named lock by a Session. Its methods are safe for
+// concurrent use.
+//
+// A Lock is held from the moment Lock or TryLock returns it until Done is
+// closed. Ownership can end at any time without the holder's help (the lease
+// expires, someone deletes the key), and a process can be paused past that
+// point without noticing, so "Done is not closed" is never proof of
+// ownership at the moment of a write. Pass Token to the resource and let it
+// reject stale tokens (package fence).
+type Lock struct {
+	s     *Session
+	name  string
+	key   string
+	token int64
+
+	// ctx is a child of the session's: it ends, with the reason as its
+	// cause, when ownership ends.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	releaseGate func()
+	gateOnce    sync.Once
+	monitorDone chan struct{}
+
+	unlockMu  sync.Mutex // one Unlock at a time
+	stateMu   sync.Mutex
+	unlocking bool // an Unlock has sent its delete
+	sawDelete bool // the monitor saw the key go while unlocking
+}
+
+// Name is the lock's name, as given to Lock.
+func (l *Lock) Name() string { return l.name }
+
+// Key is the etcd key that holds the lock: Name() + "/" + the lease ID in
+// hex.
+func (l *Lock) Key() string { return l.key }
+
+// Token is the fencing token: the creation revision of the lock key. Every
+// later holder of the same name has a strictly larger token, across etcd
+// leader changes. Tokens of different names are unrelated.
+func (l *Lock) Token() int64 { return l.token }
+
+// Done is closed when ownership ends, for whatever reason: Unlock, Close of
+// the session, expiry of the lease, or deletion or replacement of the key.
+func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err is nil while the lock is held. After Done is closed it says why:
+// ErrUnlocked, ErrSessionClosed, or an error wrapping ErrLost
+// (ErrLeaseExpired or ErrKeyDeleted) for an involuntary loss.
+func (l *Lock) Err() error {
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
+}
+
+// Context returns a context derived from parent that is also cancelled when
+// ownership ends, with the lock's Err as its cause (context.Cause). Use it
+// for work done under the lock. Call cancel when the work is done.
+func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
+	ctx, cancelCause := context.WithCancelCause(parent)
+	stop := context.AfterFunc(l.ctx, func() { cancelCause(context.Cause(l.ctx)) })
+	return ctx, func() {
+		stop()
+		cancelCause(context.Canceled)
+	}
+}
+
+// Lock takes the lock name, waiting until it is held or ctx ends. Locks of
+// the same name taken through the same session exclude each other.
+//
+// On any failure the waiter's key is removed before Lock returns (a guarded
+// delete, bounded by the TTL), so a failed Lock never leaves a key that
+// would hold up later waiters. A waiter whose own key or session vanishes
+// returns at once, with an error wrapping ErrLost or ErrSessionClosed.
+func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
+	l, err := s.lock(ctx, name, false)
+	if err != nil {
+		return nil, fmt.Errorf("lease: lock %q: %w", name, err)
+	}
+	return l, nil
+}
+
+// TryLock takes the lock name if nobody holds it, and returns an error
+// wrapping ErrLocked at once otherwise. A failed TryLock leaves no key
+// behind: when the lock is held it writes nothing at all.
+func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
+	l, err := s.lock(ctx, name, true)
+	if err != nil {
+		return nil, fmt.Errorf("lease: trylock %q: %w", name, err)
+	}
+	return l, nil
+}
+
+func (s *Session) lock(ctx context.Context, name string, try bool) (*Lock, error) {
+	if err := validateName(name); err != nil {
+		return nil, err
+	}
+	release, err := s.enter(ctx, name, try)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), releaseGate: release}
+	held, err := l.create(ctx, try)
+	if err != nil {
+		l.releaseGate()
+		return nil, err
+	}
+	l.ctx, l.cancel = context.WithCancelCause(s.ctx)
+	if err := s.track(); err != nil {
+		l.abandon()
+		return nil, err
+	}
+	l.monitorDone = make(chan struct{})
+	go l.monitor(l.token + 1)
+	if !held {
+		if try {
+			// Reached only when nested locks' keys hid the queue.
+			pred, err := l.predecessor(ctx)
+			if err == nil && pred != nil {
+				err = ErrLocked
+			}
+			if err != nil {
+				l.abandon()
+				return nil, err
+			}
+		} else if err := l.wait(ctx); err != nil {
+			l.abandon()
+			return nil, err
+		}
+	}
+	s.lg.Debug("lock acquired", zap.String("key", l.key), zap.Int64("token", l.token))
+	return l, nil
+}
+
+const queuePage = 16
+
+// create puts the lock key and tells whether it is already the holder. With
+// try set it first tries to take the lock only if no key at all exists under
+// the name, so that a held lock costs TryLock no write.
+func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
+	cli, pfx := l.s.client, l.name+"/"
+	put := clientv3.OpPut(l.key, "", clientv3.WithLease(l.s.id))
+	if try {
+		resp, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
+			Then(put).
+			Else(clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(queuePage))).
+			Commit()
+		if err != nil {
+			return false, err
+		}
+		if resp.Succeeded {
+			l.token = resp.Header.Revision
+			return true, nil
+		}
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			if isQueueKey(pfx, kv.Key) {
+				return false, ErrLocked
+			}
+		}
+		// Only keys of nested locks were seen: queue up, then look again.
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
+		Then(put, clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)).
+		Commit()
+	if err != nil {
+		// The put may have been applied: remove it if so, by lease, since
+		// its revision is unknown.
+		l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+		return false, err
+	}
+	if !resp.Succeeded {
+		return false, fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
+	}
+	l.token = resp.Header.Revision
+	first := resp.Responses[1].GetResponseRange().Kvs
+	return len(first) == 1 && first[0].CreateRevision == l.token, nil
+}
+
+// wait blocks until every older key in the queue is gone, watching only the
+// nearest older one, as etcd's Mutex does, but with a watch that etcd
+// serves at once rather than one it catches up on a 100 ms timer.
+func (l *Lock) wait(ctx context.Context) error {
+	retry := 10 * time.Millisecond
+	for {
+		pred, err := l.predecessor(ctx)
+		if err != nil {
+			return err
+		}
+		if pred == nil {
+			return nil
+		}
+		gone, err := l.waitGone(ctx, pred)
+		if err != nil {
+			return err
+		}
+		if gone {
+			retry = 10 * time.Millisecond
+			continue
+		}
+		// The watch broke without seeing the key go: look again shortly.
+		select {
+		case <-time.After(retry):
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.ctx.Done():
+			return context.Cause(l.ctx)
+		}
+		retry = min(2*retry, time.Second)
+	}
+}
+
+// predecessor returns the newest queue key older than the lock's own, or nil
+// if there is none and the lock is held. In the same read it checks that the
+// lock's own key is still there with its token: a waiter whose key vanished
+// must never be told it holds the lock.
+func (l *Lock) predecessor(ctx context.Context) (*mvccpb.KeyValue, error) {
+	cli, pfx := l.s.client, l.name+"/"
+	older := func(maxRev int64) clientv3.Op {
+		return clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithMaxCreateRev(maxRev), clientv3.WithLimit(queuePage),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
+	}
+	maxRev := l.token - 1
+	if maxRev <= 0 { // WithMaxCreateRev(0) means no bound
+		return nil, nil
+	}
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(l.key), older(maxRev)).Commit()
+	if err != nil {
+		return nil, err
+	}
+	own := resp.Responses[0].GetResponseRange().Kvs
+	if len(own) == 0 || own[0].CreateRevision != l.token {
+		return nil, ErrKeyDeleted
+	}
+	page := resp.Responses[1].GetResponseRange()
+	for {
+		for _, kv := range page.Kvs {
+			if isQueueKey(pfx, kv.Key) {
+				return kv, nil
+			}
+			maxRev = kv.CreateRevision - 1
+		}
+		if !page.More || maxRev <= 0 {
+			return nil, nil
+		}
+		// Only nested locks' keys so far: read on, older.
+		r, err := cli.Do(ctx, older(maxRev))
+		if err != nil {
+			return nil, err
+		}
+		page = (*pb.RangeResponse)(r.Get())
+	}
+}
+
+// waitGone waits until pred is deleted. It opens the watch at the current
+// revision (served at once), waits for etcd to confirm it, and only then
+// reads pred again, so a deletion between the first read and the watch is
+// never missed. It reports false if the watch ended without seeing pred go.
+func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (bool, error) {
+	cli := l.s.client
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := cli.Watch(wctx, string(pred.Key), clientv3.WithCreatedNotify())
+	select {
+	case wr, ok := <-wch:
+		if !ok || wr.Err() != nil || !wr.Created {
+			return false, ctx.Err()
+		}
+	case <-l.ctx.Done():
+		return false, context.Cause(l.ctx)
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	g, err := cli.Get(ctx, string(pred.Key), clientv3.WithKeysOnly())
+	if err != nil {
+		return false, err
+	}
+	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != pred.CreateRevision {
+		return true, nil
+	}
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				return false, ctx.Err()
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return true, nil
+				}
+			}
+		case <-l.ctx.Done():
+			return false, context.Cause(l.ctx)
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+}
+
+// monitor watches the lock's own key from fromRev on, and ends the lock if
+// the key is deleted or replaced. Together with the session's lease
+// deadline it is what closes Done.
+func (l *Lock) monitor(fromRev int64) {
+	defer l.s.wg.Done()
+	defer close(l.monitorDone)
+	defer l.leave()
+	cli := l.s.client
+	rev := fromRev
+	retry := 50 * time.Millisecond
+	for l.ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(l.ctx))
+		for wr := range cli.Watch(wctx, l.key, clientv3.WithRev(rev)) {
+			if wr.Err() != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				rev = ev.Kv.ModRevision + 1
+				if ev.Type == mvccpb.DELETE || ev.Kv.CreateRevision != l.token || ev.Kv.Lease != int64(l.s.id) {
+					cancel()
+					l.keyGone()
+					return
+				}
+			}
+		}
+		cancel()
+		if l.ctx.Err() != nil {
+			return
+		}
+		// The watch ended (compaction, no leader, lost connection): read
+		// the key afresh and watch on from that read.
+		select {
+		case <-time.After(retry):
+		case <-l.ctx.Done():
+			return
+		}
+		retry = min(2*retry, time.Second)
+		g, err := cli.Get(l.ctx, l.key)
+		if err != nil {
+			continue
+		}
+		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.token {
+			l.keyGone()
+			return
+		}
+		rev = g.Header.Revision + 1
+	}
+}
+
+// keyGone records that the key went away. If an Unlock is in flight, its
+// own outcome decides how the lock ended; the monitor only waits for it.
+func (l *Lock) keyGone() {
+	l.stateMu.Lock()
+	if l.unlocking {
+		l.sawDelete = true
+		l.stateMu.Unlock()
+		<-l.ctx.Done()
+		return
+	}
+	l.stateMu.Unlock()
+	l.s.lg.Warn("lock key deleted", zap.String("key", l.key), zap.Int64("token", l.token))
+	l.cancel(fmt.Errorf("%w: %s", ErrKeyDeleted, l.key))
+}
+
+// leave hands the name's local gate on, once.
+func (l *Lock) leave() { l.gateOnce.Do(l.releaseGate) }
+
+// abandon gives up a lock that was never handed to the caller: its key is
+// removed if it still carries the token, and its monitor is stopped.
+func (l *Lock) abandon() {
+	l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
+	l.cancel(ErrUnlocked)
+	if l.monitorDone != nil {
+		<-l.monitorDone
+	} else {
+		l.leave()
+	}
+}
+
+// cleanup deletes the lock key if cmp holds, with its own deadline of one
+// TTL: the caller's ctx may be what failed. If etcd cannot be reached for
+// that long, the lease expires and takes the key with it.
+func (l *Lock) cleanup(cmp clientv3.Cmp) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.s.ttl)
+	defer cancel()
+	retry := 20 * time.Millisecond
+	for {
+		_, err := l.s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(l.key)).Commit()
+		if err == nil {
+			return
+		}
+		select {
+		case <-time.After(retry):
+			retry = min(2*retry, time.Second)
+		case <-ctx.Done():
+			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
+			return
+		}
+	}
+}
+
+// Unlock releases the lock: it deletes the key only if the key's creation
+// revision is still the token, so it can never remove a later holder's key,
+// even when a retry of it arrives late. Done closes with ErrUnlocked.
+//
+// If the lock has already ended, Unlock sends nothing and returns an error
+// saying how: wrapping ErrUnlocked, ErrSessionClosed or ErrLost. If the key
+// was found gone or replaced, the error wraps ErrKeyDeleted. If etcd did not
+// answer, the error is etcd's and the lock is still considered held: Unlock
+// may be called again.
+func (l *Lock) Unlock(ctx context.Context) error {
+	if err := l.unlock(ctx); err != nil {
+		return fmt.Errorf("lease: unlock %q: %w", l.name, err)
+	}
+	return nil
+}
+
+func (l *Lock) unlock(ctx context.Context) error {
+	l.unlockMu.Lock()
+	defer l.unlockMu.Unlock()
+	if l.ctx.Err() != nil {
+		return context.Cause(l.ctx)
+	}
+	l.stateMu.Lock()
+	l.unlocking = true
+	l.stateMu.Unlock()
+
+	resp, err := l.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
+		Then(clientv3.OpDelete(l.key)).
+		Commit()
+
+	l.stateMu.Lock()
+	saw := l.sawDelete
+	l.unlocking = false
+	l.stateMu.Unlock()
+	switch {
+	case err == nil && resp.Succeeded, err != nil && saw:
+		l.end(ErrUnlocked)
+		return nil
+	case err == nil:
+		lost := fmt.Errorf("%w: %s", ErrKeyDeleted, l.key)
+		l.end(lost)
+		return lost
+	default:
+		return err
+	}
+}
+
+// end ends the lock with cause and waits for its monitor.
+func (l *Lock) end(cause error) {
+	l.cancel(cause)
+	<-l.monitorDone
+}

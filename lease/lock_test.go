@@ -1,0 +1,522 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+func TestLockUnlock(t *testing.T) {
+	cli := etcd.Client(t)
+	s := newSession(t, cli)
+	name := etcdtest.Name(t, "basic")
+	l := mustLock(t, s, name)
+
+	if want := fmt.Sprintf("%s/%x", name, int64(s.Lease())); l.Key() != want {
+		t.Errorf("Key() = %q, want etcd's layout %q", l.Key(), want)
+	}
+	resp, err := cli.Get(testCtx(t), l.Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("lock key not in etcd: %v %v", resp, err)
+	}
+	if kv := resp.Kvs[0]; kv.CreateRevision != l.Token() || kv.Lease != int64(s.Lease()) {
+		t.Errorf("key create revision %d lease %x, lock token %d lease %x", kv.CreateRevision, kv.Lease, l.Token(), s.Lease())
+	}
+	if l.Err() != nil {
+		t.Errorf("Err() of a held lock = %v", l.Err())
+	}
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	expectDone(t, l.Done(), time.Second, "Done after Unlock")
+	if !errors.Is(l.Err(), lease.ErrUnlocked) {
+		t.Errorf("Err() after Unlock = %v, want ErrUnlocked", l.Err())
+	}
+	if keys := queueKeys(t, cli, name); len(keys) != 0 {
+		t.Errorf("keys left after Unlock: %v", keys)
+	}
+}
+
+// Interoperability with etcd's own lock implementations, both directions.
+func TestInteropConcurrencyMutex(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "interop")
+	ours := newSession(t, cli)
+	cs, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	m := concurrency.NewMutex(cs, name)
+
+	t.Run("ours excludes Mutex", func(t *testing.T) {
+		l := mustLock(t, ours, name)
+		if err := m.TryLock(testCtx(t)); !errors.Is(err, concurrency.ErrLocked) {
+			t.Fatalf("Mutex.TryLock while we hold: %v, want ErrLocked", err)
+		}
+		got := make(chan error, 1)
+		go func() { got <- m.Lock(testCtx(t)) }()
+		waitQueued(t, cli, name, 2)
+		select {
+		case err := <-got:
+			t.Fatalf("Mutex.Lock returned while we hold the lock: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if err := l.Unlock(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("Mutex.Lock after our Unlock: %v", err)
+		}
+	})
+	t.Run("Mutex excludes ours", func(t *testing.T) {
+		// m holds the lock from the previous subtest.
+		if _, err := ours.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+			t.Fatalf("TryLock while Mutex holds: %v, want ErrLocked", err)
+		}
+		ch := lockAsync(testCtx(t), ours, name)
+		waitQueued(t, cli, name, 2)
+		expectPending(t, ch, 200*time.Millisecond)
+		if err := m.Unlock(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("Lock after Mutex.Unlock: %v", r.err)
+		}
+		r.l.Unlock(testCtx(t))
+	})
+}
+
+// etcd's Lock RPC (which etcdctl lock also uses) and this library exclude
+// each other.
+func TestInteropLockRPC(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "rpc")
+	ours := newSession(t, cli)
+	rpc := v3lockpb.NewLockClient(cli.ActiveConnection())
+	grant, err := cli.Grant(testCtx(t), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(context.Background(), grant.ID)
+
+	l := mustLock(t, ours, name)
+	short, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	_, err = rpc.Lock(short, &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
+	cancel()
+	if err == nil {
+		t.Fatal("Lock RPC granted while we hold the lock")
+	}
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rpc.Lock(testCtx(t), &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
+	if err != nil {
+		t.Fatalf("Lock RPC after Unlock: %v", err)
+	}
+	if _, err := ours.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		t.Fatalf("TryLock while the Lock RPC holds: %v, want ErrLocked", err)
+	}
+	if _, err := rpc.Unlock(testCtx(t), &v3lockpb.UnlockRequest{Key: resp.Key}); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := ours.TryLock(testCtx(t), name)
+	if err != nil {
+		t.Fatalf("TryLock after the Lock RPC's unlock: %v", err)
+	}
+	l2.Unlock(testCtx(t))
+}
+
+// The token is the key's creation revision even when the lock was
+// contended, when concurrency.Mutex's header revision is not.
+func TestTokenIsCreationRevision(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "token")
+	a, b := newSession(t, cli), newSession(t, cli)
+	la := mustLock(t, a, name)
+	ch := lockAsync(testCtx(t), b, name)
+	waitQueued(t, cli, name, 2)
+	for i := 0; i < 3; i++ { // move the store revision on while b waits
+		if _, err := cli.Put(testCtx(t), name+"-other", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := la.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	lb := r.l
+	resp, err := cli.Get(testCtx(t), lb.Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("get %s: %v", lb.Key(), err)
+	}
+	if lb.Token() != resp.Kvs[0].CreateRevision {
+		t.Errorf("token %d, creation revision %d", lb.Token(), resp.Kvs[0].CreateRevision)
+	}
+	if lb.Token() <= la.Token() {
+		t.Errorf("successor token %d not above predecessor's %d", lb.Token(), la.Token())
+	}
+	if lb.Token() >= resp.Header.Revision {
+		t.Errorf("token %d should be older than the revisions written since (%d)", lb.Token(), resp.Header.Revision)
+	}
+	if int64(b.Lease()) == lb.Token() {
+		t.Error("token equals the lease ID")
+	}
+	lb.Unlock(testCtx(t))
+}
+
+// Tokens of successive holders of one name strictly increase, whichever
+// session holds it.
+func TestTokensIncrease(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "increase")
+	sessions := []*lease.Session{newSession(t, cli), newSession(t, cli), newSession(t, cli)}
+	var mu sync.Mutex
+	var tokens []int64
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10; i++ {
+				l, err := s.Lock(testCtx(t), name)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, l.Token())
+				mu.Unlock()
+				if err := l.Unlock(testCtx(t)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(tokens) != 30 {
+		t.Fatalf("%d grants, want 30", len(tokens))
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("grant %d has token %d after %d: %v", i, tokens[i], tokens[i-1], tokens)
+		}
+	}
+}
+
+// A waiter whose own key is deleted, or whose session's lease is revoked,
+// returns at once, while the holder still holds the lock.
+func TestWaiterLosesKey(t *testing.T) {
+	cases := []struct {
+		name string
+		kill func(t *testing.T, cli *clientv3.Client, s *lease.Session, key string)
+	}{
+		{"key deleted", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, key string) {
+			if _, err := cli.Delete(testCtx(t), key); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"lease revoked", func(t *testing.T, cli *clientv3.Client, s *lease.Session, _ string) {
+			if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := etcd.Client(t)
+			name := etcdtest.Name(t, "waiter")
+			holder, waiter := newSession(t, cli), newSession(t, cli)
+			l := mustLock(t, holder, name)
+			ch := lockAsync(testCtx(t), waiter, name)
+			waitQueued(t, cli, name, 2)
+			tc.kill(t, cli, waiter, fmt.Sprintf("%s/%x", name, int64(waiter.Lease())))
+			select {
+			case r := <-ch:
+				if !errors.Is(r.err, lease.ErrLost) {
+					t.Fatalf("waiter returned %v, %v; want an error wrapping ErrLost", r.l, r.err)
+				}
+			case <-time.After(time.Second):
+				t.Fatal("waiter still waiting 1s after its key vanished")
+			}
+			if l.Err() != nil {
+				t.Errorf("holder lost the lock: %v", l.Err())
+			}
+			l.Unlock(testCtx(t))
+		})
+	}
+}
+
+func TestCancelledWaiterRemovesKey(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "cancel")
+	holder, waiter := newSession(t, cli), newSession(t, cli)
+	l := mustLock(t, holder, name)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	ch := lockAsync(ctx, waiter, name)
+	waitQueued(t, cli, name, 2)
+	cancel()
+	r := <-ch
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancelled Lock: %v, want context.Canceled", r.err)
+	}
+	if keys := queueKeys(t, cli, name); len(keys) != 1 || keys[0] != l.Key() {
+		t.Fatalf("queue after cancel = %v, want only the holder's %s", keys, l.Key())
+	}
+	// The waiter's session can take the lock afterwards.
+	l.Unlock(testCtx(t))
+	mustLock(t, waiter, name).Unlock(testCtx(t))
+}
+
+// Two Lock calls on one name through one session exclude each other, though
+// they use the same etcd key.
+func TestSameSessionExclusion(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "same")
+	s := newSession(t, cli)
+	first := mustLock(t, s, name)
+	if _, err := s.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		t.Fatalf("TryLock through the holding session: %v, want ErrLocked", err)
+	}
+	ch := lockAsync(testCtx(t), s, name)
+	expectPending(t, ch, 300*time.Millisecond)
+	if err := first.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.l.Token() <= first.Token() {
+		t.Errorf("second holder token %d not above first's %d", r.l.Token(), first.Token())
+	}
+	if r.l.Err() != nil {
+		t.Errorf("second holder lost: %v", r.l.Err())
+	}
+	r.l.Unlock(testCtx(t))
+}
+
+// A TryLock that fails writes nothing at all.
+func TestTryLockWritesNothingWhenHeld(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "try")
+	holder, other := newSession(t, cli), newSession(t, cli)
+	l := mustLock(t, holder, name)
+	before, err := cli.Get(testCtx(t), "any-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := other.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+			t.Fatalf("TryLock: %v, want ErrLocked", err)
+		}
+	}
+	after, err := cli.Get(testCtx(t), "any-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Header.Revision != before.Header.Revision {
+		t.Errorf("failed TryLocks moved the store revision from %d to %d", before.Header.Revision, after.Header.Revision)
+	}
+	l.Unlock(testCtx(t))
+}
+
+// jobs and jobs/7 are different locks.
+func TestNestedNames(t *testing.T) {
+	cli := etcd.Client(t)
+	parent := etcdtest.Name(t, "jobs")
+	child := parent + "/7"
+	a, b, c := newSession(t, cli), newSession(t, cli), newSession(t, cli)
+
+	// An older holder and a waiter on the child lock.
+	lc := mustLock(t, a, child)
+	waiting := lockAsync(testCtx(t), b, child)
+	waitQueued(t, cli, child, 2)
+
+	lp, err := c.TryLock(testCtx(t), parent)
+	if err != nil {
+		t.Fatalf("TryLock(%q) with %q held: %v", parent, child, err)
+	}
+	lp.Unlock(testCtx(t))
+	lp = mustLock(t, c, parent)
+	// While the parent is held, the child lock changes hands freely.
+	if err := lc.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-waiting
+	if r.err != nil {
+		t.Fatalf("child waiter: %v", r.err)
+	}
+	// A guard of the parent is unaffected by the child's keys.
+	txn, err := cli.Txn(testCtx(t)).If(clientv3.Compare(clientv3.CreateRevision(lp.Key()), "=", lp.Token())).Commit()
+	if err != nil || !txn.Succeeded {
+		t.Fatalf("parent guard failed: %v", err)
+	}
+	if lp.Err() != nil || r.l.Err() != nil {
+		t.Fatalf("a holder lost its lock: parent %v, child %v", lp.Err(), r.l.Err())
+	}
+	r.l.Unlock(testCtx(t))
+	lp.Unlock(testCtx(t))
+}
+
+// Unlock after loss sends nothing and never removes a successor's key,
+// even one with the same key name from the same session.
+func TestUnlockNeverDeletesSuccessor(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "succ")
+	s := newSession(t, cli)
+	old := mustLock(t, s, name)
+	// Someone deletes the key and a new key appears under the same name and
+	// lease, as a newer lock of the same session would make.
+	if _, err := cli.Delete(testCtx(t), old.Key()); err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(testCtx(t), old.Key(), "", clientv3.WithLease(s.Lease()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = old.Unlock(testCtx(t))
+	if !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Unlock after the key was replaced: %v, want ErrLost", err)
+	}
+	resp, err := cli.Get(testCtx(t), old.Key())
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != put.Header.Revision {
+		t.Fatalf("successor key was removed or changed: %v %v", resp, err)
+	}
+	if err := old.Unlock(testCtx(t)); !errors.Is(err, lease.ErrLost) {
+		t.Errorf("second Unlock after loss: %v, want ErrLost", err)
+	}
+}
+
+func TestUnlockTwice(t *testing.T) {
+	cli := etcd.Client(t)
+	s := newSession(t, cli)
+	l := mustLock(t, s, etcdtest.Name(t, "twice"))
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(testCtx(t)); !errors.Is(err, lease.ErrUnlocked) {
+		t.Fatalf("second Unlock: %v, want ErrUnlocked", err)
+	}
+}
+
+// Done closes and Err says why, for each way a lock can end.
+func TestLossSignals(t *testing.T) {
+	cases := []struct {
+		name string
+		end  func(t *testing.T, cli *clientv3.Client, s *lease.Session, l *lease.Lock)
+		want error
+		lost bool
+	}{
+		{"key deleted", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, l *lease.Lock) {
+			cli.Delete(testCtx(t), l.Key())
+		}, lease.ErrKeyDeleted, true},
+		{"key replaced", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, l *lease.Lock) {
+			cli.Txn(testCtx(t)).Then(clientv3.OpDelete(l.Key())).Commit()
+			cli.Put(testCtx(t), l.Key(), "")
+		}, lease.ErrKeyDeleted, true},
+		{"lease revoked", func(t *testing.T, cli *clientv3.Client, s *lease.Session, _ *lease.Lock) {
+			cli.Revoke(testCtx(t), s.Lease())
+		}, lease.ErrLost, true},
+		{"session closed", func(t *testing.T, _ *clientv3.Client, s *lease.Session, _ *lease.Lock) {
+			s.Close()
+		}, lease.ErrSessionClosed, false},
+		{"unlocked", func(t *testing.T, _ *clientv3.Client, _ *lease.Session, l *lease.Lock) {
+			l.Unlock(testCtx(t))
+		}, lease.ErrUnlocked, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := etcd.Client(t)
+			s := newSession(t, cli)
+			l := mustLock(t, s, etcdtest.Name(t, "loss"))
+			work, cancel := l.Context(testCtx(t))
+			defer cancel()
+			tc.end(t, cli, s, l)
+			expectDone(t, l.Done(), 2*time.Second, "Lock.Done")
+			expectDone(t, work.Done(), time.Second, "Lock.Context")
+			if !errors.Is(l.Err(), tc.want) {
+				t.Errorf("Err() = %v, want %v", l.Err(), tc.want)
+			}
+			if errors.Is(l.Err(), lease.ErrLost) != tc.lost {
+				t.Errorf("errors.Is(%v, ErrLost) = %v, want %v", l.Err(), !tc.lost, tc.lost)
+			}
+			if !errors.Is(context.Cause(work), l.Err()) {
+				t.Errorf("context cause %v, want %v", context.Cause(work), l.Err())
+			}
+			if tc.lost {
+				if err := l.Unlock(testCtx(t)); !errors.Is(err, lease.ErrLost) {
+					t.Errorf("Unlock after loss: %v, want ErrLost", err)
+				}
+			}
+		})
+	}
+}
+
+// With the network silent, the session reports the loss at its own
+// deadline, before etcd expires the lease and deletes the key.
+func TestLossWithSilentNetwork(t *testing.T) {
+	cli := etcd.Client(t)
+	p, url := etcdtest.Proxy(t, etcd.Endpoints()[0])
+	viaProxy, err := etcdtest.NewClient([]string{url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaProxy.Close()
+	s := newSession(t, viaProxy, lease.WithTTL(shortTTL))
+	l := mustLock(t, s, etcdtest.Name(t, "silent"))
+
+	deleted := make(chan time.Time, 1)
+	wctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	wch := cli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
+	go func() {
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					deleted <- time.Now()
+					return
+				}
+			}
+		}
+	}()
+
+	p.BlackholeTx()
+	p.BlackholeRx()
+	deadline := s.Deadline()
+	expectDone(t, l.Done(), 2*s.TTL(), "Lock.Done with a silent network")
+	lostAt := time.Now()
+	if !errors.Is(l.Err(), lease.ErrLeaseExpired) {
+		t.Errorf("Err() = %v, want ErrLeaseExpired", l.Err())
+	}
+	if lostAt.Before(deadline) {
+		t.Errorf("loss reported at %v, before the deadline %v", lostAt, deadline)
+	}
+	select {
+	case at := <-deleted:
+		t.Fatalf("etcd deleted the key at %v, before the local loss at %v", at, lostAt)
+	default:
+	}
+	select {
+	case at := <-deleted:
+		t.Logf("local loss %v before etcd's expiry", at.Sub(lostAt))
+	case <-time.After(3 * s.TTL()):
+		t.Fatal("etcd never expired the lease")
+	}
+}

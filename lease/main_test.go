@@ -1,0 +1,110 @@
+package lease_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// etcd is the single embedded member (or ETCD_ENDPOINTS) shared by the
+// package's tests. Env.Main fails the run if a goroutine outlives it.
+var etcd etcdtest.Env
+
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+
+// shortTTL is the shortest lease etcd grants with default timing.
+const shortTTL = 2 * time.Second
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
+	t.Helper()
+	s, err := lease.NewSession(testCtx(t), cli, opts...)
+	if err != nil {
+		t.Fatalf("NewSession: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mustLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
+	t.Helper()
+	l, err := s.Lock(testCtx(t), name)
+	if err != nil {
+		t.Fatalf("Lock(%q): %v", name, err)
+	}
+	return l
+}
+
+// queueKeys lists the keys queued under a lock name, nested locks excluded.
+func queueKeys(t *testing.T, cli *clientv3.Client, name string) []string {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range resp.Kvs {
+		keys = append(keys, string(kv.Key))
+	}
+	return keys
+}
+
+// lockResult is the outcome of a Lock call run in the background.
+type lockResult struct {
+	l   *lease.Lock
+	err error
+}
+
+func lockAsync(ctx context.Context, s *lease.Session, name string) <-chan lockResult {
+	ch := make(chan lockResult, 1)
+	go func() {
+		l, err := s.Lock(ctx, name)
+		ch <- lockResult{l, err}
+	}()
+	return ch
+}
+
+// waitQueued waits until n keys are queued under name: an event, not a
+// guess at how long a Lock call takes to enqueue.
+func waitQueued(t *testing.T, cli *clientv3.Client, name string, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	wch := cli.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	<-wch
+	for len(queueKeys(t, cli, name)) < n {
+		select {
+		case <-wch:
+		case <-ctx.Done():
+			t.Fatalf("%d keys never queued under %q", n, name)
+		}
+	}
+}
+
+func expectPending(t *testing.T, ch <-chan lockResult, d time.Duration) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("Lock returned while the lock was held: lock=%v err=%v", r.l, r.err)
+	case <-time.After(d):
+	}
+}
+
+func expectDone(t *testing.T, done <-chan struct{}, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(within):
+		t.Fatalf("%s: not done after %v", what, within)
+	}
+}

@@ -1,0 +1,66 @@
+package lease
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DefaultTTL is the lease TTL a Session asks for when WithTTL is not given.
+const DefaultTTL = 10 * time.Second
+
+// Option configures a Session. Options are checked by NewSession, which
+// returns an error wrapping ErrInvalidArgument for a bad one.
+type Option func(*options) error
+
+type options struct {
+	ttl    time.Duration
+	logger *zap.Logger
+	clock  clock
+}
+
+// WithTTL sets the lease TTL the session asks for. It is rounded up to whole
+// seconds, and must be at least one second. etcd may grant more (its minimum
+// is 1.5 × the election timeout, 2 s with default timing): the session uses
+// the granted TTL everywhere, see Session.TTL.
+func WithTTL(ttl time.Duration) Option {
+	return func(o *options) error {
+		if ttl < time.Second {
+			return fmt.Errorf("%w: ttl %v is below one second", ErrInvalidArgument, ttl)
+		}
+		o.ttl = ttl
+		return nil
+	}
+}
+
+// WithLogger sets the logger for the session's keep-alive and loss events.
+// A nil logger means zap.NewNop().
+func WithLogger(l *zap.Logger) Option {
+	return func(o *options) error {
+		o.logger = l
+		return nil
+	}
+}
+
+func buildOptions(opts []Option) (options, error) {
+	o := options{ttl: DefaultTTL, clock: realClock{}}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return options{}, err
+		}
+	}
+	if o.logger == nil {
+		o.logger = zap.NewNop()
+	}
+	return o, nil
+}
+
+// ttlSeconds rounds a TTL up to whole seconds, as etcd grants leases in
+// seconds.
+func ttlSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}
