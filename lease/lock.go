@@ -2,14 +2,18 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Lock is one holding of a named lock by a Session. Its methods are safe for
@@ -201,21 +205,23 @@ func (l *Lock) wait(ctx context.Context) error {
 	retry := 10 * time.Millisecond
 	for {
 		pred, err := l.predecessor(ctx)
-		if err != nil {
-			return err
-		}
-		if pred == nil {
+		if err == nil && pred == nil {
 			return nil
 		}
-		gone, err := l.waitGone(ctx, pred)
-		if err != nil {
+		gone := false
+		if err == nil {
+			gone, err = l.waitGone(ctx, pred)
+		}
+		if err != nil && !transient(ctx, err) {
 			return err
 		}
 		if gone {
 			retry = 10 * time.Millisecond
 			continue
 		}
-		// The watch broke without seeing the key go: look again shortly.
+		// The watch broke without seeing the key go, or etcd could not be
+		// reached for a moment: look again shortly. The waiter's key stays
+		// queued, and the session's deadline bounds how long this goes on.
 		select {
 		case <-time.After(retry):
 		case <-ctx.Done():
@@ -468,4 +474,17 @@ func (l *Lock) unlock(ctx context.Context) error {
 func (l *Lock) end(cause error) {
 	l.cancel(cause)
 	<-l.monitorDone
+}
+
+// transient tells whether a failed request may succeed if sent again: the
+// connection dropped or the cluster had no leader for a moment.
+func transient(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var etcdErr rpctypes.EtcdError // the client turns some statuses into these
+	if errors.As(err, &etcdErr) {
+		return etcdErr.Code() == codes.Unavailable
+	}
+	return status.Code(err) == codes.Unavailable
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -518,5 +519,60 @@ func TestLossWithSilentNetwork(t *testing.T) {
 		t.Logf("local loss %v before etcd's expiry", at.Sub(lostAt))
 	case <-time.After(3 * s.TTL()):
 		t.Fatal("etcd never expired the lease")
+	}
+}
+
+// A waiter whose watches resume at a compacted revision looks again, and is
+// never granted the lock while its predecessor still holds it.
+func TestWaiterSurvivesCompaction(t *testing.T) {
+	cli := etcd.Client(t)
+	target := etcd.Endpoints()[0]
+	p, url := etcdtest.Proxy(t, target)
+	viaProxy, err := etcdtest.NewClient([]string{url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaProxy.Close()
+	name := etcdtest.Name(t, "compact")
+	holder := newSession(t, cli)
+	waiter := newSession(t, viaProxy, lease.WithTTL(10*time.Second))
+	l := mustLock(t, holder, name)
+	ch := lockAsync(testCtx(t), waiter, name)
+	waitQueued(t, cli, name, 2)
+
+	// Cut the waiter off, move the store on and compact it, then let the
+	// waiter's client reconnect: its watches resume at a compacted revision.
+	addr := strings.TrimPrefix(url, "http://")
+	p.Close()
+	var last int64
+	for i := 0; i < 5; i++ {
+		r, err := cli.Put(testCtx(t), name+"-noise", fmt.Sprint(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := cli.Compact(testCtx(t), last); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.ProxyAt(t, addr, target)
+	if _, err := viaProxy.Get(testCtx(t), name); err != nil {
+		t.Fatalf("waiter's client did not reconnect: %v", err)
+	}
+	expectPending(t, ch, 500*time.Millisecond)
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("waiter after compaction: %v", r.err)
+		}
+		if r.l.Token() <= l.Token() {
+			t.Errorf("token %d not above %d", r.l.Token(), l.Token())
+		}
+		r.l.Unlock(testCtx(t))
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not granted 5s after the holder left")
 	}
 }

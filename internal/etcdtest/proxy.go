@@ -15,15 +15,23 @@ import (
 // closed when the test ends.
 func Proxy(tb testing.TB, target string) (proxy.Server, string) {
 	tb.Helper()
-	to, err := url.Parse(target)
-	if err != nil {
-		tb.Fatalf("proxy target %q: %v", target, err)
-	}
 	ports, err := freePorts(1)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	from := url.URL{Scheme: "tcp", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	return ProxyAt(tb, addr, target), "http://" + addr
+}
+
+// ProxyAt is Proxy on a given loopback address, for bringing a closed proxy
+// back on the address its clients know.
+func ProxyAt(tb testing.TB, addr, target string) proxy.Server {
+	tb.Helper()
+	to, err := url.Parse(target)
+	if err != nil {
+		tb.Fatalf("proxy target %q: %v", target, err)
+	}
+	from := url.URL{Scheme: "tcp", Host: addr}
 	p := proxy.NewServer(proxy.ServerConfig{
 		Logger: zap.NewNop(),
 		From:   from,
@@ -37,5 +45,5 @@ func Proxy(tb testing.TB, target string) (proxy.Server, string) {
 		tb.Fatal("proxy not ready after 10s")
 	}
 	tb.Cleanup(func() { p.Close() })
-	return p, "http://" + from.Host
+	return p
 }
