@@ -1,0 +1,91 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Sentinel errors; match them with errors.Is.
+var (
+	// ErrNotHeld reports that a Held guard failed: the lock key is gone or
+	// was created anew (a different token). The error is a *NotHeldError.
+	ErrNotHeld = errors.New("fence: lock not held")
+
+	// ErrStale reports that a Resource guard failed: the resource has
+	// accepted a higher token. The error is a *StaleError.
+	ErrStale = errors.New("fence: stale token")
+
+	// ErrOutcomeUnknown reports that a request may have reached etcd but no
+	// answer came back: the write may or may not have been applied. It is
+	// never retried automatically; read back before trying again.
+	ErrOutcomeUnknown = errors.New("fence: outcome unknown")
+
+	// ErrInvalidArgument is wrapped by errors for bad input, returned before
+	// anything is sent.
+	ErrInvalidArgument = errors.New("fence: invalid argument")
+)
+
+// NotHeldError is the error of a failed Held guard.
+type NotHeldError struct {
+	Key   string // the lock key
+	Token int64  // the token the guard expected
+	// Current is the creation revision the key has now, 0 if it is gone.
+	Current int64
+}
+
+func (e *NotHeldError) Error() string {
+	if e.Current == 0 {
+		return fmt.Sprintf("fence: lock not held: key %q (token %d) is gone", e.Key, e.Token)
+	}
+	return fmt.Sprintf("fence: lock not held: key %q has token %d, not %d", e.Key, e.Current, e.Token)
+}
+
+// Is makes errors.Is(err, ErrNotHeld) hold.
+func (e *NotHeldError) Is(target error) bool { return target == ErrNotHeld }
+
+// StaleError is the error of a failed Resource guard.
+type StaleError struct {
+	Key     string // the fence record key
+	Token   int64  // the token offered
+	Highest int64  // the highest token the record had accepted
+}
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("fence: stale token %d at %q: token %d already accepted", e.Token, e.Key, e.Highest)
+}
+
+// Is makes errors.Is(err, ErrStale) hold.
+func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+// classify turns a failed request's error into one that says whether the
+// request can have been applied. Only errors etcd returns before applying
+// anything are definite; everything else (deadline, cancel, lost connection)
+// may hide an applied write.
+func classify(err error) error {
+	if definite(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}
+
+func definite(err error) bool {
+	code := status.Code(err)
+	var etcdErr rpctypes.EtcdError
+	if errors.As(err, &etcdErr) {
+		code = etcdErr.Code()
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	switch code {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated,
+		codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,90 @@
+package fence
+
+import (
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Holder is a lock holding that can be fenced: its etcd key and its token,
+// the key's creation revision. *lease.Lock satisfies it.
+type Holder interface {
+	Key() string
+	Token() int64
+}
+
+// Cmp is the comparison that holds while h's key still exists with the
+// creation revision h.Token(): for transactions built by hand.
+func Cmp(h Holder) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(h.Key()), "=", h.Token())
+}
+
+type guardKind int
+
+const (
+	heldGuard guardKind = iota + 1
+	resourceGuard
+)
+
+// Guard is a condition a Txn checks in the same etcd transaction as its
+// writes. Build one with Held or Resource; the zero Guard is invalid. A Guard
+// is a value and may be reused across transactions and goroutines.
+type Guard struct {
+	kind   guardKind
+	key    string
+	token  int64
+	holder Holder
+}
+
+// Held is the lock-service check: the lock key still exists with the
+// holder's token, so the holder has not lost the lock, at the moment etcd
+// applies the transaction. Use it for state kept in the same etcd as the
+// lock.
+//
+// If the holder also has an Err method (as *lease.Lock does) and it reports
+// an error, Commit fails with ErrNotHeld without sending anything.
+func Held(h Holder) Guard {
+	if h == nil {
+		return Guard{kind: heldGuard}
+	}
+	return Guard{kind: heldGuard, key: h.Key(), token: h.Token(), holder: h}
+}
+
+// Resource is the resource-side check: token must be at least the highest
+// token recorded at key, a fence record that this package keeps. On success
+// the record is set to token in the same transaction; a missing record is
+// the first write. An equal token passes (one holder writes many times); a
+// lower one fails with a *StaleError and changes nothing.
+//
+// Unlike Held, a Resource guard keeps working after the lock is gone and
+// for writers that reached the resource by other paths: what it protects
+// is the order of tokens, not the lock. Tokens of different lock names are
+// unrelated, so a record must only ever see tokens of one lock name.
+func Resource(key string, token int64) Guard {
+	return Guard{kind: resourceGuard, key: key, token: token}
+}
+
+func (g Guard) validate() error {
+	switch {
+	case g.kind == 0:
+		return fmt.Errorf("%w: zero Guard", ErrInvalidArgument)
+	case g.kind == heldGuard && g.holder == nil:
+		return fmt.Errorf("%w: Held(nil)", ErrInvalidArgument)
+	case g.key == "":
+		return fmt.Errorf("%w: guard with an empty key", ErrInvalidArgument)
+	case g.token <= 0:
+		return fmt.Errorf("%w: guard on %q with token %d: tokens are positive", ErrInvalidArgument, g.key, g.token)
+	}
+	return nil
+}
+
+// String describes the guard for logs and errors.
+func (g Guard) String() string {
+	switch g.kind {
+	case heldGuard:
+		return fmt.Sprintf("held(%s@%d)", g.key, g.token)
+	case resourceGuard:
+		return fmt.Sprintf("resource(%s>=%d)", g.key, g.token)
+	}
+	return "invalid guard"
+}

@@ -1,0 +1,71 @@
+package fence_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+var etcd etcdtest.Env
+
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newLock(t testing.TB, cli *clientv3.Client, name string) (*lease.Session, *lease.Lock) {
+	t.Helper()
+	s, err := lease.NewSession(testCtx(t), cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	l, err := s.Lock(testCtx(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, l
+}
+
+func get(t testing.TB, cli *clientv3.Client, key string) (string, bool) {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", false
+	}
+	return string(resp.Kvs[0].Value), true
+}
+
+func revision(t testing.TB, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), "any")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// token is a Holder with a fixed key and token.
+type token struct {
+	key string
+	tok int64
+}
+
+func (h token) Key() string  { return h.key }
+func (h token) Token() int64 { return h.tok }
+
+func testCtxWithTimeout(t testing.TB, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(testCtx(t), d)
+}
