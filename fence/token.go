@@ -1,8 +1,8 @@
 package fence
 
 import (
-	"encoding/hex"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 )
 
