@@ -1,0 +1,236 @@
+package sqlfence
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/leasefence/leasefence/fence"
+)
+
+// DefaultTokenColumn is the fence column's name unless WithTokenColumn says
+// otherwise.
+const DefaultTokenColumn = "fence_token"
+
+// ErrMissing reports that Update found no row with the given id.
+var ErrMissing = errors.New("sqlfence: row missing")
+
+// Dialect is the SQL dialect a Fence writes: it decides placeholders.
+type Dialect int
+
+// The supported dialects.
+const (
+	// Postgres numbers placeholders $1, $2, ...
+	Postgres Dialect = iota + 1
+	// SQLite uses ? placeholders.
+	SQLite
+)
+
+// Execer runs statements: *sql.DB, *sql.Tx and *sql.Conn all satisfy it.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Col is one column set by a fenced write.
+type Col struct {
+	Name  string
+	Value any
+}
+
+// Set names a column and the value a fenced write gives it.
+func Set(name string, value any) Col { return Col{Name: name, Value: value} }
+
+// Fence writes rows of one table, each guarded by the highest token the row
+// has accepted. A Fence holds no connection or state besides its
+// configuration, and is safe for concurrent use.
+type Fence struct {
+	dialect     Dialect
+	table       string // quoted
+	id          string // quoted
+	token       string // quoted
+	rawTable    string
+	tokenColumn string
+}
+
+// Option configures a Fence.
+type Option func(*Fence) error
+
+// WithTokenColumn names the fence column (default "fence_token").
+func WithTokenColumn(name string) Option {
+	return func(f *Fence) error {
+		q, err := quote(name)
+		if err != nil {
+			return err
+		}
+		f.token, f.tokenColumn = q, name
+		return nil
+	}
+}
+
+// New returns a Fence for table, whose primary key (or unique) column is
+// idColumn. Identifiers are quoted, never pasted into SQL as they are. Bad
+// input gives an error wrapping fence.ErrInvalidArgument.
+func New(dialect Dialect, table, idColumn string, opts ...Option) (*Fence, error) {
+	if dialect != Postgres && dialect != SQLite {
+		return nil, fmt.Errorf("%w: sqlfence: unknown dialect %d", fence.ErrInvalidArgument, dialect)
+	}
+	f := &Fence{dialect: dialect, rawTable: table, tokenColumn: DefaultTokenColumn}
+	var err error
+	if f.table, err = quote(table); err != nil {
+		return nil, err
+	}
+	if f.id, err = quote(idColumn); err != nil {
+		return nil, err
+	}
+	f.token, _ = quote(DefaultTokenColumn)
+	for _, opt := range opts {
+		if err := opt(f); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// quote makes an identifier safe to put in SQL: double quotes, with inner
+// quotes doubled, as both PostgreSQL and SQLite read them.
+func quote(ident string) (string, error) {
+	if ident == "" || strings.ContainsRune(ident, 0) {
+		return "", fmt.Errorf("%w: sqlfence: identifier %q", fence.ErrInvalidArgument, ident)
+	}
+	return `"` + strings.ReplaceAll(ident, `"`, `""`) + `"`, nil
+}
+
+// AddColumnDDL is the statement that adds the fence column to an existing
+// table. Existing rows start at token 0, which any real token passes.
+func (f *Fence) AddColumnDDL() string {
+	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s BIGINT NOT NULL DEFAULT 0", f.table, f.token)
+}
+
+// ColumnDDL is the fence column's definition, for a CREATE TABLE.
+func (f *Fence) ColumnDDL() string {
+	return f.token + " BIGINT NOT NULL DEFAULT 0"
+}
+
+func (f *Fence) placeholder(n int) string {
+	if f.dialect == Postgres {
+		return fmt.Sprintf("$%d", n)
+	}
+	return "?"
+}
+
+// Update sets cols on the row id if token is at least the row's fence
+// token, and records token, in one statement:
+//
+//	UPDATE t SET c = ?, fence_token = ? WHERE id = ? AND fence_token <= ?
+//
+// It returns a *fence.StaleError (errors.Is fence.ErrStale) with the row's
+// highest token if the row has accepted a higher one, and ErrMissing if
+// there is no such row. Run it on a *sql.Tx to make it part of the
+// caller's transaction.
+func (f *Fence) Update(ctx context.Context, db Execer, id any, token int64, cols ...Col) error {
+	if err := f.check(token, cols); err != nil {
+		return err
+	}
+	var sets []string
+	var args []any
+	for _, c := range cols {
+		q, _ := quote(c.Name)
+		args = append(args, c.Value)
+		sets = append(sets, q+" = "+f.placeholder(len(args)))
+	}
+	args = append(args, token)
+	sets = append(sets, f.token+" = "+f.placeholder(len(args)))
+	args = append(args, id)
+	where := f.id + " = " + f.placeholder(len(args))
+	args = append(args, token)
+	where += " AND " + f.token + " <= " + f.placeholder(len(args))
+	q := fmt.Sprintf("UPDATE %s SET %s WHERE %s", f.table, strings.Join(sets, ", "), where)
+	return f.result(ctx, db, q, args, id, token, true)
+}
+
+// Upsert is Update that inserts the row if it does not exist yet (the
+// first write), with INSERT ... ON CONFLICT (id) DO UPDATE ... WHERE
+// fence_token <= token: still one statement.
+func (f *Fence) Upsert(ctx context.Context, db Execer, id any, token int64, cols ...Col) error {
+	if err := f.check(token, cols); err != nil {
+		return err
+	}
+	names := []string{f.id}
+	args := []any{id}
+	var sets []string
+	for _, c := range cols {
+		q, _ := quote(c.Name)
+		names = append(names, q)
+		args = append(args, c.Value)
+		sets = append(sets, q+" = excluded."+q)
+	}
+	names = append(names, f.token)
+	args = append(args, token)
+	sets = append(sets, f.token+" = excluded."+f.token)
+	ph := make([]string, len(args))
+	for i := range args {
+		ph[i] = f.placeholder(i + 1)
+	}
+	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.%s <= excluded.%s",
+		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), f.table, f.token, f.token)
+	return f.result(ctx, db, q, args, id, token, false)
+}
+
+// Highest reads the row's fence token; ErrMissing if there is no row.
+func (f *Fence) Highest(ctx context.Context, db Execer, id any) (int64, error) {
+	var highest int64
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", f.token, f.table, f.id, f.placeholder(1))
+	err := db.QueryRowContext(ctx, q, id).Scan(&highest)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("%w: %s %v", ErrMissing, f.rawTable, id)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sqlfence: read fence of %s %v: %w", f.rawTable, id, err)
+	}
+	return highest, nil
+}
+
+func (f *Fence) check(token int64, cols []Col) error {
+	if token <= 0 {
+		return fmt.Errorf("%w: sqlfence: token %d: tokens are positive", fence.ErrInvalidArgument, token)
+	}
+	for _, c := range cols {
+		if _, err := quote(c.Name); err != nil {
+			return err
+		}
+		if c.Name == f.tokenColumn {
+			return fmt.Errorf("%w: sqlfence: a write may not set the fence column %q itself", fence.ErrInvalidArgument, c.Name)
+		}
+	}
+	return nil
+}
+
+// result runs the fenced statement and tells a refused write apart: stale
+// (with the highest token, read after the fact) or missing.
+func (f *Fence) result(ctx context.Context, db Execer, q string, args []any, id any, token int64, mayBeMissing bool) error {
+	res, err := db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("sqlfence: write %s %v: %w", f.rawTable, id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("sqlfence: write %s %v: rows affected: %w", f.rawTable, id, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	highest, err := f.Highest(ctx, db, id)
+	if err != nil {
+		if mayBeMissing || !errors.Is(err, ErrMissing) {
+			return err
+		}
+	}
+	if highest <= token {
+		// The row changed between the write and this read.
+		return fmt.Errorf("sqlfence: write %s %v with token %d refused; the row now has token %d", f.rawTable, id, token, highest)
+	}
+	return &fence.StaleError{Key: fmt.Sprintf("%s/%v", f.rawTable, id), Token: token, Highest: highest}
+}
