@@ -1,0 +1,42 @@
+// Package fence makes writes safe under a lease-based lock: the resource
+// checks the writer's token in the same atomic step as the write, so a
+// holder that paused past its lease cannot overwrite its successor's work.
+//
+// # Which guard where
+//
+//   - State in the same etcd as the lock: Held. The write commits only if
+//     the lock key still exists with the holder's token (its creation
+//     revision), checked by etcd when it applies the transaction, not when
+//     the client sent it.
+//   - A resource that may see tokens from writers that reached it by other
+//     paths, or whose protection must outlive the lock (the lock key is
+//     gone once released, so Held can no longer say anything): Resource. A
+//     fence record in etcd keeps the highest token accepted; a write passes
+//     only with a token at least that high, and raises it.
+//   - Rows in a SQL database: package fence/sqlfence, the same rule in one
+//     UPDATE statement.
+//
+// Guards combine: NewTxn(ctx, kv, Held(l), Resource(k1, t), Resource(k2, t))
+// checks them all, with the caller's own If/Then/Else, in one etcd
+// transaction and one round trip. A failed guard is an error (*NotHeldError
+// or *StaleError) and runs neither branch; a failed caller If is not, and
+// runs Else, as etcd would.
+//
+// # What is guaranteed
+//
+// A write guarded by Held lands only while the lock is held by that very
+// holding. A write guarded by Resource lands only if no higher token has
+// been accepted by that record. Records store tokens in a fixed-width,
+// order-preserving encoding (EncodeToken), because etcd compares values as
+// bytes. An answer that did not arrive is reported as ErrOutcomeUnknown, never
+// as a failure, and such a transaction is never re-sent by this package.
+//
+// # What is not
+//
+// Tokens compare only within one lock name: never fence one record with
+// locks of different names. Restoring etcd from a snapshot can move
+// revisions, and so tokens, backwards; restore with
+// etcdutl snapshot restore --bump-revision N --mark-compacted, with N above
+// any revision the cluster may have handed out. A fence protects only
+// writes that go through it: a plain put to the same key bypasses it.
+package fence

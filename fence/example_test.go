@@ -1,0 +1,60 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"log"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// A checkpoint in etcd, written only while the lock is held.
+func ExampleHeld() {
+	ctx := context.Background()
+	var cli *clientv3.Client // connected elsewhere
+	var l *lease.Lock        // from Session.Lock
+	_, err := fence.NewTxn(ctx, cli, fence.Held(l)).
+		Then(clientv3.OpPut("jobs/7/checkpoint", "offset=4096")).
+		Commit()
+	switch {
+	case errors.Is(err, fence.ErrNotHeld):
+		log.Print("lost the lock; the write did not happen")
+	case errors.Is(err, fence.ErrOutcomeUnknown):
+		log.Print("no answer: read the checkpoint back before deciding")
+	case err != nil:
+		log.Print(err)
+	}
+}
+
+// A manifest that must never go back to an older writer's version, even
+// after the lock is gone.
+func ExampleResource() {
+	ctx := context.Background()
+	var cli *clientv3.Client
+	var l *lease.Lock
+	_, err := fence.NewTxn(ctx, cli, fence.Resource("manifests/fence", l.Token())).
+		Then(clientv3.OpPut("manifests/current", "v42")).
+		Commit()
+	var stale *fence.StaleError
+	if errors.As(err, &stale) {
+		log.Printf("token %d refused: %d already wrote", stale.Token, stale.Highest)
+	}
+}
+
+// The caller's own condition: a compare-and-swap that also needs the lock.
+func ExampleTxn_If() {
+	ctx := context.Background()
+	var cli *clientv3.Client
+	var l *lease.Lock
+	resp, err := fence.NewTxn(ctx, cli, fence.Held(l)).
+		If(clientv3.Compare(clientv3.Value("jobs/7/state"), "=", "ready")).
+		Then(clientv3.OpPut("jobs/7/state", "running")).
+		Else(clientv3.OpGet("jobs/7/state")).
+		Commit()
+	if err == nil && !resp.Succeeded {
+		log.Print("the job was not ready; nothing written")
+	}
+}
