@@ -14,15 +14,16 @@ import (
 // that would exceed it, before sending.
 const MaxTxnOps = 128
 
-// maxAttempts bounds how often Commit re-sends after finding a fence record
-// missing where it expected one, or the other way round. Those attempts
-// were not applied (the guard failed), so re-sending is safe.
-const maxAttempts = 4
+// MaxResourceGuards is the most Resource guards one Txn takes. Each record
+// is checked in a nested transaction with a branch for "missing" and one
+// for "present", so the transaction grows as 2^n.
+const MaxResourceGuards = 6
 
 // Txn is an etcd transaction whose writes happen only if every guard holds,
 // checked by etcd in the same atomic step. It is built like clientv3.Txn and
-// sent by Commit in one round trip: the guards form the outer transaction,
-// and the caller's If, Then and Else a transaction nested inside it.
+// sent by Commit as one etcd transaction, in one round trip: the Held guards
+// form the outer transaction, each Resource record a nested one, and the
+// caller's If, Then and Else the innermost.
 //
 // A Txn is not safe for concurrent use; build one per commit.
 type Txn struct {
@@ -55,9 +56,10 @@ func (t *Txn) Else(ops ...clientv3.Op) *Txn { t.els = append(t.els, ops...); ret
 // the branch that ran; the header is the whole transaction's.
 //
 // Errors:
-//   - a failed guard runs neither branch and returns a *NotHeldError
-//     (errors.Is ErrNotHeld) or a *StaleError (errors.Is ErrStale), joined
-//     if several failed;
+//   - a failed guard runs neither branch and changes nothing. Failed Held
+//     guards give *NotHeldError values (errors.Is ErrNotHeld), joined if
+//     several failed; otherwise the first Resource guard that refused gives a
+//     *StaleError (errors.Is ErrStale);
 //   - when etcd may have applied the transaction without the answer
 //     arriving (deadline, lost connection), an error matching
 //     ErrOutcomeUnknown: Commit never re-sends such a transaction;
@@ -75,116 +77,129 @@ func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
 			}
 		}
 	}
-	missing := make([]bool, len(t.guards)) // records believed not to exist yet
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		cmps, then, els := t.build(missing)
-		resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("fence: commit: %w", classify(err))
-		}
-		if resp.Succeeded {
-			return t.callerResponse(resp), nil
-		}
-		retry, err := t.diagnose(resp, missing)
-		if err != nil {
-			return nil, err
-		}
-		if !retry {
-			return nil, errors.New("fence: guards failed but every guard key reads as passing")
-		}
+	cmps, then, els := t.build()
+	resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("fence: commit: %w", classify(err))
 	}
-	return nil, fmt.Errorf("fence: fence records kept appearing and vanishing over %d attempts", maxAttempts)
+	if !resp.Succeeded {
+		return nil, t.notHeld(resp)
+	}
+	return t.walk(resp)
 }
 
 // nested tells whether the caller's part needs a transaction of its own.
 func (t *Txn) nested() bool { return len(t.cmps) > 0 || len(t.els) > 0 }
 
-func (t *Txn) build(missing []bool) (cmps []clientv3.Cmp, then, els []clientv3.Op) {
-	for i, g := range t.guards {
-		switch {
-		case g.kind == heldGuard:
+// build lays out the transaction. The outer level compares the Held
+// guards. Inside it, each Resource record i is checked by a nested
+// transaction: "record missing" (etcd fails every value comparison on a
+// missing key, so the first write is told apart by its creation revision)
+// or else "value <= token". Both branches lead on to record i+1, and the
+// innermost level, reached only when every record passed, raises the
+// records and runs the caller's part. etcd evaluates every comparison of a
+// transaction against the same revision before applying anything, so a
+// refused write changes nothing.
+func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
+	for _, g := range t.guards {
+		if g.kind == heldGuard {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.token))
 			els = append(els, clientv3.OpGet(g.key, clientv3.WithKeysOnly()))
-		case missing[i]:
-			// etcd fails every value comparison on a missing key, so the
-			// first write is told apart by its creation revision.
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", 0))
-			els = append(els, clientv3.OpGet(g.key))
-		default:
-			// There is no "<=": value < encoded+"\x00" is value <= encoded
-			// for values of one width, and cannot overflow.
-			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "<", EncodeToken(g.token)+"\x00"))
-			els = append(els, clientv3.OpGet(g.key))
-		}
-		if g.kind == resourceGuard {
-			then = append(then, clientv3.OpPut(g.key, EncodeToken(g.token)))
 		}
 	}
-	if t.nested() {
-		then = append(then, clientv3.OpTxn(t.cmps, t.then, t.els))
-	} else {
-		then = append(then, t.then...)
-	}
-	return cmps, then, els
+	return cmps, t.level(t.resources()), els
 }
 
-func (t *Txn) records() int {
-	n := 0
+func (t *Txn) level(recs []Guard) []clientv3.Op {
+	if len(recs) == 0 {
+		var ops []clientv3.Op
+		for _, g := range t.resources() {
+			ops = append(ops, clientv3.OpPut(g.key, EncodeToken(g.token)))
+		}
+		if t.nested() {
+			return append(ops, clientv3.OpTxn(t.cmps, t.then, t.els))
+		}
+		return append(ops, t.then...)
+	}
+	g, next := recs[0], t.level(recs[1:])
+	// There is no "<=": value < encoded+"\x00" is value <= encoded for
+	// values of one width, and cannot overflow.
+	present := clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(g.key), "<", EncodeToken(g.token)+"\x00")},
+		next,
+		[]clientv3.Op{clientv3.OpGet(g.key)})
+	return []clientv3.Op{clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(g.key), "=", 0)},
+		next,
+		[]clientv3.Op{present})}
+}
+
+func (t *Txn) resources() []Guard {
+	var recs []Guard
 	for _, g := range t.guards {
 		if g.kind == resourceGuard {
-			n++
+			recs = append(recs, g)
 		}
 	}
-	return n
+	return recs
 }
 
-func (t *Txn) callerResponse(resp *clientv3.TxnResponse) *clientv3.TxnResponse {
-	rest := resp.Responses[t.records():]
-	if !t.nested() {
-		resp.Responses = rest
-		return resp
-	}
-	inner := (*clientv3.TxnResponse)(rest[0].GetResponseTxn())
-	inner.Header = resp.Header
-	return inner
-}
-
-// diagnose reads the guard keys returned by a failed transaction. It returns
-// the guards' errors, or reports that a record's existence was guessed wrong
-// and the (unapplied) transaction should be sent again.
-func (t *Txn) diagnose(resp *clientv3.TxnResponse, missing []bool) (retry bool, err error) {
-	var errs []error
-	for i, g := range t.guards {
-		kvs := resp.Responses[i].GetResponseRange().Kvs
-		if g.kind == heldGuard {
-			switch {
-			case len(kvs) == 0:
-				errs = append(errs, &NotHeldError{Key: g.key, Token: g.token})
-			case kvs[0].CreateRevision != g.token:
-				errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: kvs[0].CreateRevision})
-			}
+// walk follows the branches etcd took through the record checks, down to
+// the caller's part, or to the record that refused the write.
+func (t *Txn) walk(resp *clientv3.TxnResponse) (*clientv3.TxnResponse, error) {
+	header, rs := resp.Header, resp.Responses
+	for _, g := range t.resources() {
+		missing := rs[0].GetResponseTxn()
+		if missing.Succeeded {
+			rs = missing.Responses
 			continue
 		}
-		if exists := len(kvs) > 0; exists == missing[i] {
-			missing[i] = !exists
-			retry = true
+		present := missing.Responses[0].GetResponseTxn()
+		if present.Succeeded {
+			rs = present.Responses
 			continue
 		}
+		kvs := present.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
+			return nil, fmt.Errorf("fence: record %q vanished within one transaction", g.key)
+		}
+		highest, err := DecodeToken(string(kvs[0].Value))
+		if err != nil {
+			return nil, fmt.Errorf("fence: record %q: %w", g.key, err)
+		}
+		return nil, &StaleError{Key: g.key, Token: g.token, Highest: highest}
+	}
+	rs = rs[len(t.resources()):]
+	if !t.nested() {
+		return &clientv3.TxnResponse{Header: header, Succeeded: true, Responses: rs}, nil
+	}
+	inner := (*clientv3.TxnResponse)(rs[0].GetResponseTxn())
+	inner.Header = header
+	return inner, nil
+}
+
+// notHeld reads the lock keys returned by a transaction whose Held guards
+// failed.
+func (t *Txn) notHeld(resp *clientv3.TxnResponse) error {
+	var errs []error
+	i := 0
+	for _, g := range t.guards {
+		if g.kind != heldGuard {
 			continue
 		}
-		highest, derr := DecodeToken(string(kvs[0].Value))
+		kvs := resp.Responses[i].GetResponseRange().Kvs
+		i++
 		switch {
-		case derr != nil:
-			errs = append(errs, fmt.Errorf("fence: record %q: %w", g.key, derr))
-		case highest > g.token:
-			errs = append(errs, &StaleError{Key: g.key, Token: g.token, Highest: highest})
+		case len(kvs) == 0:
+			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token})
+		case kvs[0].CreateRevision != g.token:
+			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: kvs[0].CreateRevision})
 		}
 	}
-	if len(errs) > 0 {
-		return false, errors.Join(errs...)
+	if len(errs) == 0 {
+		return errors.New("fence: held guard failed but every lock key reads as held")
 	}
-	return retry, nil
+	return errors.Join(errs...)
 }
 
 func (t *Txn) validate() error {
@@ -205,11 +220,14 @@ func (t *Txn) validate() error {
 			records = append(records, []byte(g.key))
 		}
 	}
-	outerThen := t.records() + len(t.then)
-	if t.nested() {
-		outerThen = t.records() + 1
+	if len(records) > MaxResourceGuards {
+		return fmt.Errorf("%w: %d Resource guards, at most %d per transaction", ErrInvalidArgument, len(records), MaxResourceGuards)
 	}
-	for _, n := range []int{len(t.guards), outerThen, len(t.cmps), len(t.then), len(t.els)} {
+	leaf := len(records) + len(t.then)
+	if t.nested() {
+		leaf = len(records) + 1
+	}
+	for _, n := range []int{len(t.guards), leaf, len(t.cmps), len(t.then), len(t.els)} {
 		if n > MaxTxnOps {
 			return fmt.Errorf("%w: %d operations in one list of a transaction, etcd accepts %d", ErrInvalidArgument, n, MaxTxnOps)
 		}

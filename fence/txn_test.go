@@ -239,3 +239,33 @@ func TestOutcomeUnknown(t *testing.T) {
 		t.Fatal("the write did not land; this test needs one that did")
 	}
 }
+
+// A new record and an existing one in the same transaction: one round trip
+// (the store revision moves by exactly one), and a refusal by the second
+// record leaves the first untouched.
+func TestFirstWriteInOneTransaction(t *testing.T) {
+	cli := etcd.Client(t)
+	base := etcdtest.Name(t, "first")
+	old, fresh, data := base+"/old", base+"/fresh", base+"/data"
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(old, 5)).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	before := revision(t, cli)
+	_, err := fence.NewTxn(testCtx(t), cli, fence.Resource(fresh, 4), fence.Resource(old, 4)).Then(clientv3.OpPut(data, "x")).Commit()
+	if !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("err = %v, want stale on %s", err, old)
+	}
+	if _, ok := get(t, cli, fresh); ok || revision(t, cli) != before {
+		t.Fatal("a refused transaction created the fresh record")
+	}
+	resp, err := fence.NewTxn(testCtx(t), cli, fence.Resource(fresh, 6), fence.Resource(old, 6)).Then(clientv3.OpPut(data, "y")).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Header.Revision != before+1 {
+		t.Errorf("revision %d after %d: want one transaction", resp.Header.Revision, before)
+	}
+	if v, _ := get(t, cli, fresh); v != fence.EncodeToken(6) {
+		t.Errorf("fresh record = %q", v)
+	}
+}
