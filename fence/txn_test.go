@@ -209,12 +209,7 @@ func TestBadInput(t *testing.T) {
 // write did land.
 func TestOutcomeUnknown(t *testing.T) {
 	cli := etcd.Client(t)
-	p, url := etcdtest.Proxy(t, etcd.Endpoints()[0])
-	viaProxy, err := etcdtest.NewClient([]string{url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer viaProxy.Close()
+	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
 	base := etcdtest.Name(t, "unknown")
 	rec, data := base+"/fence", base+"/data"
 	if _, err := fence.NewTxn(testCtx(t), viaProxy, fence.Resource(rec, 3)).Then(clientv3.OpPut(data, "a")).Commit(); err != nil {
@@ -226,7 +221,7 @@ func TestOutcomeUnknown(t *testing.T) {
 	<-wch
 	ctx, cancel := testCtxWithTimeout(t, 500*time.Millisecond)
 	defer cancel()
-	_, err = fence.NewTxn(ctx, viaProxy, fence.Resource(rec, 4)).Then(clientv3.OpPut(data, "b")).Commit()
+	_, err := fence.NewTxn(ctx, viaProxy, fence.Resource(rec, 4)).Then(clientv3.OpPut(data, "b")).Commit()
 	if !errors.Is(err, fence.ErrOutcomeUnknown) {
 		t.Fatalf("Commit without an answer: %v, want ErrOutcomeUnknown", err)
 	}

@@ -474,12 +474,7 @@ func TestLossSignals(t *testing.T) {
 // deadline, before etcd expires the lease and deletes the key.
 func TestLossWithSilentNetwork(t *testing.T) {
 	cli := etcd.Client(t)
-	p, url := etcdtest.Proxy(t, etcd.Endpoints()[0])
-	viaProxy, err := etcdtest.NewClient([]string{url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer viaProxy.Close()
+	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
 	s := newSession(t, viaProxy, lease.WithTTL(shortTTL))
 	l := mustLock(t, s, etcdtest.Name(t, "silent"))
 
@@ -527,12 +522,7 @@ func TestLossWithSilentNetwork(t *testing.T) {
 func TestWaiterSurvivesCompaction(t *testing.T) {
 	cli := etcd.Client(t)
 	target := etcd.Endpoints()[0]
-	p, url := etcdtest.Proxy(t, target)
-	viaProxy, err := etcdtest.NewClient([]string{url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer viaProxy.Close()
+	p, viaProxy, url := etcdtest.ProxiedClient(t, target)
 	name := etcdtest.Name(t, "compact")
 	holder := newSession(t, cli)
 	waiter := newSession(t, viaProxy, lease.WithTTL(10*time.Second))

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.uber.org/zap"
 )
@@ -46,4 +47,12 @@ func ProxyAt(tb testing.TB, addr, target string) proxy.Server {
 	}
 	tb.Cleanup(func() { p.Close() })
 	return p
+}
+
+// ProxiedClient puts a proxy in front of target and opens a client that
+// reaches etcd only through it. Both are closed when the test ends.
+func ProxiedClient(tb testing.TB, target string) (proxy.Server, *clientv3.Client, string) {
+	tb.Helper()
+	p, url := Proxy(tb, target)
+	return p, client(tb, []string{url}), url
 }
