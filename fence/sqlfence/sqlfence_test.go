@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,7 +73,7 @@ func setup(t testing.TB, b backend) (*sql.DB, *sqlfence.Fence, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quoted := `"` + stringsReplaceQuotes(table) + `"`
+	quoted := `"` + strings.ReplaceAll(table, `"`, `""`) + `"`
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (id TEXT PRIMARY KEY, payload TEXT)`, quoted)); err != nil {
 		t.Fatal(err)
@@ -82,18 +83,6 @@ func setup(t testing.TB, b backend) (*sql.DB, *sqlfence.Fence, string) {
 	}
 	t.Cleanup(func() { db.ExecContext(context.Background(), "DROP TABLE "+quoted) })
 	return db, f, quoted
-}
-
-func stringsReplaceQuotes(s string) string {
-	out := ""
-	for _, r := range s {
-		if r == '"' {
-			out += `""`
-		} else {
-			out += string(r)
-		}
-	}
-	return out
 }
 
 func payload(t testing.TB, db *sql.DB, table, id string) (string, int64) {
