@@ -7,6 +7,14 @@
 // the name), so locks taken here exclude, and are excluded by,
 // concurrency.Mutex, etcd's Lock RPC and etcdctl lock.
 //
+// Session.Campaign is leader election on the same queue: the leader is the
+// holder of the election name, and its key carries a value (an address, say)
+// that Proclaim changes. CurrentLeader and Observe read the leader with its
+// value and its token, so a follower can pass the leader's token on and a
+// resource can fence the leader's writes. The layout is etcd's own, shared
+// with concurrency.Election, etcd's Election RPC and etcdctl elect. A
+// Leadership ends, and shows it, exactly as a Lock does.
+//
 // # What is guaranteed
 //
 //   - Lock.Token is the creation revision of the lock key: raft-committed,
@@ -26,6 +34,10 @@
 //     event per handoff: the waiter's watch is opened at the current
 //     revision, which etcd serves at once, then the predecessor is read
 //     again to close the gap.
+//   - An Observer delivers leaders in the order etcd committed them (by
+//     token, then by value revision) and, after a reconnect, a compaction or
+//     a broken watch, reads the leader afresh: it may skip a leader that came
+//     and went meanwhile, never the current one.
 //
 // # What is not
 //

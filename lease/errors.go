@@ -43,4 +43,11 @@ var (
 	// session's lease (for example a concurrency.Mutex built on it). Taking
 	// the lock would make two holders, so the library refuses.
 	ErrKeyInUse = errors.New("lease: lock key already in use on this lease")
+
+	// ErrNoLeader is returned by CurrentLeader when nobody holds the
+	// election.
+	ErrNoLeader = errors.New("lease: no leader")
+
+	// ErrObserverClosed is the Err of an Observer stopped by Close.
+	ErrObserverClosed = errors.New("lease: observer closed")
 )

@@ -55,3 +55,36 @@ func ExampleSession_TryLock() {
 		log.Print(err)
 	}
 }
+
+// Campaign for leadership, fence the leader's work with its token, and step
+// down when done. The loop ends by itself if leadership is lost.
+func ExampleSession_Campaign() {
+	ctx := context.Background()
+	var s *lease.Session // from lease.NewSession
+	lead, err := s.Campaign(ctx, "scheduler/leader", "10.0.0.7:8080")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lead.Resign(ctx)
+	work, stop := lead.Context(ctx)
+	defer stop()
+	fmt.Println("leading with token", lead.Token())
+	<-work.Done() // schedule jobs, each write fenced with lead.Token()
+	fmt.Println("no longer leader:", lead.Err())
+}
+
+// Follow the leader: each Leader carries the value it proclaimed and its
+// token, in commit order.
+func ExampleObserve() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var cli *clientv3.Client // from clientv3.New
+	o, err := lease.Observe(ctx, cli, "scheduler/leader")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer o.Close()
+	for ld := range o.Leaders() {
+		fmt.Printf("leader %s at %s, token %d\n", ld.Key, ld.Value, ld.Token)
+	}
+}

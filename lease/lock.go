@@ -30,6 +30,7 @@ type Lock struct {
 	name  string
 	key   string
 	token int64
+	value string // the key's value when created: empty for a lock, the candidate's for a campaign
 
 	// ctx is a child of the session's: it ends, with the reason as its
 	// cause, when ownership ends.
@@ -111,6 +112,12 @@ func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
 }
 
 func (s *Session) lock(ctx context.Context, name string, try bool) (*Lock, error) {
+	return s.acquire(ctx, name, "", try)
+}
+
+// acquire queues a key holding value under name and waits for its turn:
+// the common path of Lock, TryLock and Campaign.
+func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*Lock, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
@@ -118,7 +125,7 @@ func (s *Session) lock(ctx context.Context, name string, try bool) (*Lock, error
 	if err != nil {
 		return nil, err
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), releaseGate: release}
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, releaseGate: release}
 	held, err := l.create(ctx, try)
 	if err != nil {
 		l.releaseGate()
@@ -158,7 +165,7 @@ const queuePage = 16
 // the name, so that a held lock costs TryLock no write.
 func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 	cli, pfx := l.s.client, l.name+"/"
-	put := clientv3.OpPut(l.key, "", clientv3.WithLease(l.s.id))
+	put := clientv3.OpPut(l.key, l.value, clientv3.WithLease(l.s.id))
 	if try {
 		resp, err := cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).

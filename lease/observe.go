@@ -1,0 +1,223 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Leader is an election's leader as read from etcd.
+type Leader struct {
+	// Name is the election's name.
+	Name string
+	// Key is the leader's key; its last path element is the leader's lease
+	// ID in hex.
+	Key string
+	// Value is the leader's value, as given to Campaign or Proclaim.
+	Value string
+	// Token is the leader's fencing token: the creation revision of Key.
+	// A follower can hand it to a resource to fence the leader's writes.
+	Token int64
+	// Revision is the store revision at which Value was written.
+	Revision int64
+}
+
+// newer tells whether l comes after prev: a later leader, or a later value
+// of the same leader.
+func (l Leader) newer(prev Leader) bool {
+	return l.Token > prev.Token || (l.Token == prev.Token && l.Revision > prev.Revision)
+}
+
+// CurrentLeader reads the leader of the election name: the oldest key under
+// name + "/". It returns an error wrapping ErrNoLeader if there is none. It
+// is safe for concurrent use and reads with etcd's default linearizable
+// consistency.
+func CurrentLeader(ctx context.Context, client *clientv3.Client, name string) (Leader, error) {
+	if client == nil {
+		return Leader{}, fmt.Errorf("lease: leader %q: %w: nil client", name, ErrInvalidArgument)
+	}
+	if err := validateName(name); err != nil {
+		return Leader{}, fmt.Errorf("lease: leader %q: %w", name, err)
+	}
+	ld, _, err := readLeader(ctx, client, name)
+	if err != nil {
+		return Leader{}, fmt.Errorf("lease: leader %q: %w", name, err)
+	}
+	if ld == nil {
+		return Leader{}, fmt.Errorf("lease: leader %q: %w", name, ErrNoLeader)
+	}
+	return *ld, nil
+}
+
+// readLeader returns the leader of name (nil if none) and the store
+// revision it was read at. Keys of nested names (name/sub/...) are skipped;
+// further pages are read at the first page's revision, so the answer is one
+// snapshot.
+func readLeader(ctx context.Context, client *clientv3.Client, name string) (*Leader, int64, error) {
+	pfx := name + "/"
+	var rev, minRev int64
+	for {
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithLimit(queuePage),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev), clientv3.WithMinCreateRev(minRev))
+		}
+		resp, err := client.Get(ctx, pfx, opts...)
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			if isQueueKey(pfx, kv.Key) {
+				return leaderOf(name, kv), rev, nil
+			}
+			minRev = kv.CreateRevision + 1
+		}
+		if !resp.More {
+			return nil, rev, nil
+		}
+	}
+}
+
+func leaderOf(name string, kv *mvccpb.KeyValue) *Leader {
+	return &Leader{Name: name, Key: string(kv.Key), Value: string(kv.Value), Token: kv.CreateRevision, Revision: kv.ModRevision}
+}
+
+// Observer follows the leader of an election. Its methods are safe for
+// concurrent use.
+//
+// Leaders delivers each leader, and each new value of a leader, in the
+// order etcd committed them: a Leader never follows one with a larger Token
+// (or the same Token and a larger Revision). A leader that comes and goes
+// while the Observer is cut off from etcd, or while nobody reads Leaders,
+// may be skipped, but the current leader never is: after a reconnect, a
+// compaction or a broken watch, the Observer reads the leader afresh and
+// delivers it if it is new.
+type Observer struct {
+	client *clientv3.Client
+	name   string
+	ch     chan Leader
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+	once   sync.Once
+}
+
+// Observe starts an Observer of the election name. It stops when ctx ends
+// or Close is called; the goroutine it starts is gone when Close returns.
+// Only bad input fails: etcd being unreachable is retried until it comes
+// back.
+func Observe(ctx context.Context, client *clientv3.Client, name string) (*Observer, error) {
+	if client == nil {
+		return nil, fmt.Errorf("lease: observe %q: %w: nil client", name, ErrInvalidArgument)
+	}
+	if err := validateName(name); err != nil {
+		return nil, fmt.Errorf("lease: observe %q: %w", name, err)
+	}
+	o := &Observer{client: client, name: name, ch: make(chan Leader), done: make(chan struct{})}
+	o.ctx, o.cancel = context.WithCancelCause(ctx)
+	go o.run()
+	return o, nil
+}
+
+// Leaders delivers leaders as they change. It is closed when the Observer
+// stops.
+func (o *Observer) Leaders() <-chan Leader { return o.ch }
+
+// Done is closed when the Observer has stopped and Leaders is closed.
+func (o *Observer) Done() <-chan struct{} { return o.done }
+
+// Err is nil while the Observer runs. After Done it is ErrObserverClosed
+// after Close, or the cause of ctx's end.
+func (o *Observer) Err() error {
+	select {
+	case <-o.done:
+		return context.Cause(o.ctx)
+	default:
+		return nil
+	}
+}
+
+// Close stops the Observer and waits for its goroutine to end. Calling it
+// again does nothing.
+func (o *Observer) Close() {
+	o.once.Do(func() { o.cancel(ErrObserverClosed) })
+	<-o.done
+}
+
+func (o *Observer) run() {
+	defer close(o.done)
+	defer close(o.ch)
+	var last Leader
+	retry := 50 * time.Millisecond
+	for o.ctx.Err() == nil {
+		cur, rev, err := readLeader(o.ctx, o.client, o.name)
+		if err != nil {
+			select {
+			case <-time.After(retry):
+				retry = min(2*retry, time.Second)
+			case <-o.ctx.Done():
+			}
+			continue
+		}
+		retry = 50 * time.Millisecond
+		if cur != nil && cur.newer(last) {
+			if !o.send(*cur) {
+				return
+			}
+			last = *cur
+		}
+		o.follow(cur, &last, rev+1)
+	}
+}
+
+// follow watches the election from rev on. It delivers new values of the
+// current leader itself, and returns, to read afresh, when the leader goes,
+// when a leader may have appeared, or when the watch breaks.
+func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(o.ctx))
+	defer cancel()
+	pfx := o.name + "/"
+	for wr := range o.client.Watch(ctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+		if wr.Err() != nil {
+			return
+		}
+		for _, ev := range wr.Events {
+			if !isQueueKey(pfx, ev.Kv.Key) {
+				continue
+			}
+			switch {
+			case cur == nil:
+				return // a candidate appeared where there was no leader
+			case string(ev.Kv.Key) != cur.Key:
+				continue // a candidate queued behind the leader
+			case ev.Type == mvccpb.DELETE || ev.Kv.CreateRevision != cur.Token:
+				return // the leader went
+			}
+			next := leaderOf(o.name, ev.Kv)
+			if next.newer(*last) {
+				if !o.send(*next) {
+					return
+				}
+				*last = *next
+			}
+			cur = next
+		}
+	}
+}
+
+func (o *Observer) send(l Leader) bool {
+	select {
+	case o.ch <- l:
+		return true
+	case <-o.ctx.Done():
+		return false
+	}
+}
