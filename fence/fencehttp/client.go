@@ -1,0 +1,95 @@
+package fencehttp
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/leasefence/leasefence/fence"
+)
+
+// Holder is a lock holding whose token goes out with requests. *lease.Lock
+// and *lease.Leadership satisfy it. If it also has an Err method, a holder
+// whose Err is not nil sends nothing.
+type Holder interface {
+	Name() string
+	Token() int64
+}
+
+// Transport is an http.RoundTripper that attaches Holder's name and token to
+// every request. It never modifies the caller's request (it sends a clone).
+// It is safe for concurrent use if Base is.
+//
+// A holder already known to have lost its lock gets an error wrapping
+// fence.ErrNotHeld and its Err, and nothing is sent: an early warning. The
+// server's check is what protects the resource.
+type Transport struct {
+	// Base sends the requests; nil means http.DefaultTransport.
+	Base http.RoundTripper
+	// Holder is the lock holding the requests are sent under.
+	Holder Holder
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c, err := claimOf(t.Holder)
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close() // a RoundTripper closes the body, even on error
+		}
+		return nil, err
+	}
+	r := req.Clone(req.Context())
+	SetHeaders(r.Header, c)
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return base.RoundTrip(r)
+}
+
+// Attach sets the fencing headers of h on req, for clients that build
+// requests by hand. It fails as Transport does, and then sets nothing.
+func Attach(req *http.Request, h Holder) error {
+	c, err := claimOf(h)
+	if err != nil {
+		return err
+	}
+	SetHeaders(req.Header, c)
+	return nil
+}
+
+func claimOf(h Holder) (Claim, error) {
+	if h == nil {
+		return Claim{}, fmt.Errorf("fencehttp: %w: nil Holder", fence.ErrInvalidArgument)
+	}
+	c := Claim{Name: h.Name(), Token: h.Token()}
+	if e, ok := h.(interface{ Err() error }); ok {
+		if err := e.Err(); err != nil {
+			return Claim{}, fmt.Errorf("fencehttp: %q token %d: %w: %w", c.Name, c.Token, fence.ErrNotHeld, err)
+		}
+	}
+	if err := checkName(c.Name); err != nil || c.Token <= 0 {
+		return Claim{}, fmt.Errorf("fencehttp: %w: lock %q token %d cannot be sent", fence.ErrInvalidArgument, c.Name, c.Token)
+	}
+	return c, nil
+}
+
+// CheckResponse turns a middleware's 409 answer into the *fence.StaleError
+// it reports (errors.Is fence.ErrStale). Any other response gives nil. It
+// reads headers only, so the body stays unread for the caller.
+func CheckResponse(resp *http.Response) error {
+	if resp.StatusCode != http.StatusConflict {
+		return nil
+	}
+	highest, err := strconv.ParseInt(resp.Header.Get(HeaderHighest), 10, 64)
+	if err != nil {
+		return nil // a 409 of the handler's own, not the fence's
+	}
+	var token int64
+	if resp.Request != nil {
+		token, _ = strconv.ParseInt(resp.Request.Header.Get(HeaderToken), 10, 64)
+	}
+	name := resp.Header.Get(HeaderLock)
+	return &fence.StaleError{Key: name, Token: token, Highest: highest}
+}

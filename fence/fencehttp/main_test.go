@@ -1,0 +1,20 @@
+package fencehttp_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+)
+
+var etcd etcdtest.Env
+
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

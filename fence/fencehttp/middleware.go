@@ -1,0 +1,120 @@
+package fencehttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/fence"
+)
+
+// Middleware checks the fencing headers of requests against a Store before
+// they reach the handler. It is safe for concurrent use.
+type Middleware struct {
+	store Store
+	opts  options
+}
+
+// NewMiddleware returns a Middleware over store. A lock name option is
+// required: the server, not the client, decides which lock fences what.
+func NewMiddleware(store Store, opts ...Option) (*Middleware, error) {
+	if store == nil {
+		return nil, fmt.Errorf("fencehttp: %w: nil Store", fence.ErrInvalidArgument)
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Middleware{store: store, opts: o}, nil
+}
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim the middleware accepted for the request whose
+// context ctx is.
+func ClaimFrom(ctx context.Context) (Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(Claim)
+	return c, ok
+}
+
+// Wrap returns next behind the fence. A checked request reaches next only
+// with both headers well formed, the lock name the server expects, and a
+// token the Store accepted (which it then records). Otherwise the answer is
+// 400 (bad or missing header, wrong lock), 409 (stale token) or 503 (the
+// Store could not answer), and next does not run.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.opts.unchecked[r.Method] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		want := m.opts.lockName(r)
+		if want == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		c, err := ParseHeaders(r.Header)
+		if err == nil && c.Name != want {
+			err = fmt.Errorf("%w: token is for lock %q, this resource is fenced by %q", ErrBadHeader, c.Name, want)
+		}
+		if err == nil {
+			err = m.store.Accept(r.Context(), c.Name, c.Token)
+		}
+		if err != nil {
+			m.refuse(w, r, c, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), claimKey{}, c)))
+	})
+}
+
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c Claim, err error) {
+	status := WriteError(w, c, err)
+	lg := m.opts.lg.With(zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", status), zap.Error(err))
+	if status == http.StatusServiceUnavailable {
+		lg.Warn("fence store failed")
+	} else {
+		lg.Debug("request refused")
+	}
+}
+
+// refusal is the JSON body of a refused request.
+type refusal struct {
+	Error   string `json:"error"`
+	Lock    string `json:"lock,omitempty"`
+	Token   int64  `json:"token,omitempty"`
+	Highest int64  `json:"highest,omitempty"`
+}
+
+// WriteError answers a request under claim c that failed with err, as the
+// middleware does, and returns the status written: 409 with both tokens for
+// a *fence.StaleError, 400 for ErrBadHeader or fence.ErrInvalidArgument,
+// 503 otherwise. Handlers use it when their own fenced write is refused.
+func WriteError(w http.ResponseWriter, c Claim, err error) int {
+	body := refusal{Error: err.Error(), Lock: c.Name, Token: c.Token}
+	status := http.StatusServiceUnavailable
+	if se, ok := isStale(err); ok {
+		status = http.StatusConflict
+		body.Highest = se.Highest
+		body.Error = fmt.Sprintf("stale fencing token %d for lock %q: token %d already accepted", c.Token, c.Name, se.Highest)
+		w.Header().Set(HeaderHighest, strconv.FormatInt(se.Highest, 10))
+		w.Header().Set(HeaderLock, c.Name)
+	} else if errors.Is(err, ErrBadHeader) || errors.Is(err, fence.ErrInvalidArgument) {
+		status = http.StatusBadRequest
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body) // the client may have gone; nothing to do then
+	return status
+}
+
+func isStale(err error) (*fence.StaleError, bool) {
+	var se *fence.StaleError
+	return se, errors.As(err, &se)
+}

@@ -1,0 +1,397 @@
+package fencehttp_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// register is the protected resource of these tests: the last body written
+// and every write that reached it.
+type register struct {
+	mu     sync.Mutex
+	value  string
+	writes int
+}
+
+func (g *register) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if r.Method == http.MethodGet {
+			fmt.Fprint(w, g.value)
+			return
+		}
+		g.value = string(body)
+		g.writes++
+	})
+}
+
+func (g *register) get() (string, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.value, g.writes
+}
+
+func serve(t *testing.T, store fencehttp.Store, h http.Handler, opts ...fencehttp.Option) *httptest.Server {
+	t.Helper()
+	mw, err := fencehttp.NewMiddleware(store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Wrap(h))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func put(t *testing.T, url string, c *fencehttp.Claim, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPut, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != nil {
+		fencehttp.SetHeaders(req.Header, *c)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func newSession(t *testing.T, cli *clientv3.Client) *lease.Session {
+	t.Helper()
+	s, err := lease.NewSession(testCtx(t), cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// stores returns a fresh store of each kind, with a way to read the
+// highest token recorded for a name.
+func stores(t *testing.T) map[string]func(t *testing.T) (fencehttp.Store, func(name string) int64) {
+	return map[string]func(t *testing.T) (fencehttp.Store, func(string) int64){
+		"memory": func(t *testing.T) (fencehttp.Store, func(string) int64) {
+			s := fencehttp.NewMemoryStore()
+			return s, s.Highest
+		},
+		"etcd": func(t *testing.T) (fencehttp.Store, func(string) int64) {
+			cli := etcd.Client(t)
+			s, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s, func(name string) int64 {
+				resp, err := cli.Get(testCtx(t), s.Key(name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.Kvs) == 0 {
+					return 0
+				}
+				tok, err := fence.DecodeToken(string(resp.Kvs[0].Value))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tok
+			}
+		},
+	}
+}
+
+// Two holders in turn, through the Transport, then the first one's late
+// request: refused with 409 naming both tokens, and the resource keeps the
+// second holder's value.
+func TestStaleRequestRefused(t *testing.T) {
+	for kind, mk := range stores(t) {
+		t.Run(kind, func(t *testing.T) {
+			cli := etcd.Client(t)
+			name := etcdtest.Name(t, "files")
+			store, highest := mk(t)
+			var reg register
+			srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
+
+			la, err := newSession(t, cli).Lock(testCtx(t), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clientA := &http.Client{Transport: &fencehttp.Transport{Holder: la}}
+			req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("from A"))
+			resp, err := clientA.Do(req)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("A's write: %v %v", resp, err)
+			}
+			resp.Body.Close()
+			if req.Header.Get(fencehttp.HeaderToken) != "" {
+				t.Error("Transport modified the caller's request")
+			}
+			if err := la.Unlock(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := clientA.Get(srv.URL); !errors.Is(err, fence.ErrNotHeld) || !errors.Is(err, lease.ErrUnlocked) {
+				t.Errorf("Transport of an unlocked holder: %v, want ErrNotHeld and ErrUnlocked", err)
+			}
+
+			lb, err := newSession(t, cli).Lock(testCtx(t), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lb.Unlock(testCtx(t))
+			clientB := &http.Client{Transport: &fencehttp.Transport{Holder: lb}}
+			resp, err = clientB.Post(srv.URL, "text/plain", strings.NewReader("from B"))
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("B's write: %v %v", resp, err)
+			}
+			resp.Body.Close()
+
+			// A's request, delayed in the network, arrives now.
+			late := put(t, srv.URL, &fencehttp.Claim{Name: la.Name(), Token: la.Token()}, "late A")
+			if late.StatusCode != http.StatusConflict {
+				t.Fatalf("late write: status %d, want 409", late.StatusCode)
+			}
+			var body struct {
+				Error          string
+				Token, Highest int64
+			}
+			if err := json.NewDecoder(late.Body).Decode(&body); err != nil {
+				t.Fatal(err)
+			}
+			if body.Token != la.Token() || body.Highest != lb.Token() ||
+				!strings.Contains(body.Error, fmt.Sprint(la.Token())) || !strings.Contains(body.Error, fmt.Sprint(lb.Token())) {
+				t.Errorf("409 body %+v does not name both tokens %d and %d", body, la.Token(), lb.Token())
+			}
+			var se *fence.StaleError
+			if err := fencehttp.CheckResponse(late); !errors.As(err, &se) || se.Token != la.Token() || se.Highest != lb.Token() {
+				t.Errorf("CheckResponse = %v", err)
+			}
+			if v, n := reg.get(); v != "from B" || n != 2 {
+				t.Errorf("resource = %q after %d writes, want B's after 2", v, n)
+			}
+			if h := highest(name); h != lb.Token() {
+				t.Errorf("store's highest = %d, want %d", h, lb.Token())
+			}
+		})
+	}
+}
+
+// A bad header is a 400 that says what is wrong; the handler never runs and
+// the store is unchanged.
+func TestBadRequestsNeverPass(t *testing.T) {
+	for kind, mk := range stores(t) {
+		t.Run(kind, func(t *testing.T) {
+			store, highest := mk(t)
+			var reg register
+			srv := serve(t, store, reg.handler(), fencehttp.WithLockName("files"))
+			if resp := put(t, srv.URL, &fencehttp.Claim{Name: "files", Token: 100}, "ok"); resp.StatusCode != http.StatusOK {
+				t.Fatalf("valid write: %d", resp.StatusCode)
+			}
+			cases := []struct {
+				name, lock, token, inBody string
+			}{
+				{"missing token", "files", "", "Leasefence-Token is missing"},
+				{"malformed", "files", "12a", "only decimal digits"},
+				{"negative", "files", "-200", "only decimal digits"},
+				{"overflowing", "files", "99999999999999999999", "too long"},
+				{"wrong lock", "other", "500", `fenced by \"files\"`},
+			}
+			for _, tc := range cases {
+				req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("bad"))
+				req.Header.Set(fencehttp.HeaderLock, tc.lock)
+				if tc.token != "" {
+					req.Header.Set(fencehttp.HeaderToken, tc.token)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), tc.inBody) {
+					t.Errorf("%s: %d %s, want 400 mentioning %q", tc.name, resp.StatusCode, b, tc.inBody)
+				}
+			}
+			if v, n := reg.get(); v != "ok" || n != 1 {
+				t.Errorf("resource = %q after %d writes: a bad request got through", v, n)
+			}
+			if h := highest("files"); h != 100 {
+				t.Errorf("highest = %d after bad requests, want 100", h)
+			}
+			if h := highest("other"); h != 0 {
+				t.Errorf("a record for the wrong lock was written: %d", h)
+			}
+		})
+	}
+}
+
+func TestUncheckedMethods(t *testing.T) {
+	var reg register
+	store := fencehttp.NewMemoryStore()
+	reads := serve(t, store, reg.handler(), fencehttp.WithLockName("files"))
+	if resp, err := http.Get(reads.URL); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET without a token, default options: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	all := serve(t, store, reg.handler(), fencehttp.WithLockName("files"), fencehttp.WithUncheckedMethods())
+	if resp, err := http.Get(all.URL); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("GET without a token, every method checked: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+}
+
+// A handler whose write must be ordered makes it in the same etcd
+// transaction as the check. Token 5's request passes the middleware, then
+// waits while token 6's request passes and writes: 5's write is refused.
+func TestHandlerWriteAtomicWithCheck(t *testing.T) {
+	cli := etcd.Client(t)
+	store, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := etcdtest.Name(t, "object")
+	passed, release := make(chan struct{}), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, ok := fencehttp.ClaimFrom(r.Context())
+		if !ok {
+			t.Error("no claim in a checked request's context")
+		}
+		body, _ := io.ReadAll(r.Body)
+		if c.Token == 5 {
+			close(passed)
+			<-release
+		}
+		_, err := fence.NewTxn(r.Context(), cli, store.Guard(c)).Then(clientv3.OpPut(data, string(body))).Commit()
+		if err != nil {
+			fencehttp.WriteError(w, c, err)
+		}
+	})
+	srv := serve(t, store, h, fencehttp.WithLockName("obj"))
+
+	slow := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("token 5"))
+		fencehttp.SetHeaders(req.Header, fencehttp.Claim{Name: "obj", Token: 5})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+		}
+		slow <- resp
+	}()
+	<-passed
+	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "obj", Token: 6}, "token 6"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("token 6: %d", resp.StatusCode)
+	}
+	close(release)
+	resp := <-slow
+	if resp == nil {
+		t.FailNow()
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Errorf("token 5's write after token 6's: %d, want 409", resp.StatusCode)
+	}
+	got, err := cli.Get(testCtx(t), data)
+	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != "token 6" {
+		t.Fatalf("object = %v %v, want token 6's", got.Kvs, err)
+	}
+}
+
+func TestMemoryStoreDo(t *testing.T) {
+	s := fencehttp.NewMemoryStore()
+	ctx := testCtx(t)
+	var log []int64
+	write := func(tok int64) func() error { return func() error { log = append(log, tok); return nil } }
+	for _, tok := range []int64{3, 3, 7} {
+		if err := s.Do(ctx, fencehttp.Claim{Name: "n", Token: tok}, write(tok)); err != nil {
+			t.Fatalf("Do(%d): %v", tok, err)
+		}
+	}
+	err := s.Do(ctx, fencehttp.Claim{Name: "n", Token: 5}, write(5))
+	var se *fence.StaleError
+	if !errors.As(err, &se) || se.Highest != 7 || se.Token != 5 {
+		t.Fatalf("Do(5) after 7: %v", err)
+	}
+	failing := errors.New("disk full")
+	if err := s.Do(ctx, fencehttp.Claim{Name: "n", Token: 9}, func() error { return failing }); !errors.Is(err, failing) {
+		t.Fatalf("Do with a failing write: %v", err)
+	}
+	if h := s.Highest("n"); h != 7 {
+		t.Errorf("highest = %d after a failed write, want 7", h)
+	}
+	if fmt.Sprint(log) != "[3 3 7]" {
+		t.Errorf("writes run: %v", log)
+	}
+	if err := s.Do(ctx, fencehttp.Claim{Name: "", Token: 1}, nil); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Errorf("Do with an empty name: %v", err)
+	}
+}
+
+// storeFunc adapts a function to Store: here, to stand for a store that
+// cannot answer, which a live etcd does not do on demand.
+type storeFunc func(ctx context.Context, name string, token int64) error
+
+func (f storeFunc) Accept(ctx context.Context, name string, token int64) error {
+	return f(ctx, name, token)
+}
+
+func TestStoreFailureIs503(t *testing.T) {
+	var reg register
+	down := storeFunc(func(context.Context, string, int64) error {
+		return fmt.Errorf("fence: commit: %w", fence.ErrOutcomeUnknown)
+	})
+	srv := serve(t, down, reg.handler(), fencehttp.WithLockName("files"))
+	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "files", Token: 1}, "x"); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("status %d, want 503", resp.StatusCode)
+	}
+	if _, n := reg.get(); n != 0 {
+		t.Error("handler ran although the store failed")
+	}
+}
+
+func TestNewMiddlewareBadInput(t *testing.T) {
+	store := fencehttp.NewMemoryStore()
+	cases := []struct {
+		name  string
+		store fencehttp.Store
+		opts  []fencehttp.Option
+	}{
+		{"nil store", nil, []fencehttp.Option{fencehttp.WithLockName("x")}},
+		{"no lock name", store, nil},
+		{"empty lock name", store, []fencehttp.Option{fencehttp.WithLockName("")}},
+		{"nil name func", store, []fencehttp.Option{fencehttp.WithLockNameFunc(nil)}},
+		{"two names", store, []fencehttp.Option{fencehttp.WithLockName("a"), fencehttp.WithLockName("b")}},
+		{"nil option", store, []fencehttp.Option{fencehttp.WithLockName("x"), nil}},
+		{"empty method", store, []fencehttp.Option{fencehttp.WithLockName("x"), fencehttp.WithUncheckedMethods("")}},
+	}
+	for _, tc := range cases {
+		if _, err := fencehttp.NewMiddleware(tc.store, tc.opts...); !errors.Is(err, fence.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", tc.name, err)
+		}
+	}
+	if _, err := fencehttp.NewEtcdStore(nil, "p/"); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Errorf("NewEtcdStore(nil): %v", err)
+	}
+	if _, err := fencehttp.NewEtcdStore(etcd.Client(t), ""); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Errorf("NewEtcdStore with no prefix: %v", err)
+	}
+}

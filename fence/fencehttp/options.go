@@ -1,0 +1,90 @@
+package fencehttp
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/fence"
+)
+
+// Option configures a Middleware.
+type Option func(*options) error
+
+type options struct {
+	lockName  func(*http.Request) string
+	unchecked map[string]bool
+	lg        *zap.Logger
+}
+
+// WithLockName makes every checked request carry tokens of the lock name.
+func WithLockName(name string) Option {
+	return func(o *options) error {
+		if err := checkName(name); err != nil {
+			return fmt.Errorf("lock name: %v", err)
+		}
+		return WithLockNameFunc(func(*http.Request) string { return name })(o)
+	}
+}
+
+// WithLockNameFunc decides per request which lock's tokens it must carry,
+// for services with a lock per object. An empty name means the request is
+// not fenced. f must be safe for concurrent use.
+func WithLockNameFunc(f func(*http.Request) string) Option {
+	return func(o *options) error {
+		if f == nil {
+			return errors.New("nil lock name func")
+		}
+		if o.lockName != nil {
+			return errors.New("lock name given twice")
+		}
+		o.lockName = f
+		return nil
+	}
+}
+
+// WithUncheckedMethods sets the HTTP methods that pass without a token. The
+// default is GET, HEAD and OPTIONS: reads write nothing. With no methods,
+// every request is checked.
+func WithUncheckedMethods(methods ...string) Option {
+	return func(o *options) error {
+		o.unchecked = make(map[string]bool, len(methods))
+		for _, m := range methods {
+			if m == "" {
+				return errors.New("empty method")
+			}
+			o.unchecked[m] = true
+		}
+		return nil
+	}
+}
+
+// WithLogger logs refused requests at debug level and store failures at
+// warn level. nil means no logging.
+func WithLogger(lg *zap.Logger) Option {
+	return func(o *options) error {
+		o.lg = lg
+		return nil
+	}
+}
+
+func buildOptions(opts []Option) (options, error) {
+	o := options{unchecked: map[string]bool{http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true}}
+	for _, opt := range opts {
+		if opt == nil {
+			return options{}, fmt.Errorf("fencehttp: %w: nil Option", fence.ErrInvalidArgument)
+		}
+		if err := opt(&o); err != nil {
+			return options{}, fmt.Errorf("fencehttp: %w: %w", fence.ErrInvalidArgument, err)
+		}
+	}
+	if o.lockName == nil {
+		return options{}, fmt.Errorf("fencehttp: %w: no lock name: give WithLockName or WithLockNameFunc (a name chosen by the client would pass any fence)", fence.ErrInvalidArgument)
+	}
+	if o.lg == nil {
+		o.lg = zap.NewNop()
+	}
+	return o, nil
+}
