@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -47,4 +48,22 @@ func Connect(ctx context.Context, endpoints string, out io.Writer) (*clientv3.Cl
 		return nil, nil, err
 	}
 	return cli, func() { cli.Close(); stop() }, nil
+}
+
+// Timeline prints events with the time since it started, one per line, and
+// is safe for concurrent use.
+type Timeline struct {
+	mu    sync.Mutex
+	out   io.Writer
+	start time.Time
+}
+
+// NewTimeline starts a timeline now.
+func NewTimeline(out io.Writer) *Timeline { return &Timeline{out: out, start: time.Now()} }
+
+// Printf prints one event by who.
+func (t *Timeline) Printf(who, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(t.out, "%7.3fs  %-6s %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
 }

@@ -1,0 +1,288 @@
+// Command pause runs Kleppmann's scenario end to end against etcd, twice.
+//
+// Client A, a separate process, takes a lock, checks that it still holds
+// it, and is then really stopped (SIGSTOP) past its lease. etcd expires the
+// lease and client B takes the lock, with a larger token, and writes. A is
+// resumed (SIGCONT) and makes its write.
+//
+// Unfenced, A's late write silently overwrites B's. Fenced, the write goes
+// through a fence.Resource guard and is refused, naming both tokens. The
+// exit status is 0 only if the fenced run refused A's write and the data is
+// B's.
+//
+// With neither -endpoints nor ETCD_ENDPOINTS it starts an embedded etcd.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/exampleenv"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// Environment of the child process, client A.
+const (
+	envEndpoints = "PAUSE_ENDPOINTS"
+	envPrefix    = "PAUSE_PREFIX"
+	envFenced    = "PAUSE_FENCED"
+	envTTL       = "PAUSE_TTL"
+)
+
+func main() {
+	if os.Getenv(exampleenv.ChildEnv) == "client-a" {
+		if err := clientA(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "client A:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	endpoints := flag.String("endpoints", "", "etcd client URLs, comma-separated (default $ETCD_ENDPOINTS, else an embedded etcd)")
+	ttl := flag.Duration("ttl", 2*time.Second, "lease TTL of both clients (etcd grants at least 2s by default)")
+	flag.Parse()
+	if err := run(*endpoints, *ttl, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "pause:", err)
+		os.Exit(1)
+	}
+}
+
+// errUnsafe is returned when the fenced run did not protect B's data.
+var errUnsafe = errors.New("the fenced run did not refuse A's stale write")
+
+func run(endpoints string, ttl time.Duration, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli, closeAll, err := exampleenv.Connect(ctx, endpoints, out)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	eps := cli.Endpoints()
+	base := fmt.Sprintf("pause-%x", time.Now().UnixNano()&0xffffff)
+
+	var results []result
+	for _, fenced := range []bool{false, true} {
+		title := "UNFENCED: A and B write with plain puts"
+		if fenced {
+			title = "FENCED: A and B write through fence.Resource(record, token)"
+		}
+		fmt.Fprintf(out, "\n=== %s ===\n", title)
+		r, err := scenario(ctx, cli, eps, fmt.Sprintf("%s/%v", base, fenced), fenced, ttl, out)
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+	}
+	fmt.Fprintln(out, "\n=== summary ===")
+	for _, r := range results {
+		fmt.Fprintln(out, r.summary())
+	}
+	if f := results[1]; !f.refused || f.final != f.bValue {
+		return errUnsafe
+	}
+	return nil
+}
+
+type result struct {
+	fenced         bool
+	aToken, bToken int64
+	refused        bool
+	final, bValue  string
+}
+
+func (r result) summary() string {
+	mode := "unfenced"
+	if r.fenced {
+		mode = "fenced  "
+	}
+	switch {
+	case r.refused && r.final == r.bValue:
+		return fmt.Sprintf("%s: A's write with token %d refused, B's data (token %d) kept: SAFE", mode, r.aToken, r.bToken)
+	case r.final != r.bValue:
+		return fmt.Sprintf("%s: A's write with token %d overwrote B's (token %d): data is %q: LOST UPDATE", mode, r.aToken, r.bToken, r.final)
+	}
+	return fmt.Sprintf("%s: data is %q", mode, r.final)
+}
+
+func scenario(ctx context.Context, cli *clientv3.Client, eps []string, prefix string, fenced bool, ttl time.Duration, out io.Writer) (result, error) {
+	res := result{fenced: fenced}
+	tl := exampleenv.NewTimeline(out)
+	lockName, dataKey := prefix+"/lock", prefix+"/data"
+
+	a, err := exampleenv.StartChild(ctx, "client A", "client-a",
+		envEndpoints+"="+strings.Join(eps, ","), envPrefix+"="+prefix,
+		envFenced+"="+strconv.FormatBool(fenced), envTTL+"="+ttl.String())
+	if err != nil {
+		return res, err
+	}
+	defer a.Stop()
+	tl.Printf("A", "started as process %d", a.Pid())
+
+	tok, err := a.Expect("LOCKED ", 30*time.Second)
+	if err != nil {
+		return res, err
+	}
+	res.aToken, _ = strconv.ParseInt(tok, 10, 64)
+	tl.Printf("A", "takes the lock %q: token %d, lease TTL %v", lockName, res.aToken, ttl)
+	if _, err := a.Expect("CHECKED", 10*time.Second); err != nil {
+		return res, err
+	}
+	tl.Printf("A", "checks lock.Err() == nil: still the holder. Starts its write...")
+
+	// Watch A's key before stopping A, so its expiry is seen as it happens.
+	resp, err := cli.Get(ctx, lockName+"/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		return res, fmt.Errorf("reading A's lock key: %v %v", resp, err)
+	}
+	aKey := string(resp.Kvs[0].Key)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	deleted := cli.Watch(wctx, aKey, clientv3.WithRev(resp.Header.Revision+1))
+
+	if err := a.Signal(syscall.SIGSTOP); err != nil {
+		return res, err
+	}
+	stoppedAt := time.Now()
+	tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
+	if err := awaitDelete(ctx, deleted); err != nil {
+		return res, err
+	}
+	tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
+
+	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
+	if err != nil {
+		return res, err
+	}
+	defer s.Close()
+	lb, err := s.Lock(ctx, lockName)
+	if err != nil {
+		return res, err
+	}
+	res.bToken = lb.Token()
+	tl.Printf("B", "takes the lock: token %d (> %d)", lb.Token(), res.aToken)
+	res.bValue = fmt.Sprintf("B's data (token %d)", lb.Token())
+	if err := write(ctx, cli, prefix, fenced, lb.Token(), res.bValue); err != nil {
+		return res, fmt.Errorf("B's write: %w", err)
+	}
+	tl.Printf("B", "writes %q", res.bValue)
+
+	if err := a.Signal(syscall.SIGCONT); err != nil {
+		return res, err
+	}
+	tl.Printf("A", "resumes: SIGCONT. It still believes it holds the lock, and finishes its write")
+	if err := a.Send("go"); err != nil {
+		return res, err
+	}
+	outcome, err := a.Expect("WRITE ", 30*time.Second)
+	if err != nil {
+		return res, err
+	}
+	res.refused = outcome != "ok"
+	if res.refused {
+		tl.Printf("A", "write REFUSED: %s", outcome)
+	} else {
+		tl.Printf("A", "write accepted: nothing stopped it")
+	}
+	if lost, err := a.Expect("LOCKERR ", 10*time.Second); err == nil {
+		tl.Printf("A", "lock.Err() now says %q: an early warning that came too late", lost)
+	}
+	if err := a.Wait(); err != nil {
+		return res, fmt.Errorf("client A: %v\n%s", err, a.Stderr())
+	}
+	g, err := cli.Get(ctx, dataKey)
+	if err != nil || len(g.Kvs) != 1 {
+		return res, fmt.Errorf("reading the data: %v %v", g, err)
+	}
+	res.final = string(g.Kvs[0].Value)
+	if res.final == res.bValue {
+		tl.Printf("data", "%q: B's write stands", res.final)
+	} else {
+		tl.Printf("data", "%q: B's write was silently overwritten by a client that no longer held the lock", res.final)
+	}
+	return res, lb.Unlock(ctx)
+}
+
+// write is how both clients write the data: plain, or fenced by a
+// resource-side record of the highest token accepted.
+func write(ctx context.Context, cli *clientv3.Client, prefix string, fenced bool, token int64, value string) error {
+	put := clientv3.OpPut(prefix+"/data", value)
+	if !fenced {
+		_, err := cli.Do(ctx, put)
+		return err
+	}
+	_, err := fence.NewTxn(ctx, cli, fence.Resource(prefix+"/fence", token)).Then(put).Commit()
+	return err
+}
+
+func awaitDelete(ctx context.Context, wch clientv3.WatchChan) error {
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("watch on A's key ended: %w", ctx.Err())
+}
+
+// clientA is the child process: it takes the lock, checks it, and then
+// does its "work" (waiting for a line on stdin, during which it is
+// stopped), and writes with the token it got.
+func clientA(in io.Reader, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ttl, err := time.ParseDuration(os.Getenv(envTTL))
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv(envEndpoints), ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	prefix := os.Getenv(envPrefix)
+	l, err := s.Lock(ctx, prefix+"/lock")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "LOCKED", l.Token())
+	if l.Err() != nil {
+		return l.Err()
+	}
+	fmt.Fprintln(out, "CHECKED")
+	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
+		return err
+	}
+	value := fmt.Sprintf("A's data (token %d)", l.Token())
+	if err := write(ctx, cli, prefix, os.Getenv(envFenced) == "true", l.Token(), value); err != nil {
+		if !errors.Is(err, fence.ErrStale) {
+			return err
+		}
+		fmt.Fprintln(out, "WRITE", err)
+	} else {
+		fmt.Fprintln(out, "WRITE ok")
+	}
+	<-l.Done()
+	fmt.Fprintln(out, "LOCKERR", l.Err())
+	return nil
+}

@@ -1,0 +1,140 @@
+package exampleenv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ChildEnv is set in the environment of a child started by StartChild,
+// with the role as its value. An example's main (and its test's TestMain)
+// checks it first and runs the child's part.
+const ChildEnv = "LEASEFENCE_EXAMPLE_CHILD"
+
+// Child is the example's own binary re-run as a separate process, so that it
+// can really be stopped (SIGSTOP) and killed (SIGKILL). Its stdout comes in
+// line by line; its stderr is kept for errors.
+type Child struct {
+	Name string
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+
+	lines  chan string
+	stderr bytes.Buffer
+	waited chan struct{}
+	err    error
+	mu     sync.Mutex
+}
+
+// StartChild starts the running binary again with ChildEnv=role and env
+// added to its environment. The child is killed when ctx ends.
+func StartChild(ctx context.Context, name, role string, env ...string) (*Child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Env = append(append(os.Environ(), ChildEnv+"="+role), env...)
+	c := &Child{Name: name, cmd: cmd, lines: make(chan string, 64), waited: make(chan struct{})}
+	cmd.Stderr = &lockedWriter{mu: &c.mu, w: &c.stderr}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if c.in, err = cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+		c.err = cmd.Wait()
+		close(c.waited)
+	}()
+	return c, nil
+}
+
+// Pid is the child's process ID.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
+// Expect waits for the child's next line starting with prefix, skipping
+// others, and returns the rest of it.
+func (c *Child) Expect(prefix string, within time.Duration) (string, error) {
+	timeout := time.After(within)
+	for {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				return "", fmt.Errorf("%s exited before %q: %v\n%s", c.Name, prefix, c.Wait(), c.Stderr())
+			}
+			if rest, found := strings.CutPrefix(line, prefix); found {
+				return strings.TrimSpace(rest), nil
+			}
+		case <-timeout:
+			return "", fmt.Errorf("%s: no %q within %v\n%s", c.Name, prefix, within, c.Stderr())
+		}
+	}
+}
+
+// Send writes a line to the child's stdin.
+func (c *Child) Send(line string) error {
+	_, err := io.WriteString(c.in, line+"\n")
+	return err
+}
+
+// Signal sends sig to the child.
+func (c *Child) Signal(sig syscall.Signal) error { return c.cmd.Process.Signal(sig) }
+
+// Wait waits for the child to exit, reading and dropping what it still
+// prints, and returns its exit error.
+func (c *Child) Wait() error {
+	go func() {
+		for range c.lines {
+		}
+	}()
+	<-c.waited
+	return c.err
+}
+
+// Stop kills the child if it still runs (resuming it first if it was
+// stopped) and waits for it.
+func (c *Child) Stop() {
+	select {
+	case <-c.waited:
+		return
+	default:
+	}
+	c.cmd.Process.Signal(syscall.SIGKILL)
+	c.Wait()
+}
+
+// Stderr is what the child wrote to stderr so far.
+func (c *Child) Stderr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stderr.String()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
