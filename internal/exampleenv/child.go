@@ -67,6 +67,22 @@ func StartChild(ctx context.Context, name, role string, env ...string) (*Child, 
 	return c, nil
 }
 
+// Lines delivers the child's stdout, line by line, for callers that follow
+// several children at once instead of calling Expect.
+func (c *Child) Lines() <-chan string { return c.lines }
+
+// Quit closes the child's stdin, which the examples' children take as the
+// sign to finish cleanly, and waits for it to exit; after within it is
+// killed.
+func (c *Child) Quit(within time.Duration) {
+	c.in.Close()
+	select {
+	case <-c.waited:
+	case <-time.After(within):
+		c.Stop()
+	}
+}
+
 // Pid is the child's process ID.
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
 

@@ -65,5 +65,5 @@ func NewTimeline(out io.Writer) *Timeline { return &Timeline{out: out, start: ti
 func (t *Timeline) Printf(who, format string, args ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	fmt.Fprintf(t.out, "%7.3fs  %-6s %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
+	fmt.Fprintf(t.out, "%7.3fs  %-8s %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
 }

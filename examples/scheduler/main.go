@@ -1,0 +1,353 @@
+// Command scheduler runs three scheduler processes that campaign for
+// leadership. The leader advances a job checkpoint in etcd, each write
+// fenced by its leadership token. The command stops the leader (SIGSTOP)
+// in the middle of its work, measures how long a standby takes to take
+// over, resumes the old leader and shows its late write refused; then it
+// kills the new leader (SIGKILL) and measures the takeover again.
+//
+// The exit status is 0 only if both takeovers happened, the resumed
+// leader's write was refused, and the checkpoint only ever moved forward
+// one step at a time.
+//
+// With neither -endpoints nor ETCD_ENDPOINTS it starts an embedded etcd.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/exampleenv"
+	"github.com/leasefence/leasefence/lease"
+)
+
+const (
+	envEndpoints = "SCHEDULER_ENDPOINTS"
+	envPrefix    = "SCHEDULER_PREFIX"
+	envID        = "SCHEDULER_ID"
+	envTTL       = "SCHEDULER_TTL"
+
+	workTime = 200 * time.Millisecond // one job step; the stop lands in it
+)
+
+func main() {
+	if os.Getenv(exampleenv.ChildEnv) == "scheduler" {
+		if err := scheduler(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, os.Getenv(envID)+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	endpoints := flag.String("endpoints", "", "etcd client URLs, comma-separated (default $ETCD_ENDPOINTS, else an embedded etcd)")
+	ttl := flag.Duration("ttl", 2*time.Second, "lease TTL of the schedulers")
+	flag.Parse()
+	if _, err := run(*endpoints, *ttl, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler:", err)
+		os.Exit(1)
+	}
+}
+
+// report is what a run measured.
+type report struct {
+	takeoverStop, takeoverKill time.Duration
+	refused                    bool
+	checkpoints                []int64
+}
+
+// event is a line from one scheduler.
+type event struct {
+	who   string
+	kind  string // LEADER, WORK, WROTE, REFUSED, LOST
+	token int64
+	rest  string
+}
+
+func run(endpoints string, ttl time.Duration, out io.Writer) (report, error) {
+	var rep report
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli, closeAll, err := exampleenv.Connect(ctx, endpoints, out)
+	if err != nil {
+		return rep, err
+	}
+	defer closeAll()
+	prefix := fmt.Sprintf("scheduler-%x", time.Now().UnixNano()&0xffffff)
+	tl := exampleenv.NewTimeline(out)
+
+	start, err := cli.Get(ctx, prefix+"/checkpoint")
+	if err != nil {
+		return rep, err
+	}
+	history := watchCheckpoints(ctx, cli, prefix, start.Header.Revision+1)
+
+	obs, err := lease.Observe(ctx, cli, prefix+"/leader")
+	if err != nil {
+		return rep, err
+	}
+	defer obs.Close()
+
+	events := make(chan event, 256)
+	children := map[string]*exampleenv.Child{}
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("sched-%d", i)
+		c, err := exampleenv.StartChild(ctx, id, "scheduler",
+			envEndpoints+"="+strings.Join(cli.Endpoints(), ","), envPrefix+"="+prefix,
+			envID+"="+id, envTTL+"="+ttl.String())
+		if err != nil {
+			return rep, err
+		}
+		defer c.Stop()
+		children[id] = c
+		go forward(c, events)
+		tl.Printf(id, "started as process %d, campaigning", c.Pid())
+	}
+	defer func() {
+		for _, c := range children {
+			c.Quit(ttl)
+		}
+	}()
+
+	leaders := make(chan lease.Leader, 16)
+	go func() {
+		for ld := range obs.Leaders() {
+			tl.Printf("observer", "leader is %s, token %d", ld.Value, ld.Token)
+			leaders <- ld
+		}
+		close(leaders)
+	}()
+	next := func(match func(event) bool) (event, error) {
+		for {
+			select {
+			case ev := <-events:
+				if match(ev) {
+					return ev, nil
+				}
+			case <-ctx.Done():
+				return event{}, ctx.Err()
+			}
+		}
+	}
+	leaderAfter := func(token int64) (lease.Leader, error) {
+		for {
+			select {
+			case ld, ok := <-leaders:
+				if !ok {
+					return lease.Leader{}, errors.New("observer stopped")
+				}
+				if ld.Token > token {
+					return ld, nil
+				}
+			case <-ctx.Done():
+				return lease.Leader{}, ctx.Err()
+			}
+		}
+	}
+	wrote := func(who string, n int) (event, error) {
+		var ev event
+		for i := 0; i < n; i++ {
+			var err error
+			if ev, err = next(func(e event) bool { return e.who == who && e.kind == "WROTE" }); err != nil {
+				return ev, err
+			}
+		}
+		return ev, nil
+	}
+
+	// Round 1: the first leader works; stop it in the middle of a step.
+	first, err := next(func(e event) bool { return e.kind == "LEADER" })
+	if err != nil {
+		return rep, err
+	}
+	if _, err := wrote(first.who, 3); err != nil {
+		return rep, err
+	}
+	work, err := next(func(e event) bool { return e.who == first.who && e.kind == "WORK" })
+	if err != nil {
+		return rep, err
+	}
+	children[first.who].Signal(syscall.SIGSTOP)
+	stoppedAt := time.Now()
+	tl.Printf(first.who, "SIGSTOP in the middle of step %s (token %d)", work.rest, first.token)
+	second, err := leaderAfter(first.token)
+	if err != nil {
+		return rep, err
+	}
+	rep.takeoverStop = time.Since(stoppedAt)
+	tl.Printf(second.Value, "took over %v after the stop (TTL %v)", rep.takeoverStop.Round(time.Millisecond), ttl)
+	if _, err := wrote(second.Value, 2); err != nil {
+		return rep, err
+	}
+	children[first.who].Signal(syscall.SIGCONT)
+	tl.Printf(first.who, "SIGCONT: resumes, finishes step %s and writes it with token %d", work.rest, first.token)
+	ref, err := next(func(e event) bool { return e.who == first.who && (e.kind == "REFUSED" || e.kind == "WROTE") })
+	if err != nil {
+		return rep, err
+	}
+	rep.refused = ref.kind == "REFUSED"
+	if rep.refused {
+		tl.Printf(first.who, "late write REFUSED: %s", ref.rest)
+	} else {
+		tl.Printf(first.who, "late write ACCEPTED: the fence failed")
+	}
+
+	// Round 2: kill the new leader outright.
+	if _, err := wrote(second.Value, 2); err != nil {
+		return rep, err
+	}
+	children[second.Value].Signal(syscall.SIGKILL)
+	killedAt := time.Now()
+	tl.Printf(second.Value, "SIGKILL")
+	third, err := leaderAfter(second.Token)
+	if err != nil {
+		return rep, err
+	}
+	rep.takeoverKill = time.Since(killedAt)
+	tl.Printf(third.Value, "took over %v after the kill (TTL %v)", rep.takeoverKill.Round(time.Millisecond), ttl)
+	if _, err := wrote(third.Value, 2); err != nil {
+		return rep, err
+	}
+
+	for _, c := range children {
+		c.Quit(ttl)
+	}
+	if rep.checkpoints, err = history(); err != nil {
+		return rep, err
+	}
+	fmt.Fprintf(out, "\ntakeover after SIGSTOP: %v, after SIGKILL: %v (TTL %v)\n",
+		rep.takeoverStop.Round(time.Millisecond), rep.takeoverKill.Round(time.Millisecond), ttl)
+	fmt.Fprintf(out, "checkpoints written, in commit order: %v\n", rep.checkpoints)
+	if !rep.refused {
+		return rep, errors.New("the resumed leader's late write was not refused")
+	}
+	for i := 1; i < len(rep.checkpoints); i++ {
+		if rep.checkpoints[i] != rep.checkpoints[i-1]+1 {
+			return rep, fmt.Errorf("checkpoint went from %d to %d", rep.checkpoints[i-1], rep.checkpoints[i])
+		}
+	}
+	fmt.Fprintln(out, "every step written once, in order: SAFE")
+	return rep, nil
+}
+
+// forward turns a child's lines into events until it exits.
+func forward(c *exampleenv.Child, events chan<- event) {
+	for line := range c.Lines() {
+		f := strings.SplitN(line, " ", 3)
+		if len(f) < 2 {
+			continue
+		}
+		tok, _ := strconv.ParseInt(f[1], 10, 64)
+		ev := event{who: c.Name, kind: f[0], token: tok}
+		if len(f) == 3 {
+			ev.rest = f[2]
+		}
+		events <- ev
+	}
+}
+
+// watchCheckpoints records every value the checkpoint takes from rev on.
+// The returned function writes a marker key and returns the values seen
+// before it, in commit order.
+func watchCheckpoints(ctx context.Context, cli *clientv3.Client, prefix string, rev int64) func() ([]int64, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	wch := cli.Watch(wctx, prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(rev))
+	return func() ([]int64, error) {
+		defer cancel()
+		if _, err := cli.Put(ctx, prefix+"/done", ""); err != nil {
+			return nil, err
+		}
+		var vals []int64
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				switch string(ev.Kv.Key) {
+				case prefix + "/checkpoint":
+					v, _ := strconv.ParseInt(string(ev.Kv.Value), 10, 64)
+					vals = append(vals, v)
+				case prefix + "/done":
+					return vals, nil
+				}
+			}
+		}
+		return vals, fmt.Errorf("checkpoint watch ended: %w", ctx.Err())
+	}
+}
+
+// scheduler is a child process: campaign, then advance the checkpoint one
+// step at a time, each write fenced by the leadership token; campaign again
+// after losing. It stops cleanly when stdin closes.
+func scheduler(in io.Reader, out io.Writer) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { io.Copy(io.Discard, in); cancel() }()
+	ttl, err := time.ParseDuration(os.Getenv(envTTL))
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv(envEndpoints), ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	prefix, id := os.Getenv(envPrefix), os.Getenv(envID)
+	for ctx.Err() == nil {
+		if err := lead(ctx, cli, prefix, id, ttl, out); err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lead(ctx context.Context, cli *clientv3.Client, prefix, id string, ttl time.Duration, out io.Writer) error {
+	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	l, err := s.Campaign(ctx, prefix+"/leader", id)
+	if err != nil {
+		if errors.Is(err, lease.ErrLost) {
+			return nil // campaign again on a new session
+		}
+		return err
+	}
+	tok := l.Token()
+	fmt.Fprintln(out, "LEADER", tok)
+	defer l.Resign(context.Background())
+	for l.Err() == nil && ctx.Err() == nil {
+		g, err := cli.Get(ctx, prefix+"/checkpoint")
+		if err != nil {
+			continue
+		}
+		var cp, modRev int64 // modRev 0: no checkpoint yet
+		if len(g.Kvs) == 1 {
+			cp, _ = strconv.ParseInt(string(g.Kvs[0].Value), 10, 64)
+			modRev = g.Kvs[0].ModRevision
+		}
+		step := cp + 1
+		fmt.Fprintln(out, "WORK", tok, step)
+		time.Sleep(workTime) // the job step itself
+		resp, err := fence.NewTxn(ctx, cli, fence.Resource(prefix+"/checkpoint-fence", tok)).
+			If(clientv3.Compare(clientv3.ModRevision(prefix+"/checkpoint"), "=", modRev)).
+			Then(clientv3.OpPut(prefix+"/checkpoint", strconv.FormatInt(step, 10))).
+			Commit()
+		switch {
+		case errors.Is(err, fence.ErrStale):
+			fmt.Fprintln(out, "REFUSED", tok, err)
+			return nil
+		case err != nil, !resp.Succeeded:
+			continue // etcd unreachable, or the checkpoint moved: read again
+		}
+		fmt.Fprintln(out, "WROTE", tok, step)
+	}
+	fmt.Fprintln(out, "LOST", tok, l.Err())
+	return nil
+}
