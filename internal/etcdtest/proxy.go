@@ -16,37 +16,56 @@ import (
 // closed when the test ends.
 func Proxy(tb testing.TB, target string) (proxy.Server, string) {
 	tb.Helper()
-	ports, err := freePorts(1)
+	p, url, err := NewProxy("", target)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	return ProxyAt(tb, addr, target), "http://" + addr
+	tb.Cleanup(func() { p.Close() })
+	return p, url
 }
 
 // ProxyAt is Proxy on a given loopback address, for bringing a closed proxy
 // back on the address its clients know.
 func ProxyAt(tb testing.TB, addr, target string) proxy.Server {
 	tb.Helper()
+	p, _, err := NewProxy(addr, target)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return p
+}
+
+// NewProxy starts etcd's fault-injecting proxy on addr (a free loopback
+// port if empty) in front of target, a client URL, and returns it ready,
+// with its URL. The caller closes it.
+func NewProxy(addr, target string) (proxy.Server, string, error) {
+	if addr == "" {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, "", err
+		}
+		addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	}
 	to, err := url.Parse(target)
 	if err != nil {
-		tb.Fatalf("proxy target %q: %v", target, err)
+		return nil, "", fmt.Errorf("proxy target %q: %w", target, err)
 	}
-	from := url.URL{Scheme: "tcp", Host: addr}
 	p := proxy.NewServer(proxy.ServerConfig{
 		Logger: zap.NewNop(),
-		From:   from,
+		From:   url.URL{Scheme: "tcp", Host: addr},
 		To:     url.URL{Scheme: "tcp", Host: to.Host},
 	})
 	select {
 	case <-p.Ready():
+		return p, "http://" + addr, nil
 	case err := <-p.Error():
-		tb.Fatalf("proxy: %v", err)
+		p.Close()
+		return nil, "", fmt.Errorf("proxy: %w", err)
 	case <-time.After(10 * time.Second):
-		tb.Fatal("proxy not ready after 10s")
+		p.Close()
+		return nil, "", fmt.Errorf("proxy on %s not ready after 10s", addr)
 	}
-	tb.Cleanup(func() { p.Close() })
-	return p
 }
 
 // ProxiedClient puts a proxy in front of target and opens a client that
