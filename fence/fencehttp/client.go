@@ -48,6 +48,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return base.RoundTrip(r)
 }
 
+// CloseIdleConnections closes Base's idle connections, if Base can, as
+// http.Client.CloseIdleConnections expects of a RoundTripper.
+func (t *Transport) CloseIdleConnections() {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if c, ok := base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // Attach sets the fencing headers of h on req, for clients that build
 // requests by hand. It fails as Transport does, and then sets nothing.
 func Attach(req *http.Request, h Holder) error {
