@@ -353,6 +353,9 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	etcdtest.ProxyAt(t, addr, target)
+	if _, err := viaProxy.Get(testCtx(t), name); err != nil {
+		t.Fatalf("observer's client did not reconnect: %v", err)
+	}
 	expectLeader(t, o, eb.Token(), "b2")
 	eb.Resign(testCtx(t))
 }

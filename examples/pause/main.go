@@ -79,7 +79,11 @@ func run(endpoints string, ttl time.Duration, out io.Writer) error {
 			title = "FENCED: A and B write through fence.Resource(record, token)"
 		}
 		fmt.Fprintf(out, "\n=== %s ===\n", title)
-		r, err := scenario(ctx, cli, eps, fmt.Sprintf("%s/%v", base, fenced), fenced, ttl, out)
+		mode := "unfenced"
+		if fenced {
+			mode = "fenced"
+		}
+		r, err := scenario(ctx, cli, eps, base+"/"+mode, fenced, ttl, out)
 		if err != nil {
 			return err
 		}
