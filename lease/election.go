@@ -52,7 +52,7 @@ func (e *Leadership) Key() string { return e.l.key }
 // Token is the fencing token of this leadership: the creation revision of
 // its key. Later leaders of the same name have larger tokens. Proclaim does
 // not change it.
-func (e *Leadership) Token() int64 { return e.l.token }
+func (e *Leadership) Token() int64 { return e.l.Token() }
 
 // Value is the value last proclaimed (or given to Campaign).
 func (e *Leadership) Value() string {

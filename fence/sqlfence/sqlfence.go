@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/seam"
 )
 
 // DefaultTokenColumn is the fence column's name unless WithTokenColumn says
@@ -145,8 +146,10 @@ func (f *Fence) Update(ctx context.Context, db Execer, id any, token int64, cols
 	sets = append(sets, f.token+" = "+f.placeholder(len(args)))
 	args = append(args, id)
 	where := f.id + " = " + f.placeholder(len(args))
-	args = append(args, token)
-	where += " AND " + f.token + " <= " + f.placeholder(len(args))
+	if !seam.From(ctx).Has(seam.NoFenceCompare) {
+		args = append(args, token)
+		where += " AND " + f.token + " <= " + f.placeholder(len(args))
+	}
 	q := fmt.Sprintf("UPDATE %s SET %s WHERE %s", f.table, strings.Join(sets, ", "), where)
 	return f.result(ctx, db, q, args, id, token, true)
 }
@@ -174,8 +177,12 @@ func (f *Fence) Upsert(ctx context.Context, db Execer, id any, token int64, cols
 	for i := range args {
 		ph[i] = f.placeholder(i + 1)
 	}
-	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE %s.%s <= excluded.%s",
-		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), f.table, f.token, f.token)
+	cond := fmt.Sprintf("%s.%s <= excluded.%s", f.table, f.token, f.token)
+	if seam.From(ctx).Has(seam.NoFenceCompare) {
+		cond = "1 = 1"
+	}
+	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE %s",
+		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), cond)
 	return f.result(ctx, db, q, args, id, token, false)
 }
 
