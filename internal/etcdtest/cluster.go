@@ -275,3 +275,14 @@ func freePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
+
+// Leader returns the running member that is the raft leader, or nil if no
+// running member says it leads.
+func (c *Cluster) Leader() *Member {
+	for _, m := range c.Members {
+		if e := m.Server(); e != nil && e.Server.Leader() == e.Server.MemberID() {
+			return m
+		}
+	}
+	return nil
+}

@@ -1,0 +1,550 @@
+package chaos
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
+	_ "modernc.org/sqlite"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/sqlfence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/seam"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// fault is the one fault of a run. Every run also pauses one lock holder
+// (the victim) until its lease has expired and a successor has written;
+// the fault is how the pause is made, or what else goes wrong meanwhile.
+type fault string
+
+const (
+	faultPause     fault = "pause"          // the victim's traffic is held in the proxy, then released
+	faultPartition fault = "partition"      // the victim's traffic is dropped (blackhole)
+	faultSlowClock fault = "clock-slow"     // as pause, with every session's clock at half speed
+	faultFastClock fault = "clock-fast"     // as pause, with every session's clock at double speed
+	faultLatency   fault = "latency"        // as pause, with 0-500 ms of latency on every client
+	faultCompact   fault = "compact-defrag" // as pause, compacting and defragmenting throughout
+	faultLeader    fault = "leader-stop"    // as pause, on three members, the leader stopped and restarted
+)
+
+var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader}
+
+// runConfig is one chaos run.
+type runConfig struct {
+	seed    uint64
+	clients int
+	names   int
+	fenced  bool // false: the unfenced control
+	fault   fault
+	mutant  seam.Mutant
+	// endpoints of the cluster; cluster is set when members can be stopped.
+	endpoints []string
+	cluster   *etcdtest.Cluster
+	prefix    string
+	db        *sql.DB
+	sqlf      *sqlfence.Fence
+}
+
+// runResult is what a run measured.
+type runResult struct {
+	valid         bool
+	why           string // why the run is invalid
+	ops           int
+	check         porcupine.CheckResult
+	info          porcupine.LinearizationInfo
+	history       *History
+	staleAccepted int // the victim's late writes that were accepted
+	lateWrites    int
+}
+
+// events lets clients and the victim wait for what others did: a grant of
+// a name, an accepted write.
+type events struct {
+	mu      sync.Mutex
+	changed chan struct{}
+	granted map[string]int64 // name -> highest token granted
+	wrote   map[string]int64 // name -> highest token of an accepted write to any of its registers
+	regs    map[string]int64 // register -> highest token of an accepted write
+}
+
+func newEvents() *events {
+	return &events{changed: make(chan struct{}), granted: map[string]int64{}, wrote: map[string]int64{}, regs: map[string]int64{}}
+}
+
+func (e *events) record(m map[string]int64, name string, token int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if token > m[name] {
+		m[name] = token
+	}
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// highest is the highest token accepted by register reg so far.
+func (e *events) highest(reg string) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.regs[reg]
+}
+
+// waitFor waits until cond holds, checked after each event.
+func (e *events) waitFor(ctx context.Context, cond func() bool) bool {
+	for {
+		e.mu.Lock()
+		ok, ch := cond(), e.changed
+		e.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// chaosClient is one client: its own etcd client, through its own proxies.
+type chaosClient struct {
+	id      int
+	cfg     *runConfig
+	h       *History
+	ev      *events
+	proxies []proxy.Server
+	cli     *clientv3.Client
+	rng     *rand.Rand
+	seq     int
+}
+
+// hooks is the context the library sees: the run's mutant and clock.
+func (r *runConfig) hooks(ctx context.Context) context.Context {
+	h := &seam.Hooks{Mutant: r.mutant}
+	switch r.fault {
+	case faultSlowClock:
+		h.ClockRate = 0.5
+	case faultFastClock:
+		h.ClockRate = 2
+	}
+	return seam.With(ctx, h)
+}
+
+func (r *runConfig) registers(name string) (held, res, row string) {
+	return r.prefix + "/held/" + name, r.prefix + "/res/" + name, r.prefix + "/" + name
+}
+
+// write makes one write of the given kind with token, fenced or not, and
+// records it. stale tells whether the register had already accepted a
+// higher token when the write was sent.
+func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Lock, token int64) (out Outcome, stale bool) {
+	held, res, row := c.cfg.registers(name)
+	c.seq++
+	val := fmt.Sprintf("c%d-t%d-%d", c.id, token, c.seq)
+	reg := map[string]string{KindHeld: held, KindResource: res, KindSQL: "sql:" + row}[kind]
+	in := Input{Register: reg, Kind: kind, Write: true, Token: token, Value: val}
+	stale = c.ev.highest(reg) > token
+	call := c.h.Now()
+	wctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second)
+	defer cancel()
+	var err error
+	switch {
+	case kind == KindSQL && c.cfg.fenced:
+		err = c.cfg.sqlf.Upsert(wctx, c.cfg.db, row, token, sqlfence.Set("val", val))
+	case kind == KindSQL:
+		_, err = c.cfg.db.ExecContext(wctx, `INSERT INTO regs (id, val, fence_token) VALUES (?, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET val = excluded.val, fence_token = excluded.fence_token`, row, val, token)
+	case !c.cfg.fenced:
+		_, err = c.cli.Put(wctx, reg, val)
+	case kind == KindHeld:
+		_, err = fence.NewTxn(wctx, c.cli, fence.Held(l)).Then(clientv3.OpPut(reg, val)).Commit()
+	default:
+		_, err = fence.NewTxn(wctx, c.cli, fence.Resource(res+".fence", token)).Then(clientv3.OpPut(reg, val)).Commit()
+	}
+	o := Output{Outcome: OK}
+	switch {
+	case err == nil:
+		c.ev.record(c.ev.regs, reg, token)
+		c.ev.record(c.ev.wrote, name, token)
+	case errors.Is(err, fence.ErrStale), errors.Is(err, fence.ErrNotHeld):
+		o.Outcome = Refused
+	default:
+		o.Outcome = Unknown // timed out or cut off: it may have been applied
+	}
+	c.h.Add(c.id, in, call, o)
+	return o.Outcome, stale
+}
+
+// read reads one register, linearizably, and records it. Failed reads
+// change nothing and are not recorded.
+func (c *chaosClient) read(ctx context.Context, kind, name string) {
+	held, res, row := c.cfg.registers(name)
+	call := c.h.Now()
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var val, reg string
+	switch kind {
+	case KindSQL:
+		reg = "sql:" + row
+		err := c.cfg.db.QueryRowContext(rctx, `SELECT val FROM regs WHERE id = ?`, row).Scan(&val)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return
+		}
+	default:
+		reg = map[string]string{KindHeld: held, KindResource: res}[kind]
+		resp, err := c.cli.Get(rctx, reg)
+		if err != nil {
+			return
+		}
+		if len(resp.Kvs) == 1 {
+			val = string(resp.Kvs[0].Value)
+		}
+	}
+	c.h.Add(c.id, Input{Register: reg, Kind: kind}, call, Output{Outcome: OK, Value: val})
+}
+
+var kinds = []string{KindHeld, KindResource, KindSQL}
+
+// victimState is shared between the clients: who became the victim and
+// what the pause achieved.
+type victimState struct {
+	armed    atomic.Bool
+	done     chan struct{}
+	expired  atomic.Bool
+	stale    atomic.Int64
+	late     atomic.Int64
+	succeded atomic.Bool
+	why      atomic.Value
+}
+
+// loop is a client's life: take a random lock, make a few random
+// operations, let go; until ctx ends.
+func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *clientv3.Client) {
+	var s *lease.Session
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	for ctx.Err() == nil {
+		if s == nil || s.Err() != nil {
+			if s != nil {
+				s.Close()
+			}
+			sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second)
+			var err error
+			s, err = lease.NewSession(sctx, c.cli, lease.WithTTL(time.Second))
+			cancel()
+			if err != nil {
+				s = nil
+				continue
+			}
+		}
+		name := fmt.Sprint(c.rng.IntN(c.cfg.names))
+		lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		l, err := s.Lock(lctx, c.cfg.prefix+"/lock/"+name)
+		cancel()
+		if err != nil {
+			continue
+		}
+		c.ev.record(c.ev.granted, name, l.Token())
+		for k := 1 + c.rng.IntN(4); k > 0 && ctx.Err() == nil; k-- {
+			kind := kinds[c.rng.IntN(len(kinds))]
+			if c.rng.IntN(3) == 0 {
+				c.read(ctx, kind, name)
+				continue
+			}
+			c.write(ctx, kind, name, l, l.Token())
+			if v.armed.CompareAndSwap(true, false) {
+				c.pause(ctx, v, watchCli, name, l)
+				break
+			}
+		}
+		uctx, cancel := context.WithTimeout(ctx, time.Second)
+		l.Unlock(uctx)
+		cancel()
+	}
+}
+
+// pause is the victim's part: its traffic stops (held or dropped) until etcd
+// has expired its lease and a successor has written under its lock; then it
+// comes back and, like a process waking from a pause, writes every register
+// with its old token.
+func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clientv3.Client, name string, l *lease.Lock) {
+	defer close(v.done)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	wch := watchCli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
+	for _, p := range c.proxies {
+		if c.cfg.fault == faultPartition {
+			p.BlackholeTx()
+			p.BlackholeRx()
+		} else {
+			p.PauseTx()
+			p.PauseRx()
+		}
+	}
+	stopEnv := c.cfg.environment(ctx, c.rng.Uint64())
+	bound, cancel := context.WithTimeout(ctx, 8*time.Second)
+	defer cancel()
+	expired := false
+	for !expired {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				expired = true // bound reached; checked below
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					expired = true
+				}
+			}
+		case <-bound.Done():
+			expired = true
+		}
+	}
+	v.expired.Store(bound.Err() == nil)
+	succeeded := c.ev.waitFor(bound, func() bool { return c.ev.wrote[name] > l.Token() })
+	v.succeded.Store(succeeded)
+	stopEnv()
+	for _, p := range c.proxies {
+		if c.cfg.fault == faultPartition {
+			p.UnblackholeTx()
+			p.UnblackholeRx()
+		} else {
+			p.UnpauseTx()
+			p.UnpauseRx()
+		}
+	}
+	for _, kind := range kinds {
+		if out, stale := c.write(ctx, kind, name, l, l.Token()); stale {
+			v.late.Add(1)
+			if out == OK {
+				v.stale.Add(1)
+			}
+		}
+	}
+}
+
+// environment starts what the run's fault adds around the pause and
+// returns a function that ends it.
+func (r *runConfig) environment(ctx context.Context, seed uint64) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	switch r.fault {
+	case faultLeader:
+		if ld := r.cluster.Leader(); ld != nil {
+			ld.Stop()
+			wg.Add(1)
+			go func() { // restart once the others have moved on
+				defer wg.Done()
+				<-ctx.Done()
+				rctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+				defer stop()
+				ld.Restart(rctx)
+			}()
+		}
+	case faultCompact:
+		cli, err := etcdtest.NewClient(r.endpoints)
+		if err == nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer cli.Close()
+				for i := 0; i < 20 && ctx.Err() == nil; i++ { // bounded
+					if g, err := cli.Get(ctx, "compact-probe"); err == nil {
+						cli.Compact(ctx, g.Header.Revision)
+						cli.Defragment(ctx, r.endpoints[0])
+					}
+					select {
+					case <-time.After(200 * time.Millisecond):
+					case <-ctx.Done():
+					}
+				}
+			}()
+		}
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// run makes one chaos run and checks its history.
+func run(t testing.TB, cfg runConfig) runResult {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(cfg.seed, 7))
+	h, ev := NewHistory(), newEvents()
+	v := &victimState{done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	watchCli, err := etcdtest.NewClient(cfg.endpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watchCli.Close()
+
+	var latency time.Duration
+	if cfg.fault == faultLatency {
+		latency = time.Duration(rng.IntN(500)) * time.Millisecond
+	}
+	clients := make([]*chaosClient, cfg.clients)
+	for i := range clients {
+		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i)))}
+		var urls []string
+		for _, ep := range cfg.endpoints {
+			p, url, err := etcdtest.NewProxy("", ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			if latency > 0 {
+				p.DelayTx(latency/2, latency/4)
+				p.DelayRx(latency/2, latency/4)
+			}
+			c.proxies = append(c.proxies, p)
+			urls = append(urls, url)
+		}
+		cli, err := etcdtest.NewClient(urls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		c.cli = cli
+		clients[i] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.loop(ctx, v, watchCli)
+		}()
+	}
+	// Let the clients get going, then arm the fault: the next client to
+	// write under a lock becomes the victim.
+	select {
+	case <-time.After(300 * time.Millisecond):
+	case <-ctx.Done():
+	}
+	v.armed.Store(true)
+	select {
+	case <-v.done:
+		// A short tail, so that reads after the victim's writes happen.
+		select {
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	case <-ctx.Done():
+	}
+	victimFound := !v.armed.Load()
+	cancel()
+	wg.Wait()
+
+	res := runResult{history: h, ops: len(h.Operations()),
+		staleAccepted: int(v.stale.Load()), lateWrites: int(v.late.Load())}
+	switch {
+	case !victimFound:
+		res.why = "no client became the victim"
+	case !v.expired.Load():
+		res.why = "the victim's lease never expired"
+	case !v.succeded.Load():
+		res.why = "no successor wrote while the victim was paused"
+	default:
+		res.valid = true
+	}
+	res.check, res.info = h.Check(20 * time.Second)
+	return res
+}
+
+// newSQL opens a SQLite database with the register table, fenced by
+// sqlfence.
+func newSQL(t testing.TB) (*sql.DB, *sqlfence.Fence) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "regs.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	f, err := sqlfence.New(sqlfence.SQLite, "regs", "id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE regs (id TEXT PRIMARY KEY, val TEXT NOT NULL, ` + f.ColumnDDL() + `)`); err != nil {
+		t.Fatal(err)
+	}
+	return db, f
+}
+
+// tally is a tier's summary.
+type tally struct {
+	mu                                     sync.Mutex
+	runs, invalid, ops, histories          int
+	staleAccepted, controlRuns, violations int
+	faults                                 map[fault]int
+	failures                               []string
+}
+
+func (s *tally) add(cfg runConfig, r runResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.faults == nil {
+		s.faults = map[fault]int{}
+	}
+	s.runs++
+	s.ops += r.ops
+	s.histories++
+	if !r.valid {
+		s.invalid++
+		return
+	}
+	s.faults[cfg.fault]++
+	if cfg.fenced {
+		s.staleAccepted += r.staleAccepted
+	} else {
+		s.controlRuns++
+		if r.check == porcupine.Illegal {
+			s.violations++
+		}
+	}
+}
+
+func (s *tally) line(tier string) string {
+	var fs []string
+	for _, f := range allFaults {
+		fs = append(fs, fmt.Sprintf("%s=%d", f, s.faults[f]))
+	}
+	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} ops=%d histories=%d stale-accepted=%d control-violations=%d/%d invalid=%d",
+		tier, s.runs, strings.Join(fs, " "), s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, s.invalid)
+}
+
+// report fails the test for a fenced run whose history the checker did not
+// accept, saving the history and its visualization.
+func report(t testing.TB, cfg runConfig, r runResult) {
+	t.Helper()
+	if r.check == porcupine.Ok && r.staleAccepted == 0 {
+		return
+	}
+	dir := os.Getenv("LEASEFENCE_CHAOS_DIR") // default: the system's temp dir
+	folder, err := r.history.Save(dir, fmt.Sprintf("chaos-%s-%d", cfg.fault, cfg.seed), r.info)
+	if err != nil {
+		t.Errorf("saving the history: %v", err)
+	}
+	t.Errorf("run seed=%d fault=%s mutant=%v: checker says %s, %d stale writes accepted; history and visualization in %s",
+		cfg.seed, cfg.fault, cfg.mutant, r.check, r.staleAccepted, folder)
+}

@@ -1,0 +1,108 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// A child process is this test binary run again with childEnv set: a lock
+// holder that the test can really stop (SIGSTOP) and kill (SIGKILL).
+const (
+	childEnv     = "LEASEFENCE_CHAOS_CHILD"
+	envEndpoints = "CHAOS_ENDPOINTS"
+	envLock      = "CHAOS_LOCK"
+	envRegister  = "CHAOS_REGISTER"
+	envTTL       = "CHAOS_TTL"
+)
+
+// runChild is the child's main. Role "holder" takes the lock and then
+// waits for stdin to close; role "writer" also writes the register in a
+// loop, fenced by its token, printing "S n" before and "W n outcome" after
+// each write, until stdin closes.
+func runChild(role string) int {
+	if err := child(role, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	return 0
+}
+
+func child(role string, in io.Reader, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ttl, err := time.ParseDuration(os.Getenv(envTTL))
+	if err != nil {
+		return err
+	}
+	cli, err := etcdtest.NewClient(strings.Split(os.Getenv(envEndpoints), ","))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	l, err := s.Lock(ctx, os.Getenv(envLock))
+	if err != nil {
+		return err
+	}
+	w := &lineWriter{w: out}
+	w.printf("LOCKED %d", l.Token())
+	stdinClosed := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, bufio.NewReader(in))
+		close(stdinClosed)
+	}()
+	if role != "writer" {
+		<-stdinClosed
+		return nil
+	}
+	reg := os.Getenv(envRegister)
+	for n := 1; ; n++ {
+		select {
+		case <-stdinClosed:
+			return nil
+		default:
+		}
+		w.printf("S %d", n)
+		wctx, stop := context.WithTimeout(ctx, 2*time.Second)
+		_, err := fence.NewTxn(wctx, cli, fence.Resource(reg+".fence", l.Token())).
+			Then(clientv3.OpPut(reg, fmt.Sprintf("child-t%d-%d", l.Token(), n))).Commit()
+		stop()
+		switch {
+		case err == nil:
+			w.printf("W %d ok", n)
+		case errors.Is(err, fence.ErrStale):
+			w.printf("W %d refused", n)
+		default:
+			w.printf("W %d unknown", n)
+		}
+		time.Sleep(10 * time.Millisecond) // pacing of the workload, not synchronisation
+	}
+}
+
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) printf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, format+"\n", args...)
+}
