@@ -132,9 +132,16 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 		return nil, err
 	}
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, releaseGate: release}
-	held, err := l.create(ctx, try)
+	// Requests made while acquiring end with the session too: a waiter
+	// whose lease is gone must not sit in a request until ctx ends.
+	cctx, stop := s.bound(ctx)
+	held, err := l.create(cctx, try)
+	stop()
 	if err != nil {
 		l.releaseGate()
+		if s.ctx.Err() != nil {
+			err = context.Cause(s.ctx)
+		}
 		return nil, err
 	}
 	l.ctx, l.cancel = context.WithCancelCause(s.ctx)
@@ -155,9 +162,17 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 				l.abandon()
 				return nil, err
 			}
-		} else if err := l.wait(ctx); err != nil {
-			l.abandon()
-			return nil, err
+		} else {
+			wctx, stop := l.Context(ctx)
+			err := l.wait(wctx)
+			stop()
+			if err != nil {
+				if l.ctx.Err() != nil {
+					err = context.Cause(l.ctx)
+				}
+				l.abandon()
+				return nil, err
+			}
 		}
 	}
 	l.public = l.token

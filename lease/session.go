@@ -330,6 +330,16 @@ func (s *Session) enter(ctx context.Context, name string, try bool) (func(), err
 	}
 }
 
+// bound returns ctx, also cancelled when the session ends.
+func (s *Session) bound(ctx context.Context) (context.Context, func()) {
+	bctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	return bctx, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
 // track registers a goroutine with the session so that Close waits for it.
 // It fails once the session has ended.
 func (s *Session) track() error {

@@ -15,13 +15,16 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
 )
 
-// A child process is this test binary run again with childEnv set: a lock
-// holder that the test can really stop (SIGSTOP) and kill (SIGKILL).
+// A child process is this test binary run again by exampleenv.StartChild,
+// which sets childEnv to the role: a lock holder that the test can really
+// stop (SIGSTOP) and kill (SIGKILL). TestMain must see the same variable,
+// or the child would run the whole suite again, children and all.
 const (
-	childEnv     = "LEASEFENCE_CHAOS_CHILD"
+	childEnv     = exampleenv.ChildEnv
 	envEndpoints = "CHAOS_ENDPOINTS"
 	envLock      = "CHAOS_LOCK"
 	envRegister  = "CHAOS_REGISTER"

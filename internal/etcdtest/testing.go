@@ -95,6 +95,11 @@ func (e *Env) Main(m *testing.M, cfg Config) int {
 		return 1
 	}
 	e.endpoints = c.Endpoints()
+	if err := warmUp(e.endpoints); err != nil {
+		c.Close()
+		fmt.Fprintln(os.Stderr, "etcd not serving:", err)
+		return 1
+	}
 	code := m.Run()
 	c.Close()
 	return e.withLeakCheck(code)
@@ -155,4 +160,18 @@ func LeakCheck(tb testing.TB) {
 			tb.Errorf("goroutines leaked: %v", err)
 		}
 	})
+}
+
+// warmUp makes one request, so that the server's serving goroutines, which
+// it starts lazily, exist before any test's LeakCheck looks.
+func warmUp(endpoints []string) error {
+	cli, err := NewClient(endpoints)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = cli.Get(ctx, "leasefence-warm-up")
+	return err
 }
