@@ -21,7 +21,7 @@ import (
 // Scenario 8: the etcd leader is stopped while a lock is held and written.
 // The holder's guarded writes go on after the failover; a contender is not
 // granted while the holder's keep-alives succeed; the next token is larger.
-func scenarioLeaderStop(t *testing.T, ctx context.Context, c *etcdtest.Cluster) error {
+func scenarioLeaderStop(t testing.TB, ctx context.Context, c *etcdtest.Cluster) error {
 	cli := c.ClientT(t)
 	name, reg := etcdtest.Name(t, "failover"), etcdtest.Name(t, "failover-reg")
 	hs := session(t, ctx, cli, 5*time.Second)
@@ -93,7 +93,7 @@ func scenarioLeaderStop(t *testing.T, ctx context.Context, c *etcdtest.Cluster) 
 
 // Scenario 9: a holder process is killed with SIGKILL; how long until the
 // queued contender is granted.
-func scenarioTakeover(t *testing.T, ctx context.Context) (time.Duration, error) {
+func scenarioTakeover(t testing.TB, ctx context.Context) (time.Duration, error) {
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "takeover")
 	c, err := exampleenv.StartChild(ctx, "holder", "holder",

@@ -82,7 +82,7 @@ func resourceWrite(ctx context.Context, cli *clientv3.Client, reg string, token 
 // Scenario 0: tokens are creation revisions and grow from one holder to
 // the next, even when the sessions were made in the other order and the
 // lock was contended.
-func scenarioTokens(t *testing.T, ctx context.Context) error {
+func scenarioTokens(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "tokens")
 	var sessions []*lease.Session
@@ -154,7 +154,7 @@ func waitQueuedKeys(ctx context.Context, cli *clientv3.Client, name string, n in
 // Scenario 1: a holder, a child process writing in a loop, is stopped with
 // SIGSTOP for 0.5 to 3 TTLs; if a successor takes the lock and writes
 // meanwhile, every write the holder starts after SIGCONT is refused.
-func scenarioProcessPause(t *testing.T, ctx context.Context, pause time.Duration) (successor bool, err error) {
+func scenarioProcessPause(t testing.TB, ctx context.Context, pause time.Duration) (successor bool, err error) {
 	cli := etcd.Client(t)
 	name, reg := etcdtest.Name(t, "sigstop"), etcdtest.Name(t, "sigstop-reg")
 	c, err := exampleenv.StartChild(ctx, "holder", "writer",
@@ -235,7 +235,7 @@ func scenarioProcessPause(t *testing.T, ctx context.Context, pause time.Duration
 // Scenario 2: A's guarded transaction is held in the proxy while A's lease
 // expires and B writes; released, it fails, since etcd evaluates the guard
 // when it applies the transaction.
-func scenarioHeldInFlight(t *testing.T, ctx context.Context) error {
+func scenarioHeldInFlight(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
 	name, reg := etcdtest.Name(t, "inflight"), etcdtest.Name(t, "inflight-reg")
@@ -268,7 +268,7 @@ func scenarioHeldInFlight(t *testing.T, ctx context.Context) error {
 
 // Scenario 3: in one process, A's lock expires and A takes it again with a
 // new token; a goroutine still holding the old token writes: refused.
-func scenarioTokenReuse(t *testing.T, ctx context.Context) error {
+func scenarioTokenReuse(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	name, reg := etcdtest.Name(t, "reuse"), etcdtest.Name(t, "reuse-reg")
 	s1 := session(t, ctx, cli, ttl)
@@ -299,7 +299,7 @@ func scenarioTokenReuse(t *testing.T, ctx context.Context) error {
 // Scenario 4: Unlock after loss never deletes the successor's key, whether
 // the successor is another session or a new lock of the same session; the
 // successor's next guarded write succeeds.
-func scenarioUnlockAfterLoss(t *testing.T, ctx context.Context) error {
+func scenarioUnlockAfterLoss(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	name, reg := etcdtest.Name(t, "unlock-loss"), etcdtest.Name(t, "unlock-loss-reg")
 	s := session(t, ctx, cli, 5*time.Second)
@@ -338,7 +338,7 @@ func scenarioUnlockAfterLoss(t *testing.T, ctx context.Context) error {
 // Scenario 5: with latency injected, the session reports the loss no later
 // than etcd expires the lease (seen by a watcher on the lock key), and it
 // uses the TTL etcd granted.
-func scenarioLossBeforeExpiry(t *testing.T, ctx context.Context, cli *clientv3.Client, target string, latency time.Duration) (margin time.Duration, err error) {
+func scenarioLossBeforeExpiry(t testing.TB, ctx context.Context, cli *clientv3.Client, target string, latency time.Duration) (margin time.Duration, err error) {
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, target)
 	if latency > 0 {
 		p.DelayTx(latency/2, 0)
@@ -387,7 +387,7 @@ func scenarioLossBeforeExpiry(t *testing.T, ctx context.Context, cli *clientv3.C
 // Scenario 6: an answer withheld and the connection dropped: the write
 // surfaces as ErrOutcomeUnknown, goes into the history as unknown, and the
 // history checks whichever way it went.
-func scenarioAmbiguous(t *testing.T, ctx context.Context) error {
+func scenarioAmbiguous(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
 	name, reg := etcdtest.Name(t, "ambiguous"), etcdtest.Name(t, "ambiguous-reg")
@@ -417,7 +417,7 @@ func scenarioAmbiguous(t *testing.T, ctx context.Context) error {
 // Scenario 7: a waiter whose session expires, or whose key is deleted,
 // while it is queued gets an error, never a grant; a cancelled acquire
 // leaves no key behind after 2 TTLs.
-func scenarioWaiterEnds(t *testing.T, ctx context.Context) error {
+func scenarioWaiterEnds(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "waiter")
 	holder := lock(t, ctx, session(t, ctx, cli, 5*time.Second), name)

@@ -1,0 +1,134 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/seam"
+)
+
+// probe runs a scenario under a mutant and catches the scenario's own
+// failures (t.Fatal included) as a result instead of failing the test:
+// a failing scenario is what the mutant test wants to see.
+type probe struct {
+	testing.TB
+	mu       sync.Mutex
+	failures []string
+	cleanups []func()
+}
+
+func (p *probe) fail(msg string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures = append(p.failures, msg)
+}
+
+func (p *probe) Cleanup(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cleanups = append(p.cleanups, f)
+}
+func (p *probe) Error(args ...any)                 { p.fail(fmt.Sprint(args...)) }
+func (p *probe) Errorf(format string, args ...any) { p.fail(fmt.Sprintf(format, args...)) }
+func (p *probe) Fail()                             { p.fail("Fail") }
+func (p *probe) FailNow()                          { p.fail("FailNow"); runtime.Goexit() }
+func (p *probe) Fatal(args ...any)                 { p.Error(args...); runtime.Goexit() }
+func (p *probe) Fatalf(format string, args ...any) { p.Errorf(format, args...); runtime.Goexit() }
+func (p *probe) Failed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.failures) > 0
+}
+
+// catch runs f as a test of its own and reports whether it failed, and how.
+func catch(t *testing.T, f func(tb testing.TB) error) error {
+	p := &probe{TB: t}
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err = f(p)
+	}()
+	<-done
+	for i := len(p.cleanups) - 1; i >= 0; i-- {
+		p.cleanups[i]()
+	}
+	if err != nil {
+		return err
+	}
+	if len(p.failures) > 0 {
+		return errors.New(p.failures[0])
+	}
+	return nil
+}
+
+// TestMutantsAreCaught switches on each deliberate bug and asserts that the
+// suite's scenarios catch it: a suite that passes with the fence removed
+// proves nothing.
+func TestMutantsAreCaught(t *testing.T) {
+	var defaultTiming *etcdtest.Cluster // etcd grants 2 s for a 1 s request here
+	scenarios := map[string]func(tb testing.TB, ctx context.Context) error{
+		"0 tokens":             scenarioTokens,
+		"2 held in flight":     scenarioHeldInFlight,
+		"3 token reuse":        scenarioTokenReuse,
+		"4 unlock after loss":  scenarioUnlockAfterLoss,
+		"7 waiter ends":        scenarioWaiterEnds,
+		"6 ambiguous":          scenarioAmbiguous,
+		"5 loss before expiry": func(tb testing.TB, ctx context.Context) error {
+			if defaultTiming == nil {
+				defaultTiming = etcdtest.StartT(t, etcdtest.Config{})
+			}
+			_, err := scenarioLossBeforeExpiry(tb, ctx, defaultTiming.ClientT(t), defaultTiming.Endpoints()[0], 0)
+			return err
+		},
+		"10 chaos": func(tb testing.TB, ctx context.Context) error {
+			cfg := runConfig{seed: 99, clients: 8, names: 2, fenced: true, fault: faultPause,
+				mutant: seam.From(ctx).Mutant, endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", 0)}
+			cfg.db, cfg.sqlf = newSQL(tb)
+			r := run(tb, cfg)
+			if r.check != porcupine.Ok || r.staleAccepted > 0 {
+				return fmt.Errorf("checker: %s, %d stale writes accepted", r.check, r.staleAccepted)
+			}
+			return nil
+		},
+	}
+	catchers := map[seam.Mutant][]string{
+		seam.NoFenceCompare:       {"2 held in flight", "3 token reuse", "10 chaos"},
+		seam.LeaseIDToken:         {"0 tokens"},
+		seam.HeaderRevisionToken:  {"0 tokens"},
+		seam.UnguardedUnlock:      {"4 unlock after loss"},
+		seam.SessionOnlyOwnership: {"4 unlock after loss", "7 waiter ends"},
+		seam.RequestedTTL:         {"5 loss before expiry"},
+	}
+	for _, m := range seam.Mutants {
+		names := catchers[m]
+		if len(names) == 0 {
+			t.Errorf("mutant %q has no scenario meant to catch it", m)
+		}
+		for _, n := range names {
+			t.Run(fmt.Sprintf("%s/%s", m, n), func(t *testing.T) {
+				ctx := seam.With(testCtx(t, time.Minute), &seam.Hooks{Mutant: m})
+				err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, ctx) })
+				if err == nil {
+					t.Fatalf("scenario %s passed with the mutant %q switched on", n, m)
+				}
+				t.Logf("caught: %v", err)
+			})
+		}
+	}
+	// And without a mutant, the same scenarios pass: the mutants are what
+	// they catch.
+	for _, n := range []string{"0 tokens", "4 unlock after loss", "5 loss before expiry"} {
+		if err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, testCtx(t, time.Minute)) }); err != nil {
+			t.Errorf("scenario %s fails with no mutant: %v", n, err)
+		}
+	}
+}
