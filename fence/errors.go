@@ -1,13 +1,10 @@
 package fence
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/leasefence/leasefence/internal/rpcerr"
 )
 
 // Sentinel errors; match them with errors.Is.
@@ -67,25 +64,8 @@ func (e *StaleError) Is(target error) bool { return target == ErrStale }
 // anything are definite; everything else (deadline, cancel, lost connection)
 // may hide an applied write.
 func classify(err error) error {
-	if definite(err) {
+	if rpcerr.Definite(err) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
-}
-
-func definite(err error) bool {
-	code := status.Code(err)
-	var etcdErr rpctypes.EtcdError
-	if errors.As(err, &etcdErr) {
-		code = etcdErr.Code()
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	switch code {
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated,
-		codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
-		return true
-	}
-	return false
 }

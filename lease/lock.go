@@ -2,19 +2,16 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/leasefence/leasefence/internal/rpcerr"
 	"github.com/leasefence/leasefence/internal/seam"
 )
 
@@ -220,9 +217,11 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 		Then(put, clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)).
 		Commit()
 	if err != nil {
-		// The put may have been applied: remove it if so, by lease, since
-		// its revision is unknown.
-		l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+		// Unless etcd refused it outright, the put may have been applied:
+		// remove it if so, by lease, since its revision is unknown.
+		if !rpcerr.Definite(err) {
+			l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+		}
 		return false, err
 	}
 	if !resp.Succeeded {
@@ -522,15 +521,5 @@ func (l *Lock) end(cause error) {
 	<-l.monitorDone
 }
 
-// transient tells whether a failed request may succeed if sent again: the
-// connection dropped or the cluster had no leader for a moment.
-func transient(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	var etcdErr rpctypes.EtcdError // the client turns some statuses into these
-	if errors.As(err, &etcdErr) {
-		return etcdErr.Code() == codes.Unavailable
-	}
-	return status.Code(err) == codes.Unavailable
-}
+// transient tells whether a failed request may succeed if sent again.
+func transient(ctx context.Context, err error) bool { return rpcerr.Transient(ctx, err) }

@@ -76,12 +76,12 @@ func catch(t *testing.T, f func(tb testing.TB) error) error {
 func TestMutantsAreCaught(t *testing.T) {
 	var defaultTiming *etcdtest.Cluster // etcd grants 2 s for a 1 s request here
 	scenarios := map[string]func(tb testing.TB, ctx context.Context) error{
-		"0 tokens":             scenarioTokens,
-		"2 held in flight":     scenarioHeldInFlight,
-		"3 token reuse":        scenarioTokenReuse,
-		"4 unlock after loss":  scenarioUnlockAfterLoss,
-		"7 waiter ends":        scenarioWaiterEnds,
-		"6 ambiguous":          scenarioAmbiguous,
+		"0 tokens":            scenarioTokens,
+		"2 held in flight":    scenarioHeldInFlight,
+		"3 token reuse":       scenarioTokenReuse,
+		"4 unlock after loss": scenarioUnlockAfterLoss,
+		"7 waiter ends":       scenarioWaiterEnds,
+		"6 ambiguous":         scenarioAmbiguous,
 		"5 loss before expiry": func(tb testing.TB, ctx context.Context) error {
 			if defaultTiming == nil {
 				defaultTiming = etcdtest.StartT(t, etcdtest.Config{})

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -42,6 +43,10 @@ type Config struct {
 	TickMs, ElectionMs uint
 	// Logger receives the servers' logs; nil discards them.
 	Logger *zap.Logger
+	// ClientTLS, if set, makes the client port speak TLS only (https)
+	// with these files; with ClientCertAuth set, a client must present a
+	// certificate signed by TrustedCAFile. See GenerateCerts.
+	ClientTLS *transport.TLSInfo
 }
 
 // Member is one embedded etcd server.
@@ -122,9 +127,13 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 	}
 	var initial []string
 	for i := 0; i < n; i++ {
+		scheme := "http"
+		if cfg.ClientTLS != nil {
+			scheme = "https"
+		}
 		m := &Member{
 			Name:      fmt.Sprintf("m%d", i),
-			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
+			ClientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[2*i]),
 			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
 		}
 		c.Members = append(c.Members, m)
@@ -145,6 +154,9 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 		ec.InitialCluster = strings.Join(initial, ",")
 		ec.InitialClusterToken = "leasefence-test"
 		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg.Named(m.Name))
+		if cfg.ClientTLS != nil {
+			ec.ClientTLSInfo = *cfg.ClientTLS
+		}
 		if cfg.TickMs > 0 {
 			ec.TickMs = cfg.TickMs
 		}

@@ -1,0 +1,46 @@
+// Package rpcerr tells apart the etcd request failures that matter to
+// leasefence: those etcd returns before applying anything (definite), and
+// those after which the request may succeed if sent again (transient).
+package rpcerr
+
+import (
+	"context"
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// code is err's gRPC code; the client turns some statuses into
+// rpctypes.EtcdError values.
+func code(err error) codes.Code {
+	var etcdErr rpctypes.EtcdError
+	if errors.As(err, &etcdErr) {
+		return etcdErr.Code()
+	}
+	return status.Code(err)
+}
+
+// Definite tells whether err means the request was refused before anything
+// was applied: bad input, no permission, not authenticated. A deadline, a
+// cancel or a lost connection is never definite: the request may have been
+// applied.
+func Definite(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	switch code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated,
+		codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// Transient tells whether a failed request may succeed if sent again while
+// ctx lasts: the connection dropped or the cluster had no leader for a
+// moment.
+func Transient(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && code(err) == codes.Unavailable
+}
