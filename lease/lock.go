@@ -500,10 +500,16 @@ func (l *Lock) unlock(ctx context.Context) error {
 
 	l.stateMu.Lock()
 	saw := l.sawDelete
+	released := (err == nil && resp.Succeeded) || (err != nil && saw)
+	if released {
+		// Before unlocking is cleared: the monitor may see our own delete
+		// at any moment after, and must not call it a loss.
+		l.cancel(ErrUnlocked)
+	}
 	l.unlocking = false
 	l.stateMu.Unlock()
 	switch {
-	case err == nil && resp.Succeeded, err != nil && saw:
+	case released:
 		l.end(ErrUnlocked)
 		return nil
 	case err == nil:
