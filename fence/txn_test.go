@@ -13,6 +13,7 @@ import (
 )
 
 func TestHeldGuard(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "held")
 	data := name + "-data"
@@ -61,6 +62,7 @@ func TestHeldGuard(t *testing.T) {
 
 // A failed caller If is no error and runs Else; a failed guard runs neither.
 func TestGuardAndCallerIf(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "if")
 	data, other := name+"-data", name+"-other"
@@ -100,6 +102,7 @@ func TestGuardAndCallerIf(t *testing.T) {
 }
 
 func TestResourceGuard(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	base := etcdtest.Name(t, "res")
 	rec, data := base+"/fence", base+"/data"
@@ -138,6 +141,7 @@ func TestResourceGuard(t *testing.T) {
 // Several guards of both kinds commit in one transaction, and any one
 // failing stops all.
 func TestSeveralGuards(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "several")
 	_, l := newLock(t, cli, name)
@@ -167,6 +171,7 @@ func TestSeveralGuards(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	rec := etcdtest.Name(t, "bad") + "/fence"
 	many := make([]clientv3.Op, fence.MaxTxnOps+1)
@@ -208,6 +213,7 @@ func TestBadInput(t *testing.T) {
 // An answer that never comes is an unknown outcome, not a failure: here the
 // write did land.
 func TestOutcomeUnknown(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
 	base := etcdtest.Name(t, "unknown")
@@ -239,6 +245,7 @@ func TestOutcomeUnknown(t *testing.T) {
 // (the store revision moves by exactly one), and a refusal by the second
 // record leaves the first untouched.
 func TestFirstWriteInOneTransaction(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	base := etcdtest.Name(t, "first")
 	old, fresh, data := base+"/old", base+"/fresh", base+"/data"

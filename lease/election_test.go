@@ -72,6 +72,7 @@ func expectLeader(t *testing.T, o *lease.Observer, token int64, value string) le
 }
 
 func TestCampaignProclaimResign(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "election")
 	a, b := newSession(t, cli), newSession(t, cli)
@@ -145,6 +146,7 @@ func TestCampaignProclaimResign(t *testing.T) {
 
 // Loss of leadership shows exactly as loss of a lock.
 func TestLeadershipLoss(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cases := []struct {
 		name string
 		end  func(t *testing.T, cli *clientv3.Client, s *lease.Session, e *lease.Leadership)
@@ -183,6 +185,7 @@ func TestLeadershipLoss(t *testing.T) {
 // A Proclaim that finds the key gone ends the leadership and never
 // recreates the key.
 func TestProclaimFindsKeyGone(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	e := mustCampaign(t, s, etcdtest.Name(t, "proclaim-gone"), "v1")
@@ -212,6 +215,7 @@ func TestProclaimFindsKeyGone(t *testing.T) {
 // concurrency.Election and this package share a key layout: each waits for
 // the other, and each reads the other's leader and token.
 func TestInteropConcurrencyElection(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "interop-elect")
 	cs, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
@@ -267,6 +271,7 @@ func TestInteropConcurrencyElection(t *testing.T) {
 // etcd's Election RPC (server side of the same layout) and this package see
 // the same leader and token.
 func TestInteropElectionRPC(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "rpc-elect")
 	rpc := v3electionpb.NewElectionClient(cli.ActiveConnection())
@@ -306,6 +311,7 @@ func TestInteropElectionRPC(t *testing.T) {
 
 // Nested names are separate elections, as they are separate locks.
 func TestObserveIgnoresNestedNames(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "nested-elect")
 	s1, s2 := newSession(t, cli), newSession(t, cli)
@@ -327,6 +333,7 @@ func TestObserveIgnoresNestedNames(t *testing.T) {
 // current leader once it is back, even after the store was compacted, and
 // never reports leaders out of order.
 func TestObserverCatchesUpAfterReconnect(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	target := etcd.Endpoints()[0]
 	p, viaProxy, url := etcdtest.ProxiedClient(t, target)
@@ -361,6 +368,7 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 }
 
 func TestObserverClose(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithCancel(testCtx(t))
 	o, err := lease.Observe(ctx, cli, etcdtest.Name(t, "observe-close"))
@@ -391,6 +399,7 @@ func TestObserverClose(t *testing.T) {
 }
 
 func TestElectionBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	if _, err := s.Campaign(testCtx(t), "", "v"); !errors.Is(err, lease.ErrInvalidArgument) {

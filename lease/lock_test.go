@@ -19,6 +19,7 @@ import (
 )
 
 func TestLockUnlock(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	name := etcdtest.Name(t, "basic")
@@ -51,6 +52,7 @@ func TestLockUnlock(t *testing.T) {
 
 // Interoperability with etcd's own lock implementations, both directions.
 func TestInteropConcurrencyMutex(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "interop")
 	ours := newSession(t, cli)
@@ -103,6 +105,7 @@ func TestInteropConcurrencyMutex(t *testing.T) {
 // etcd's Lock RPC (which etcdctl lock also uses) and this library exclude
 // each other.
 func TestInteropLockRPC(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "rpc")
 	ours := newSession(t, cli)
@@ -143,6 +146,7 @@ func TestInteropLockRPC(t *testing.T) {
 // The token is the key's creation revision even when the lock was
 // contended, when concurrency.Mutex's header revision is not.
 func TestTokenIsCreationRevision(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "token")
 	a, b := newSession(t, cli), newSession(t, cli)
@@ -184,6 +188,7 @@ func TestTokenIsCreationRevision(t *testing.T) {
 // Tokens of successive holders of one name strictly increase, whichever
 // session holds it.
 func TestTokensIncrease(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "increase")
 	sessions := []*lease.Session{newSession(t, cli), newSession(t, cli), newSession(t, cli)}
@@ -224,6 +229,7 @@ func TestTokensIncrease(t *testing.T) {
 // A waiter whose own key is deleted, or whose session's lease is revoked,
 // returns at once, while the holder still holds the lock.
 func TestWaiterLosesKey(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cases := []struct {
 		name string
 		kill func(t *testing.T, cli *clientv3.Client, s *lease.Session, key string)
@@ -265,6 +271,7 @@ func TestWaiterLosesKey(t *testing.T) {
 }
 
 func TestCancelledWaiterRemovesKey(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "cancel")
 	holder, waiter := newSession(t, cli), newSession(t, cli)
@@ -288,6 +295,7 @@ func TestCancelledWaiterRemovesKey(t *testing.T) {
 // Two Lock calls on one name through one session exclude each other, though
 // they use the same etcd key.
 func TestSameSessionExclusion(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "same")
 	s := newSession(t, cli)
@@ -315,6 +323,7 @@ func TestSameSessionExclusion(t *testing.T) {
 
 // A TryLock that fails writes nothing at all.
 func TestTryLockWritesNothingWhenHeld(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "try")
 	holder, other := newSession(t, cli), newSession(t, cli)
@@ -340,6 +349,7 @@ func TestTryLockWritesNothingWhenHeld(t *testing.T) {
 
 // jobs and jobs/7 are different locks.
 func TestNestedNames(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	parent := etcdtest.Name(t, "jobs")
 	child := parent + "/7"
@@ -379,6 +389,7 @@ func TestNestedNames(t *testing.T) {
 // Unlock after loss sends nothing and never removes a successor's key,
 // even one with the same key name from the same session.
 func TestUnlockNeverDeletesSuccessor(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "succ")
 	s := newSession(t, cli)
@@ -406,6 +417,7 @@ func TestUnlockNeverDeletesSuccessor(t *testing.T) {
 }
 
 func TestUnlockTwice(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	l := mustLock(t, s, etcdtest.Name(t, "twice"))
@@ -419,6 +431,7 @@ func TestUnlockTwice(t *testing.T) {
 
 // Done closes and Err says why, for each way a lock can end.
 func TestLossSignals(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cases := []struct {
 		name string
 		end  func(t *testing.T, cli *clientv3.Client, s *lease.Session, l *lease.Lock)
@@ -473,6 +486,7 @@ func TestLossSignals(t *testing.T) {
 // With the network silent, the session reports the loss at its own
 // deadline, before etcd expires the lease and deletes the key.
 func TestLossWithSilentNetwork(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
 	s := newSession(t, viaProxy, lease.WithTTL(shortTTL))
@@ -520,6 +534,7 @@ func TestLossWithSilentNetwork(t *testing.T) {
 // A waiter whose watches resume at a compacted revision looks again, and is
 // never granted the lock while its predecessor still holds it.
 func TestWaiterSurvivesCompaction(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	target := etcd.Endpoints()[0]
 	p, viaProxy, url := etcdtest.ProxiedClient(t, target)

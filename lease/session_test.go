@@ -12,6 +12,7 @@ import (
 )
 
 func TestNewSessionBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	cases := []struct {
 		name string
@@ -51,6 +52,7 @@ func leaseCount(t *testing.T) int {
 }
 
 func TestLockBadNames(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	for _, name := range []string{"", "/", "jobs/"} {
@@ -76,6 +78,7 @@ func TestLockBadNames(t *testing.T) {
 
 // An unreachable etcd is an error within the ctx deadline, never a hang.
 func TestUnreachableEtcd(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +103,7 @@ func TestUnreachableEtcd(t *testing.T) {
 }
 
 func TestSessionTTLAndClose(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s, err := lease.NewSession(testCtx(t), cli, lease.WithTTL(1500*time.Millisecond))
 	if err != nil {
@@ -133,6 +137,7 @@ func TestSessionTTLAndClose(t *testing.T) {
 
 // The session renews the lease for longer than its TTL.
 func TestSessionKeepsLeaseAlive(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli, lease.WithTTL(shortTTL))
 	l := mustLock(t, s, etcdtest.Name(t, "alive"))

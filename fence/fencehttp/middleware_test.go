@@ -122,6 +122,7 @@ func stores(t *testing.T) map[string]func(t *testing.T) (fencehttp.Store, func(n
 // request: refused with 409 naming both tokens, and the resource keeps the
 // second holder's value.
 func TestStaleRequestRefused(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	for kind, mk := range stores(t) {
 		t.Run(kind, func(t *testing.T) {
 			cli := etcd.Client(t)
@@ -196,6 +197,7 @@ func TestStaleRequestRefused(t *testing.T) {
 // A bad header is a 400 that says what is wrong; the handler never runs and
 // the store is unchanged.
 func TestBadRequestsNeverPass(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	for kind, mk := range stores(t) {
 		t.Run(kind, func(t *testing.T) {
 			store, highest := mk(t)
@@ -243,6 +245,7 @@ func TestBadRequestsNeverPass(t *testing.T) {
 }
 
 func TestUncheckedMethods(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	var reg register
 	store := fencehttp.NewMemoryStore()
 	reads := serve(t, store, reg.handler(), fencehttp.WithLockName("files"))
@@ -263,6 +266,7 @@ func TestUncheckedMethods(t *testing.T) {
 // transaction as the check. Token 5's request passes the middleware, then
 // waits while token 6's request passes and writes: 5's write is refused.
 func TestHandlerWriteAtomicWithCheck(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	store, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
 	if err != nil {
@@ -317,6 +321,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 }
 
 func TestMemoryStoreDo(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	s := fencehttp.NewMemoryStore()
 	ctx := testCtx(t)
 	var log []int64
@@ -355,6 +360,7 @@ func (f storeFunc) Accept(ctx context.Context, name string, token int64) error {
 }
 
 func TestStoreFailureIs503(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	var reg register
 	down := storeFunc(func(context.Context, string, int64) error {
 		return fmt.Errorf("fence: commit: %w", fence.ErrOutcomeUnknown)
@@ -369,6 +375,7 @@ func TestStoreFailureIs503(t *testing.T) {
 }
 
 func TestNewMiddlewareBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	store := fencehttp.NewMemoryStore()
 	cases := []struct {
 		name  string

@@ -19,6 +19,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
 // EnvPostgres points the PostgreSQL tests at a server; .ci/run starts one.
@@ -96,6 +97,7 @@ func payload(t testing.TB, db *sql.DB, table, id string) (string, int64) {
 }
 
 func TestFencedWrites(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := setup(t, b)
@@ -141,6 +143,7 @@ func TestFencedWrites(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	if _, err := sqlfence.New(sqlfence.SQLite, "", "id"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("empty table: %v", err)
 	}
@@ -173,6 +176,7 @@ func TestBadInput(t *testing.T) {
 // finished before another started must not have a higher token than it if
 // both were accepted, and the row ends with the highest token's payload.
 func TestConcurrentWriters(t *testing.T) {
+	etcdtest.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := setup(t, b)
