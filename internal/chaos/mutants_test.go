@@ -90,12 +90,16 @@ func TestMutantsAreCaught(t *testing.T) {
 			return err
 		},
 		"10 chaos": func(tb testing.TB, ctx context.Context) error {
-			cfg := runConfig{seed: 99, clients: 8, names: 2, fenced: true, fault: faultPause,
-				mutant: seam.From(ctx).Mutant, endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", 0)}
-			cfg.db, cfg.sqlf = newSQL(tb)
-			r := run(tb, cfg)
-			if r.check != porcupine.Ok || r.staleAccepted > 0 {
-				return fmt.Errorf("checker: %s, %d stale writes accepted", r.check, r.staleAccepted)
+			// A run can miss (the successor wrote other registers than the
+			// victim's late writes hit); up to five valid runs get a chance.
+			for seed := uint64(99); seed < 104; seed++ {
+				cfg := runConfig{seed: seed, clients: 8, names: 2, fenced: true, fault: faultPause,
+					mutant: seam.From(ctx).Mutant, endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", int(seed))}
+				cfg.db, cfg.sqlf = newSQL(tb)
+				r := run(tb, cfg)
+				if r.valid && (r.check != porcupine.Ok || r.staleAccepted > 0) {
+					return fmt.Errorf("checker: %s, %d stale writes accepted", r.check, r.staleAccepted)
+				}
 			}
 			return nil
 		},
