@@ -136,3 +136,121 @@ func scenarioTakeover(t testing.TB, ctx context.Context) (time.Duration, error) 
 		return 0, errors.New("no takeover within 10s")
 	}
 }
+
+// Partition: the peer port of a minority member, with a lock holder's
+// client on it, is blackholed (the fault etcd's own functional tests call
+// a peer-port blackhole). The member still hears the leader over the
+// connections it dialed itself and forwards the holder's keep-alives to
+// it, so the lease is rightly kept: nobody else may be granted the lock
+// while the holder's keep-alives succeed, and the holder's writes, which
+// the cut-off member cannot get committed, must not land behind a
+// successor's. After the cut heals the holder writes again; the next
+// holder's token is larger.
+func scenarioMinorityPartition(t testing.TB, ctx context.Context, c *etcdtest.Cluster) error {
+	leader := c.Leader()
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	var minority *etcdtest.Member
+	var majority []string
+	for _, m := range c.Members {
+		if m != leader && minority == nil {
+			minority = m
+			continue
+		}
+		majority = append(majority, m.ClientURL)
+	}
+	onMinority, err := etcdtest.NewClient([]string{minority.ClientURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onMinority.Close()
+	onMajority, err := etcdtest.NewClient(majority)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onMajority.Close()
+	name, reg := etcdtest.Name(t, "partition"), etcdtest.Name(t, "partition-reg")
+	la := lock(t, ctx, session(t, ctx, onMinority, ttl), name)
+	if err := resourceWrite(ctx, onMinority, reg, la.Token(), "A1"); err != nil {
+		return fmt.Errorf("holder's write before the cut: %w", err)
+	}
+	cs := session(t, ctx, onMajority, ttl)
+	contender := make(chan *lease.Lock, 1)
+	go func() {
+		l, err := cs.Lock(ctx, name)
+		if err != nil {
+			l = nil
+		}
+		contender <- l
+	}()
+	if err := waitQueuedKeys(ctx, onMajority, name, 2); err != nil {
+		t.Fatal(err)
+	}
+	p := minority.PeerProxy()
+	p.BlackholeTx()
+	p.BlackholeRx()
+	healed := false
+	heal := func() {
+		if !healed {
+			p.UnblackholeTx()
+			p.UnblackholeRx()
+			healed = true
+		}
+	}
+	defer heal()
+	// Three TTLs of the cut: the holder writes through the minority.
+	var attempts, landed int
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); {
+		attempts++
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		if resourceWrite(wctx, onMinority, reg, la.Token(), fmt.Sprintf("A-cut-%d", attempts)) == nil {
+			landed++
+		}
+		cancel()
+	}
+	select {
+	case l := <-contender:
+		if l != nil && la.Err() == nil {
+			return fmt.Errorf("contender granted token %d while the holder's keep-alives succeed", l.Token())
+		}
+		if l != nil {
+			// The holder's lease did end: its writes must now be refused.
+			defer l.Unlock(ctx)
+			if err := resourceWrite(ctx, onMajority, reg, l.Token(), "B"); err != nil {
+				return fmt.Errorf("successor's write: %w", err)
+			}
+			heal()
+			if err := resourceWrite(ctx, onMinority, reg, la.Token(), "A-late"); !errors.Is(err, fence.ErrStale) {
+				return fmt.Errorf("old holder's write after the successor's: %v, want ErrStale", err)
+			}
+			return nil
+		}
+	default:
+	}
+	heal()
+	t.Logf("during the cut: holder lock err=%v, %d of %d writes landed", la.Err(), landed, attempts)
+	if la.Err() != nil {
+		return nil // lost (deadline), and no grant yet: the contender gets it next
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for resourceWrite(ctx, onMinority, reg, la.Token(), "A2") != nil {
+		if time.Now().After(deadline) {
+			return errors.New("holder could not write 10s after the cut healed")
+		}
+	}
+	la.Unlock(ctx)
+	select {
+	case l := <-contender:
+		if l == nil {
+			return errors.New("contender failed")
+		}
+		defer l.Unlock(ctx)
+		if l.Token() <= la.Token() {
+			return fmt.Errorf("next token %d not above %d", l.Token(), la.Token())
+		}
+	case <-time.After(10 * time.Second):
+		return errors.New("contender not granted 10s after the holder let go")
+	}
+	return nil
+}

@@ -127,3 +127,12 @@ func TestScenario9Takeover(t *testing.T) {
 		t.Errorf("p99 takeover %v over the goal %v", p99, goal)
 	}
 }
+
+func TestScenarioMinorityPartition(t *testing.T) {
+	c := etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500, PeerProxies: true})
+	for i := 0; i < repeat(t, 1, 5); i++ {
+		if err := scenarioMinorityPartition(t, plain(t), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -47,6 +48,10 @@ type Config struct {
 	// with these files; with ClientCertAuth set, a client must present a
 	// certificate signed by TrustedCAFile. See GenerateCerts.
 	ClientTLS *transport.TLSInfo
+	// PeerProxies puts etcd's fault proxy in front of each member's peer
+	// port (the members reach each other only through them), so that a
+	// member can be cut off from the others with Member.PeerProxy.
+	PeerProxies bool
 }
 
 // Member is one embedded etcd server.
@@ -55,10 +60,17 @@ type Member struct {
 	ClientURL string
 	PeerURL   string
 
-	cfg *embed.Config
-	mu  sync.Mutex
-	etc *embed.Etcd // nil while stopped
+	cfg       *embed.Config
+	mu        sync.Mutex
+	etc       *embed.Etcd  // nil while stopped
+	peerProxy proxy.Server // nil unless Config.PeerProxies
 }
+
+// PeerProxy is the proxy in front of the member's peer port, or nil if the
+// cluster was started without PeerProxies. Blackholing it cuts the member
+// off: others' messages to it and its answers over their connections are
+// dropped.
+func (m *Member) PeerProxy() proxy.Server { return m.peerProxy }
 
 // Cluster is a running etcd cluster: embedded members, or external endpoints.
 type Cluster struct {
@@ -121,7 +133,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 
 func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir string, attempt int) error {
 	c.Members = nil
-	ports, err := freePorts(2 * n)
+	ports, err := freePorts(3 * n)
 	if err != nil {
 		return err
 	}
@@ -137,7 +149,15 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
 		}
 		c.Members = append(c.Members, m)
-		initial = append(initial, m.Name+"="+m.PeerURL)
+		advertised := m.PeerURL
+		if cfg.PeerProxies {
+			p, u, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", ports[2*n+i]), m.PeerURL)
+			if err != nil {
+				return err
+			}
+			m.peerProxy, advertised = p, u
+		}
+		initial = append(initial, m.Name+"="+advertised)
 	}
 	lg := cfg.Logger
 	if lg == nil {
@@ -151,6 +171,10 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 		pu, _ := url.Parse(m.PeerURL)
 		ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 		ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+		if m.peerProxy != nil {
+			au, _ := url.Parse(strings.Replace(initialURL(initial, m.Name), "tcp://", "http://", 1))
+			ec.AdvertisePeerUrls = []url.URL{*au}
+		}
 		ec.InitialCluster = strings.Join(initial, ",")
 		ec.InitialClusterToken = "leasefence-test"
 		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg.Named(m.Name))
@@ -256,7 +280,20 @@ func NewClient(endpoints []string) (*clientv3.Client, error) {
 func (c *Cluster) stopMembers() {
 	for _, m := range c.Members {
 		m.Stop()
+		if m.peerProxy != nil {
+			m.peerProxy.Close()
+		}
 	}
+}
+
+// initialURL finds a member's URL in an initial-cluster list.
+func initialURL(initial []string, name string) string {
+	for _, e := range initial {
+		if u, ok := strings.CutPrefix(e, name+"="); ok {
+			return u
+		}
+	}
+	return ""
 }
 
 // Close stops every member and removes temporary data. It is safe to call
