@@ -22,11 +22,30 @@ import (
 // The holder's guarded writes go on after the failover; a contender is not
 // granted while the holder's keep-alives succeed; the next token is larger.
 func scenarioLeaderStop(t testing.TB, ctx context.Context, c *etcdtest.Cluster) error {
-	cli := c.ClientT(t)
+	return scenarioLeaderGone(t, ctx, func() *clientv3.Client { return c.ClientT(t) }, func() func() {
+		leader := c.Leader()
+		if leader == nil {
+			t.Fatal("no leader")
+		}
+		leader.Stop()
+		return func() {
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := leader.Restart(rctx); err != nil {
+				t.Errorf("restart: %v", err)
+			}
+		}
+	})
+}
+
+// scenarioLeaderGone is scenario 8 with the leader taken away by stop,
+// which returns how to bring it back.
+func scenarioLeaderGone(t testing.TB, ctx context.Context, newClient func() *clientv3.Client, stop func() (restart func())) error {
+	cli := newClient()
 	name, reg := etcdtest.Name(t, "failover"), etcdtest.Name(t, "failover-reg")
 	hs := session(t, ctx, cli, 5*time.Second)
 	holder := lock(t, ctx, hs, name)
-	cs := session(t, ctx, c.ClientT(t), 5*time.Second)
+	cs := session(t, ctx, newClient(), 5*time.Second)
 	contender := make(chan *lease.Lock, 1)
 	go func() {
 		l, err := cs.Lock(ctx, name)
@@ -44,18 +63,7 @@ func scenarioLeaderStop(t testing.TB, ctx context.Context, c *etcdtest.Cluster) 
 	if err := write("before"); err != nil {
 		return fmt.Errorf("write before the failover: %w", err)
 	}
-	leader := c.Leader()
-	if leader == nil {
-		t.Fatal("no leader")
-	}
-	leader.Stop()
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := leader.Restart(rctx); err != nil {
-			t.Errorf("restart: %v", err)
-		}
-	}()
+	defer stop()()
 	// Writes resume once a new leader is elected; keep trying, bounded.
 	deadline := time.Now().Add(10 * time.Second)
 	var err error

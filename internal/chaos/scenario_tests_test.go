@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -132,6 +134,47 @@ func TestScenarioMinorityPartition(t *testing.T) {
 	c := etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500, PeerProxies: true})
 	for i := 0; i < repeat(t, 1, 5); i++ {
 		if err := scenarioMinorityPartition(t, plain(t), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Scenario 8 with real etcd processes: the leader is killed with SIGKILL
+// mid-run, then restarted on its data.
+func TestScenario8LeaderKilled(t *testing.T) {
+	ctx := plain(t)
+	dir := t.TempDir()
+	bin, err := etcdtest.BuildEtcd(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := etcdtest.StartProcesses(ctx, bin, dir, 3, 50, 500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	newClient := func() *clientv3.Client {
+		cli, err := etcdtest.NewClient(c.Endpoints())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	for i := 0; i < repeat(t, 1, 5); i++ {
+		err := scenarioLeaderGone(t, ctx, newClient, func() func() {
+			leader, err := c.Leader(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			leader.Kill()
+			return func() {
+				if err := leader.Restart(ctx); err != nil {
+					t.Errorf("restart: %v", err)
+				}
+			}
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
