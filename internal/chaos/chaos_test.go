@@ -438,7 +438,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	// Let the clients get going, then arm the fault: the next client to
 	// write under a lock becomes the victim.
 	select {
-	case <-time.After(300 * time.Millisecond):
+	case <-time.After(150 * time.Millisecond):
 	case <-ctx.Done():
 	}
 	v.armed.Store(true)
@@ -446,7 +446,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	case <-v.done:
 		// A short tail, so that reads after the victim's writes happen.
 		select {
-		case <-time.After(300 * time.Millisecond):
+		case <-time.After(200 * time.Millisecond):
 		case <-ctx.Done():
 		}
 	case <-ctx.Done():

@@ -124,7 +124,7 @@ func TestScenario9Takeover(t *testing.T) {
 	}
 	goal := ttl + 500*time.Millisecond + time.Second
 	p50, p99 := percentile(ds, 0.5), percentile(ds, 0.99)
-	fmt.Printf("takeover after SIGKILL: runs=%d p50=%v p99=%v ttl=%v goal p99<=%v\n", len(ds), p50.Round(time.Millisecond), p99.Round(time.Millisecond), ttl, goal)
+	summary(t, fmt.Sprintf("takeover after SIGKILL: runs=%d p50=%v p99=%v ttl=%v goal p99<=%v", len(ds), p50.Round(time.Millisecond), p99.Round(time.Millisecond), ttl, goal))
 	if p99 > goal {
 		t.Errorf("p99 takeover %v over the goal %v", p99, goal)
 	}

@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"fmt"
+	"os"
+	"sync"
 	"testing"
 
 	"github.com/anishathalye/porcupine"
@@ -9,8 +11,27 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
+// envSummary names a file that each tier's summary line is also appended
+// to, so that a run without -v (.ci/run) can print them.
+const envSummary = "LEASEFENCE_CHAOS_SUMMARY"
+
+func summary(t testing.TB, line string) {
+	fmt.Println(line)
+	if path := os.Getenv(envSummary); path != "" {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Errorf("summary file: %v", err)
+			return
+		}
+		defer f.Close()
+		fmt.Fprintln(f, line)
+	}
+}
+
 // TestChaos is scenarios 10 and 11: randomized chaos with every fault kind,
-// fenced, then the unfenced control; one summary line for the tier.
+// fenced, then the unfenced control; one summary line for the tier. Runs
+// go two at a time (go test -parallel), except that runs on the
+// three-member cluster, whose leader they stop, take turns.
 func TestChaos(t *testing.T) {
 	runs, long := chaosRuns(t)
 	tier := "long"
@@ -18,39 +39,46 @@ func TestChaos(t *testing.T) {
 		tier, runs = "fast", len(allFaults)
 	}
 	controls := max(2, runs/10)
-	var three *etcdtest.Cluster
+	three := etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
+	var threeTurn sync.Mutex
 	var sum tally
-	for i := 0; i < runs+controls; i++ {
-		cfg := runConfig{
-			seed:    uint64(i + 1),
-			clients: 8 + i%9,
-			names:   2,
-			fenced:  i < runs,
-			fault:   allFaults[i%len(allFaults)],
-			prefix:  name(t, "chaos", i),
-		}
-		cfg.endpoints = etcd.Endpoints()
-		if cfg.fault == faultLeader {
-			if three == nil {
-				three = etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
+	t.Run("runs", func(t *testing.T) {
+		for i := 0; i < runs+controls; i++ {
+			cfg := runConfig{
+				seed:    uint64(i + 1),
+				clients: 8 + i%9,
+				names:   2,
+				fenced:  i < runs,
+				fault:   allFaults[i%len(allFaults)],
+				prefix:  name(t, "chaos", i),
 			}
-			cfg.cluster, cfg.endpoints = three, three.Endpoints()
+			mode := "fenced"
+			if !cfg.fenced {
+				mode = "control"
+			}
+			t.Run(fmt.Sprintf("%04d-%s-%s", i, mode, cfg.fault), func(t *testing.T) {
+				t.Parallel()
+				cfg.endpoints = etcd.Endpoints()
+				if cfg.fault == faultLeader {
+					threeTurn.Lock()
+					defer threeTurn.Unlock()
+					cfg.cluster, cfg.endpoints = three, three.Endpoints()
+				}
+				cfg.db, cfg.sqlf = newSQL(t)
+				r := run(t, cfg)
+				sum.add(cfg, r)
+				t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes",
+					r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites)
+				if cfg.fenced {
+					report(t, cfg, r)
+				}
+				if r.check == porcupine.Unknown {
+					t.Errorf("the checker gave up (Unknown), which counts as a failure")
+				}
+			})
 		}
-		cfg.db, cfg.sqlf = newSQL(t)
-		r := run(t, cfg)
-		sum.add(cfg, r)
-		if testing.Verbose() {
-			t.Logf("run %d fenced=%v fault=%s clients=%d: valid=%v %s ops=%d check=%s stale=%d/%d",
-				i, cfg.fenced, cfg.fault, cfg.clients, r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites)
-		}
-		if cfg.fenced {
-			report(t, cfg, r)
-		}
-		if r.check == porcupine.Unknown {
-			t.Errorf("run %d: the checker gave up (Unknown), which counts as a failure", i)
-		}
-	}
-	fmt.Println(sum.line(tier))
+	})
+	summary(t, sum.line(tier))
 	if sum.staleAccepted != 0 {
 		t.Errorf("%d stale writes accepted", sum.staleAccepted)
 	}
