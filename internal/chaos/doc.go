@@ -1,13 +1,61 @@
-// Package chaos is the fault suite: it runs locks and fenced writes
-// against real etcd servers while injecting real faults (etcd's fault
-// proxy, SIGSTOP and SIGKILL of child processes, stopped cluster members,
-// compaction, a slow or fast local clock), records every operation in a
-// history, and checks each history with porcupine against a model of a
-// fenced register. An unfenced control runs the same chaos with writes that
-// skip the fence; the checker must catch it, or the suite proves nothing.
+// Package chaos is leasefence's fault suite: evidence that fenced writes
+// never lose, under every fault this machine can inject, and that unfenced
+// ones do.
 //
-// The fast tier runs with go test ./...; set LEASEFENCE_CHAOS_RUNS to a
-// number of chaos runs for the long tier. Each tier prints one summary line.
+// Everything runs against real etcd servers on loopback ports: the shared
+// embedded member (with a 500 ms election timeout, so that etcd grants
+// 1-second leases), embedded three-member clusters, and clusters of real
+// etcd processes built from the server module. Faults are real too: etcd's
+// fault proxy in front of each client (pause, delay, blackhole), SIGSTOP,
+// SIGCONT and SIGKILL of child processes (this test binary run again),
+// stopped and killed members, a blackholed peer port, compaction with
+// defragmentation, and the library's local clock run at half or double
+// speed through a test seam (internal/seam). Every loop is bounded.
+//
+// # What runs
+//
+//   - TestScenario*: the fixed scenarios, each with its expected outcome:
+//     token identity, a SIGSTOPped holder, a transaction held in the proxy
+//     while its lease expires, token reuse in one process, Unlock after
+//     loss, local loss before etcd's expiry under latency, ambiguous
+//     commits, waiters whose session or key ends, leader stopped or killed
+//     while a lock is held and written, a minority member cut off with the
+//     holder's client on it, and takeover time after SIGKILL.
+//   - TestChaos: randomized runs of 8 to 16 clients over two lock names,
+//     each with three registers (Held-guarded etcd key, Resource-guarded
+//     etcd key, sqlfence-guarded SQLite row). Clients acquire, write, read
+//     and release at random; one of them is paused (its traffic held or
+//     dropped) until etcd has expired its lease and a successor has written,
+//     then writes with its old token. Each run has one fault kind on top,
+//     cycling through all of them. Every history is checked with porcupine
+//     against a fenced-register model (Model); Unknown from the checker
+//     fails; a run whose pause did not end in an expiry and a successor's
+//     write is counted invalid, not passed. The unfenced control then runs
+//     the same chaos with writes that skip the fence, and the checker must
+//     find violations.
+//   - TestMutantsAreCaught: deliberate bugs switched on through the seam
+//     (fence comparison removed, lease ID or header revision as token,
+//     unguarded Unlock, ownership from Session.Done alone, requested TTL
+//     instead of granted); each must be caught by a named scenario.
+//   - TestTLSAndAuth: the core against an etcd with TLS, client
+//     certificates and authentication.
+//
+// # Tiers
+//
+// go test ./... runs the fast tier (each chaos fault kind once, two control
+// runs, each scenario a few times). LEASEFENCE_CHAOS_RUNS=N selects the
+// long tier: N fenced chaos runs, N/10 control runs, and more repetitions
+// of each scenario, for example:
+//
+//	LEASEFENCE_CHAOS_RUNS=1000 go test -timeout 2h -run . ./internal/chaos
+//
+// Each tier prints a summary line (with -v, and appended to the file named
+// by LEASEFENCE_CHAOS_SUMMARY if set): runs, faults by kind, operations,
+// histories checked, stale writes accepted (must be 0), control violations
+// found (must be above 0), invalid runs. A failing run writes its history
+// (JSON) and porcupine's HTML visualization to a new folder under
+// LEASEFENCE_CHAOS_DIR (default: the system's temporary directory) and
+// prints the path.
 //
 // This package's non-test code is the model and the history recorder.
 package chaos
