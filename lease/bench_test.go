@@ -83,31 +83,95 @@ func BenchmarkHandoff(b *testing.B) {
 				for i := range lockers {
 					lockers[i] = im.make(b, etcd.Client(b), name)
 				}
-				var left atomic.Int64
-				left.Store(int64(b.N))
-				ctx := context.Background()
-				var wg sync.WaitGroup
-				b.ResetTimer()
-				start := time.Now()
-				for _, lk := range lockers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for left.Add(-1) >= 0 {
-							_, _, unlock, err := lk.lock(ctx)
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							if err := unlock(ctx); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
+				handoffs(b, lockers)
+			})
+		}
+	}
+}
+
+// handoffs runs b.N critical sections spread over lockers, all contending
+// for one name, and reports them per second.
+func handoffs(b *testing.B, lockers []locker) {
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for _, lk := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				_, _, unlock, err := lk.lock(ctx)
+				if err != nil {
+					b.Error(err)
+					return
 				}
-				wg.Wait()
-				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "sections/s")
+				if err := unlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "sections/s")
+}
+
+type ourCandidate struct {
+	s    *lease.Session
+	name string
+}
+
+func (o ourCandidate) lock(ctx context.Context) (string, int64, func(context.Context) error, error) {
+	e, err := o.s.Campaign(ctx, o.name, "candidate")
+	if err != nil {
+		return "", 0, nil, err
+	}
+	return e.Key(), e.Token(), e.Resign, nil
+}
+
+type etcdCandidate struct{ e *concurrency.Election }
+
+func (c etcdCandidate) lock(ctx context.Context) (string, int64, func(context.Context) error, error) {
+	if err := c.e.Campaign(ctx, "candidate"); err != nil {
+		return "", 0, nil, err
+	}
+	return c.e.Key(), c.e.Rev(), c.e.Resign, nil
+}
+
+// BenchmarkElectionHandoff is BenchmarkHandoff for leadership: Campaign,
+// then Resign, by 1 and 4 candidates, against concurrency.Election in the
+// same run.
+func BenchmarkElectionHandoff(b *testing.B) {
+	candidates := []impl{
+		{"leasefence", func(b *testing.B, cli *clientv3.Client, name string) locker {
+			s, err := lease.NewSession(context.Background(), cli)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			return ourCandidate{s, name}
+		}},
+		{"concurrency.Election", func(b *testing.B, cli *clientv3.Client, name string) locker {
+			s, err := concurrency.NewSession(cli)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			return etcdCandidate{concurrency.NewElection(s, name)}
+		}},
+	}
+	for _, n := range []int{1, 4} {
+		for _, im := range candidates {
+			b.Run(fmt.Sprintf("candidates=%d/impl=%s", n, im.name), func(b *testing.B) {
+				name := etcdtest.Name(b, "election")
+				lockers := make([]locker, n)
+				for i := range lockers {
+					lockers[i] = im.make(b, etcd.Client(b), name)
+				}
+				handoffs(b, lockers)
 			})
 		}
 	}

@@ -23,7 +23,7 @@ func ExampleMiddleware() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw, err := fencehttp.NewMiddleware(store, fencehttp.WithLockName("objects/writer"))
+	mw, err := fencehttp.NewMiddleware(store, fencehttp.WithLockName("objects/writer"), fencehttp.WithCheckInHandler())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -44,7 +44,8 @@ func ClaimFrom(ctx context.Context) (Claim, bool) {
 
 // Wrap returns next behind the fence. A checked request reaches next only
 // with both headers well formed, the lock name the server expects, and a
-// token the Store accepted (which it then records). Otherwise the answer is
+// token the Store accepted (which it then records; with WithCheckInHandler
+// the handler's write does this). Otherwise the answer is
 // 400 (bad or missing header, wrong lock), 409 (stale token) or 503 (the
 // Store could not answer), and next does not run.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
@@ -62,7 +63,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		if err == nil && c.Name != want {
 			err = fmt.Errorf("%w: token is for lock %q, this resource is fenced by %q", ErrBadHeader, c.Name, want)
 		}
-		if err == nil {
+		if err == nil && !m.opts.inHandler {
 			err = m.store.Accept(r.Context(), c.Name, c.Token)
 		}
 		if err != nil {

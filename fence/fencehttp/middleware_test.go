@@ -402,3 +402,45 @@ func TestNewMiddlewareBadInput(t *testing.T) {
 		t.Errorf("NewEtcdStore with no prefix: %v", err)
 	}
 }
+
+// With the check left to the handler, a stale token still gets its 409,
+// from the handler's own fenced transaction, and bad headers still get a
+// 400 from the middleware.
+func TestCheckInHandler(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	store, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := etcdtest.Name(t, "object")
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _ := fencehttp.ClaimFrom(r.Context())
+		body, _ := io.ReadAll(r.Body)
+		if _, err := fence.NewTxn(r.Context(), cli, store.Guard(c)).Then(clientv3.OpPut(data, string(body))).Commit(); err != nil {
+			fencehttp.WriteError(w, c, err)
+		}
+	})
+	srv := serve(t, store, h, fencehttp.WithLockName("obj"), fencehttp.WithCheckInHandler())
+	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "obj", Token: 9}, "nine"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("token 9: %d", resp.StatusCode)
+	}
+	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "obj", Token: 8}, "eight"); resp.StatusCode != http.StatusConflict {
+		t.Errorf("token 8 after 9: %d, want 409", resp.StatusCode)
+	}
+	if resp := put(t, srv.URL, nil, "none"); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("no headers: %d, want 400", resp.StatusCode)
+	}
+	if got := value(t, cli, data); got != "nine" {
+		t.Errorf("object is %q", got)
+	}
+}
+
+func value(t *testing.T, cli *clientv3.Client, key string) string {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("reading %s: %v %v", key, resp, err)
+	}
+	return string(resp.Kvs[0].Value)
+}

@@ -16,6 +16,7 @@ type Option func(*options) error
 type options struct {
 	lockName  func(*http.Request) string
 	unchecked map[string]bool
+	inHandler bool
 	lg        *zap.Logger
 }
 
@@ -57,6 +58,20 @@ func WithUncheckedMethods(methods ...string) Option {
 			}
 			o.unchecked[m] = true
 		}
+		return nil
+	}
+}
+
+// WithCheckInHandler leaves the token check to the handler: the middleware
+// still refuses bad headers and the wrong lock name, and puts the claim in
+// the request's context, but does not consult the Store. The handler must
+// make its write through the Store's atomic check (a fence.Txn guarded by
+// EtcdStore.Guard, or MemoryStore.Do) and answer a refusal with WriteError.
+// It saves the separate check's round trip; a handler that writes any
+// other way writes unfenced.
+func WithCheckInHandler() Option {
+	return func(o *options) error {
+		o.inHandler = true
 		return nil
 	}
 }
