@@ -15,8 +15,9 @@ import (
 )
 
 // The server side: every write to the object store must carry a token of
-// the lock "objects/writer", checked and recorded in etcd; the handler's
-// own write is made in the same etcd transaction as the check.
+// the lock "objects/writer". The middleware refuses bad headers; the check
+// against the highest token, recorded in etcd, is made by the handler's own
+// write, in the same etcd transaction (WithCheckInHandler).
 func ExampleMiddleware() {
 	var cli *clientv3.Client // from clientv3.New
 	store, err := fencehttp.NewEtcdStore(cli, "fences/objects/")
