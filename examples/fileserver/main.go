@@ -132,16 +132,11 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 		return res, err
 	}
 	defer httpProxy.Close()
-	etcdProxy, etcdURL, err := etcdtest.NewProxy("", cli.Endpoints()[0])
+	etcdProxy, cliA, closeA, err := exampleenv.ProxiedClient(cli.Endpoints()[0])
 	if err != nil {
 		return res, err
 	}
-	defer etcdProxy.Close()
-	cliA, err := etcdtest.NewClient([]string{etcdURL})
-	if err != nil {
-		return res, err
-	}
-	defer cliA.Close()
+	defer closeA()
 
 	sa, err := lease.NewSession(ctx, cliA, lease.WithTTL(ttl))
 	if err != nil {

@@ -160,7 +160,7 @@ func scenario(ctx context.Context, cli *clientv3.Client, eps []string, prefix st
 	}
 	stoppedAt := time.Now()
 	tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
-	if err := awaitDelete(ctx, deleted); err != nil {
+	if err := exampleenv.AwaitDelete(deleted); err != nil {
 		return res, err
 	}
 	tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
@@ -228,20 +228,6 @@ func write(ctx context.Context, cli *clientv3.Client, prefix string, fenced bool
 	}
 	_, err := fence.NewTxn(ctx, cli, fence.Resource(prefix+"/fence", token)).Then(put).Commit()
 	return err
-}
-
-func awaitDelete(ctx context.Context, wch clientv3.WatchChan) error {
-	for wr := range wch {
-		if err := wr.Err(); err != nil {
-			return err
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypeDelete {
-				return nil
-			}
-		}
-	}
-	return fmt.Errorf("watch on A's key ended: %w", ctx.Err())
 }
 
 // clientA is the child process: it takes the lock, checks it, and then

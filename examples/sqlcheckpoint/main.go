@@ -32,7 +32,6 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -77,16 +76,11 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	lockName := "sqlcheckpoint/" + shard
 
 	// Worker A reaches etcd through a proxy, so its network can fail.
-	p, url, err := etcdtest.NewProxy("", cli.Endpoints()[0])
+	p, cliA, closeA, err := exampleenv.ProxiedClient(cli.Endpoints()[0])
 	if err != nil {
 		return res, err
 	}
-	defer p.Close()
-	cliA, err := etcdtest.NewClient([]string{url})
-	if err != nil {
-		return res, err
-	}
-	defer cliA.Close()
+	defer closeA()
 	sa, err := lease.NewSession(ctx, cliA, lease.WithTTL(ttl))
 	if err != nil {
 		return res, err
@@ -129,7 +123,7 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	<-la.Done()
 	tl.Printf("A", "(its early warning fires after %v: %v; A is deep in its batch and does not look)",
 		time.Since(cutAt).Round(10*time.Millisecond), la.Err())
-	if err := awaitDelete(wch); err != nil {
+	if err := exampleenv.AwaitDelete(wch); err != nil {
 		return res, err
 	}
 	tl.Printf("etcd", "A's lease expired %v after the cut: its lock key is deleted", time.Since(cutAt).Round(10*time.Millisecond))
@@ -226,18 +220,4 @@ func placeholder(dsn string) string {
 		return "?"
 	}
 	return "$1"
-}
-
-func awaitDelete(wch clientv3.WatchChan) error {
-	for wr := range wch {
-		if err := wr.Err(); err != nil {
-			return err
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypeDelete {
-				return nil
-			}
-		}
-	}
-	return errors.New("watch on A's key ended")
 }

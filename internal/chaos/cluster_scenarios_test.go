@@ -46,14 +46,7 @@ func scenarioLeaderGone(t testing.TB, ctx context.Context, newClient func() *cli
 	hs := session(t, ctx, cli, 5*time.Second)
 	holder := lock(t, ctx, hs, name)
 	cs := session(t, ctx, newClient(), 5*time.Second)
-	contender := make(chan *lease.Lock, 1)
-	go func() {
-		l, err := cs.Lock(ctx, name)
-		if err != nil {
-			l = nil
-		}
-		contender <- l
-	}()
+	contender := lockLater(ctx, cs, name)
 	write := func(v string) error {
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -84,19 +77,7 @@ func scenarioLeaderGone(t testing.TB, ctx context.Context, newClient func() *cli
 		return fmt.Errorf("holder lost the lock across the failover: %v", holder.Err())
 	}
 	holder.Unlock(ctx)
-	select {
-	case l := <-contender:
-		if l == nil {
-			return errors.New("contender failed")
-		}
-		defer l.Unlock(ctx)
-		if l.Token() <= holder.Token() {
-			return fmt.Errorf("token after the failover %d not above %d", l.Token(), holder.Token())
-		}
-	case <-time.After(10 * time.Second):
-		return errors.New("contender not granted 10s after the holder let go")
-	}
-	return nil
+	return grantedAfter(ctx, contender, holder.Token())
 }
 
 // Scenario 9: a holder process is killed with SIGKILL; how long until the
@@ -116,14 +97,7 @@ func scenarioTakeover(t testing.TB, ctx context.Context) (time.Duration, error) 
 	}
 	childToken, _ := strconv.ParseInt(tok, 10, 64)
 	s := session(t, ctx, cli, ttl)
-	got := make(chan *lease.Lock, 1)
-	go func() {
-		l, err := s.Lock(ctx, name)
-		if err != nil {
-			l = nil
-		}
-		got <- l
-	}()
+	got := lockLater(ctx, s, name)
 	if err := waitQueuedKeys(ctx, cli, name, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -184,14 +158,7 @@ func scenarioMinorityPartition(t testing.TB, ctx context.Context, c *etcdtest.Cl
 		return fmt.Errorf("holder's write before the cut: %w", err)
 	}
 	cs := session(t, ctx, onMajority, ttl)
-	contender := make(chan *lease.Lock, 1)
-	go func() {
-		l, err := cs.Lock(ctx, name)
-		if err != nil {
-			l = nil
-		}
-		contender <- l
-	}()
+	contender := lockLater(ctx, cs, name)
 	if err := waitQueuedKeys(ctx, onMajority, name, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -248,17 +215,37 @@ func scenarioMinorityPartition(t testing.TB, ctx context.Context, c *etcdtest.Cl
 		}
 	}
 	la.Unlock(ctx)
+	return grantedAfter(ctx, contender, la.Token())
+}
+
+// lockLater takes the lock name on s in the background; the channel gets
+// the lock, or nil if Lock failed.
+func lockLater(ctx context.Context, s *lease.Session, name string) <-chan *lease.Lock {
+	ch := make(chan *lease.Lock, 1)
+	go func() {
+		l, err := s.Lock(ctx, name)
+		if err != nil {
+			l = nil
+		}
+		ch <- l
+	}()
+	return ch
+}
+
+// grantedAfter waits for a contender's grant once the holder with token
+// prev has let go, checks that its token is larger, and releases it.
+func grantedAfter(ctx context.Context, contender <-chan *lease.Lock, prev int64) error {
 	select {
 	case l := <-contender:
 		if l == nil {
 			return errors.New("contender failed")
 		}
 		defer l.Unlock(ctx)
-		if l.Token() <= la.Token() {
-			return fmt.Errorf("next token %d not above %d", l.Token(), la.Token())
+		if l.Token() <= prev {
+			return fmt.Errorf("next token %d not above %d", l.Token(), prev)
 		}
+		return nil
 	case <-time.After(10 * time.Second):
 		return errors.New("contender not granted 10s after the holder let go")
 	}
-	return nil
 }

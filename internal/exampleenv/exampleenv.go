@@ -5,6 +5,7 @@ package exampleenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
 
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
@@ -66,4 +68,35 @@ func (t *Timeline) Printf(who, format string, args ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	fmt.Fprintf(t.out, "%7.3fs  %-8s %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+// ProxiedClient puts etcd's fault proxy in front of target and returns a
+// client that reaches etcd only through it, so that the example can cut
+// that client's network. close closes both.
+func ProxiedClient(target string) (p proxy.Server, cli *clientv3.Client, close func(), err error) {
+	p, url, err := etcdtest.NewProxy("", target)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cli, err = etcdtest.NewClient([]string{url})
+	if err != nil {
+		p.Close()
+		return nil, nil, nil, err
+	}
+	return p, cli, func() { cli.Close(); p.Close() }, nil
+}
+
+// AwaitDelete waits for the delete event on a watch.
+func AwaitDelete(wch clientv3.WatchChan) error {
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return nil
+			}
+		}
+	}
+	return errors.New("watch ended before the key was deleted")
 }
