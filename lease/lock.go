@@ -29,10 +29,10 @@ type Lock struct {
 	name  string
 	key   string
 	token int64
-	value string
+	value string // the key's value when created: empty for a lock, the candidate's for a campaign
 	// public is what Token reports: the token, except under a mutant of
 	// the fault suite.
-	public int64 // the key's value when created: empty for a lock, the candidate's for a campaign
+	public int64
 
 	// ctx is a child of the session's: it ends, with the reason as its
 	// cause, when ownership ends.
@@ -246,7 +246,7 @@ func (l *Lock) wait(ctx context.Context) error {
 		if err == nil {
 			gone, err = l.waitGone(ctx, pred)
 		}
-		if err != nil && !transient(ctx, err) {
+		if err != nil && !rpcerr.Transient(ctx, err) {
 			return err
 		}
 		if gone {
@@ -526,6 +526,3 @@ func (l *Lock) end(cause error) {
 	l.cancel(cause)
 	<-l.monitorDone
 }
-
-// transient tells whether a failed request may succeed if sent again.
-func transient(ctx context.Context, err error) bool { return rpcerr.Transient(ctx, err) }
