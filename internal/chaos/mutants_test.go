@@ -112,7 +112,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		seam.SessionOnlyOwnership: {"4 unlock after loss", "7 waiter ends"},
 		seam.RequestedTTL:         {"5 loss before expiry"},
 	}
-	for _, m := range seam.Mutants {
+	for _, m := range seam.Mutants() {
 		names := catchers[m]
 		if len(names) == 0 {
 			t.Errorf("mutant %q has no scenario meant to catch it", m)

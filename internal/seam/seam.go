@@ -32,7 +32,9 @@ const (
 )
 
 // Mutants lists every mutant, for tests that go through them all.
-var Mutants = []Mutant{NoFenceCompare, LeaseIDToken, HeaderRevisionToken, UnguardedUnlock, SessionOnlyOwnership, RequestedTTL}
+func Mutants() []Mutant {
+	return []Mutant{NoFenceCompare, LeaseIDToken, HeaderRevisionToken, UnguardedUnlock, SessionOnlyOwnership, RequestedTTL}
+}
 
 func (m Mutant) String() string {
 	switch m {
