@@ -28,6 +28,7 @@
 // two requests can pass the check in token order and then write in the
 // other order. Handlers whose writes must be ordered make them through the
 // Store within the same atomic step: MemoryStore.Do, or a fence.Txn guarded
-// by EtcdStore.Guard. The token says which lock holding a request came
+// by EtcdStore.Guard; with WithCheckInHandler that write is the only check,
+// saving a round trip. The token says which lock holding a request came
 // from, not who sent it: authenticate clients separately.
 package fencehttp
