@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
+	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -29,6 +31,7 @@ const (
 	envLock      = "CHAOS_LOCK"
 	envRegister  = "CHAOS_REGISTER"
 	envTTL       = "CHAOS_TTL"
+	envMutant    = "CHAOS_MUTANT" // the parent's mutant, so the child's library has it too
 )
 
 // runChild is the child's main. Role "holder" takes the lock and then
@@ -49,6 +52,9 @@ func child(role string, in io.Reader, out io.Writer) error {
 	ttl, err := time.ParseDuration(os.Getenv(envTTL))
 	if err != nil {
 		return err
+	}
+	if m, err := strconv.Atoi(os.Getenv(envMutant)); err == nil {
+		ctx = seam.With(ctx, &seam.Hooks{Mutant: seam.Mutant(m)})
 	}
 	cli, err := etcdtest.NewClient(strings.Split(os.Getenv(envEndpoints), ","))
 	if err != nil {

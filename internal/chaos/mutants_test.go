@@ -76,7 +76,14 @@ func catch(t *testing.T, f func(tb testing.TB) error) error {
 func TestMutantsAreCaught(t *testing.T) {
 	var defaultTiming *etcdtest.Cluster // etcd grants 2 s for a 1 s request here
 	scenarios := map[string]func(tb testing.TB, ctx context.Context) error{
-		"0 tokens":            scenarioTokens,
+		"0 tokens": scenarioTokens,
+		"1 SIGSTOP": func(tb testing.TB, ctx context.Context) error {
+			succ, err := scenarioProcessPause(tb, ctx, 3*ttl)
+			if err == nil && !succ {
+				err = errors.New("no successor during a 3-TTL pause")
+			}
+			return err
+		},
 		"2 held in flight":    scenarioHeldInFlight,
 		"3 token reuse":       scenarioTokenReuse,
 		"4 unlock after loss": scenarioUnlockAfterLoss,
@@ -94,7 +101,7 @@ func TestMutantsAreCaught(t *testing.T) {
 			// victim's late writes hit); up to five valid runs get a chance.
 			for seed := uint64(99); seed < 104; seed++ {
 				cfg := runConfig{seed: seed, clients: 8, names: 2, fenced: true, fault: faultPause,
-					mutant: seam.From(ctx).Mutant, endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", int(seed))}
+					mutant: seam.From(ctx).On(), endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", int(seed))}
 				cfg.db, cfg.sqlf = newSQL(tb)
 				r := run(tb, cfg)
 				if r.valid && (r.check != porcupine.Ok || r.staleAccepted > 0) {
@@ -105,7 +112,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		},
 	}
 	catchers := map[seam.Mutant][]string{
-		seam.NoFenceCompare:       {"2 held in flight", "3 token reuse", "10 chaos"},
+		seam.NoFenceCompare:       {"1 SIGSTOP", "2 held in flight", "3 token reuse", "10 chaos"},
 		seam.LeaseIDToken:         {"0 tokens"},
 		seam.HeaderRevisionToken:  {"0 tokens"},
 		seam.UnguardedUnlock:      {"4 unlock after loss"},
@@ -118,6 +125,9 @@ func TestMutantsAreCaught(t *testing.T) {
 			t.Errorf("mutant %q has no scenario meant to catch it", m)
 		}
 		for _, n := range names {
+			if scenarios[n] == nil {
+				t.Fatalf("no scenario named %q", n)
+			}
 			t.Run(fmt.Sprintf("%s/%s", m, n), func(t *testing.T) {
 				ctx := seam.With(testCtx(t, time.Minute), &seam.Hooks{Mutant: m})
 				err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, ctx) })

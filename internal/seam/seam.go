@@ -75,5 +75,13 @@ func From(ctx context.Context) *Hooks {
 	return h
 }
 
+// On returns the mutant that is on; None for nil hooks.
+func (h *Hooks) On() Mutant {
+	if h == nil {
+		return None
+	}
+	return h.Mutant
+}
+
 // Has tells whether mutant m is on. It is false for nil hooks.
 func (h *Hooks) Has(m Mutant) bool { return h != nil && h.Mutant == m }
