@@ -360,9 +360,9 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	etcdtest.ProxyAt(t, addr, target)
-	if _, err := viaProxy.Get(testCtx(t), name); err != nil {
-		t.Fatalf("observer's client did not reconnect: %v", err)
-	}
+	// Cleanups run last first: the client must go before the new proxy,
+	// whose Close waits for the client's connection to end.
+	t.Cleanup(func() { o.Close(); viaProxy.Close() })
 	expectLeader(t, o, eb.Token(), "b2")
 	eb.Resign(testCtx(t))
 }

@@ -545,6 +545,9 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 	ch := lockAsync(testCtx(t), waiter, name)
 	waitQueued(t, cli, name, 2)
 
+	// Still waiting: and by now the answer to its queueing put has
+	// arrived, so the cut below hits the wait, not the put.
+	expectPending(t, ch, 200*time.Millisecond)
 	// Cut the waiter off, move the store on and compact it, then let the
 	// waiter's client reconnect: its watches resume at a compacted revision.
 	addr := strings.TrimPrefix(url, "http://")
@@ -561,6 +564,9 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	etcdtest.ProxyAt(t, addr, target)
+	// Cleanups run last first: the client must go before the new proxy,
+	// whose Close waits for the client's connection to end.
+	t.Cleanup(func() { waiter.Close(); viaProxy.Close() })
 	if _, err := viaProxy.Get(testCtx(t), name); err != nil {
 		t.Fatalf("waiter's client did not reconnect: %v", err)
 	}

@@ -178,14 +178,34 @@ func (o *Observer) run() {
 	}
 }
 
+// observerResync bounds how long an Observer trusts a silent watch: a
+// watch stream that a reconnect left stuck would otherwise hide the current
+// leader for good. After this long without an event it reads afresh.
+const observerResync = 2 * time.Second
+
 // follow watches the election from rev on. It delivers new values of the
 // current leader itself, and returns, to read afresh, when the leader goes,
-// when a leader may have appeared, or when the watch breaks.
+// when a leader may have appeared, when the watch breaks, or when it has
+// been silent for observerResync.
 func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(o.ctx))
 	defer cancel()
 	pfx := o.name + "/"
-	for wr := range o.client.Watch(ctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+	wch := o.client.Watch(ctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	silent := time.NewTimer(observerResync)
+	defer silent.Stop()
+	for {
+		var wr clientv3.WatchResponse
+		select {
+		case r, ok := <-wch:
+			if !ok {
+				return
+			}
+			wr = r
+		case <-silent.C:
+			return
+		}
+		silent.Reset(observerResync)
 		if wr.Err() != nil {
 			return
 		}
