@@ -7,25 +7,32 @@ import (
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/leasefence/leasefence/internal/seam"
 )
 
 // MaxTxnOps is etcd's default limit on the operations (and comparisons) in
-// one list of a transaction (--max-txn-ops). Commit refuses a transaction
-// that would exceed it, before sending.
+// one list of a transaction (--max-txn-ops). etcd gives a nested
+// transaction what its enclosing level leaves of that allowance, and Commit
+// checks the whole shape it builds against it before sending: how many
+// operations fit depends on the guards (see Txn).
 const MaxTxnOps = 128
 
 // MaxResourceGuards is the most Resource guards one Txn takes. Each record
-// is checked in a nested transaction with a branch for "missing" and one
-// for "present", so the transaction grows as 2^n.
-const MaxResourceGuards = 6
+// adds one level of nesting to the transaction.
+const MaxResourceGuards = 16
 
 // Txn is an etcd transaction whose writes happen only if every guard holds,
 // checked by etcd in the same atomic step. It is built like clientv3.Txn and
 // sent by Commit as one etcd transaction, in one round trip: the Held guards
 // form the outer transaction, each Resource record a nested one, and the
 // caller's If, Then and Else the innermost.
+//
+// The guards use part of etcd's allowance of MaxTxnOps operations. With h
+// Held and r > 0 Resource guards, and no If or Else of the caller's, Then
+// takes up to MaxTxnOps + 1 - max(h, 1) - 2r operations (125 for one Held
+// and one Resource guard); with Held guards alone, MaxTxnOps. Commit
+// computes the exact allowance of the shape it builds, the caller's own
+// nested transactions included, and refuses a larger transaction before
+// sending it.
 //
 // A Txn is not safe for concurrent use; build one per commit.
 type Txn struct {
@@ -79,14 +86,10 @@ func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
 			}
 		}
 	}
-	if seam.From(t.ctx).Has(seam.NoFenceCompare) {
-		resp, err := t.kv.Txn(t.ctx).If(t.cmps...).Then(t.then...).Else(t.els...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("fence: commit: %w", classify(err))
-		}
-		return resp, nil
-	}
 	cmps, then, els := t.build()
+	if err := fits(cmps, then, els, MaxTxnOps); err != nil {
+		return nil, err
+	}
 	resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("fence: commit: %w", classify(err))
@@ -101,14 +104,15 @@ func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
 func (t *Txn) nested() bool { return len(t.cmps) > 0 || len(t.els) > 0 }
 
 // build lays out the transaction. The outer level compares the Held
-// guards. Inside it, each Resource record i is checked by a nested
-// transaction: "record missing" (etcd fails every value comparison on a
-// missing key, so the first write is told apart by its creation revision)
-// or else "value <= token". Both branches lead on to record i+1, and the
-// innermost level, reached only when every record passed, raises the
-// records and runs the caller's part. etcd evaluates every comparison of a
-// transaction against the same revision before applying anything, so a
-// refused write changes nothing.
+// guards. Inside it, each Resource record is checked by one nested
+// transaction: "record above token" runs a read of the record, the write
+// is refused; otherwise (the record is not above the token, or missing:
+// etcd fails every value comparison on a missing key) its Else leads on to
+// the next record. The innermost level, reached only when every record
+// passed, raises the records and runs the caller's part. etcd evaluates
+// every comparison of a transaction against the same revision before
+// applying anything, so a refused write changes nothing. Each record costs
+// one level, so the shape grows linearly with the guards.
 func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 	for _, g := range t.guards {
 		if g.kind == heldGuard {
@@ -130,17 +134,12 @@ func (t *Txn) level(recs []Guard) []clientv3.Op {
 		}
 		return append(ops, t.then...)
 	}
-	g, next := recs[0], t.level(recs[1:])
-	// There is no "<=": value < encoded+"\x00" is value <= encoded for
-	// values of one width, and cannot overflow.
-	present := clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(g.key), "<", EncodeToken(g.token)+"\x00")},
-		next,
-		[]clientv3.Op{clientv3.OpGet(g.key)})
+	g := recs[0]
+	// Tokens are encoded at one width, so byte order is numeric order.
 	return []clientv3.Op{clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(g.key), "=", 0)},
-		next,
-		[]clientv3.Op{present})}
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(g.key), ">", EncodeToken(g.token))},
+		[]clientv3.Op{clientv3.OpGet(g.key)},
+		t.level(recs[1:]))}
 }
 
 func (t *Txn) resources() []Guard {
@@ -158,17 +157,12 @@ func (t *Txn) resources() []Guard {
 func (t *Txn) walk(resp *clientv3.TxnResponse) (*clientv3.TxnResponse, error) {
 	header, rs := resp.Header, resp.Responses
 	for _, g := range t.resources() {
-		missing := rs[0].GetResponseTxn()
-		if missing.Succeeded {
-			rs = missing.Responses
+		check := rs[0].GetResponseTxn()
+		if !check.Succeeded {
+			rs = check.Responses
 			continue
 		}
-		present := missing.Responses[0].GetResponseTxn()
-		if present.Succeeded {
-			rs = present.Responses
-			continue
-		}
-		kvs := present.Responses[0].GetResponseRange().Kvs
+		kvs := check.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
 			return nil, fmt.Errorf("fence: record %q vanished within one transaction", g.key)
 		}
@@ -185,6 +179,28 @@ func (t *Txn) walk(resp *clientv3.TxnResponse) (*clientv3.TxnResponse, error) {
 	inner := (*clientv3.TxnResponse)(rs[0].GetResponseTxn())
 	inner.Header = header
 	return inner, nil
+}
+
+// fits checks a transaction's shape against etcd's limit as etcd does
+// (checkTxnRequest): each level's longest list within its allowance, and
+// each nested transaction within what its level leaves.
+func fits(cmps []clientv3.Cmp, then, els []clientv3.Op, allowance int) error {
+	n := max(len(cmps), len(then), len(els))
+	if n > allowance {
+		return fmt.Errorf("%w: a list of %d operations where etcd allows %d at that depth (MaxTxnOps %d, less what the guards and enclosing levels use)",
+			ErrInvalidArgument, n, allowance, MaxTxnOps)
+	}
+	for _, ops := range [][]clientv3.Op{then, els} {
+		for _, op := range ops {
+			if op.IsTxn() {
+				c, th, el := op.Txn()
+				if err := fits(c, th, el, allowance-n); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // notHeld reads the lock keys returned by a transaction whose Held guards
@@ -231,15 +247,6 @@ func (t *Txn) validate() error {
 	}
 	if len(records) > MaxResourceGuards {
 		return fmt.Errorf("%w: %d Resource guards, at most %d per transaction", ErrInvalidArgument, len(records), MaxResourceGuards)
-	}
-	leaf := len(records) + len(t.then)
-	if t.nested() {
-		leaf = len(records) + 1
-	}
-	for _, n := range []int{len(t.guards), leaf, len(t.cmps), len(t.then), len(t.els)} {
-		if n > MaxTxnOps {
-			return fmt.Errorf("%w: %d operations in one list of a transaction, etcd accepts %d", ErrInvalidArgument, n, MaxTxnOps)
-		}
 	}
 	for _, ops := range [][]clientv3.Op{t.then, t.els} {
 		if err := checkOps(ops, records); err != nil {

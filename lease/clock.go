@@ -4,7 +4,9 @@ import "time"
 
 // clock is the session's source of local time. Safety never depends on it
 // (the fence does), but the early loss signal does; tests replace it to run
-// the library's clock slow or fast.
+// the library's clock slow or fast (ownership_mutants.go, under the
+// leasefence_mutants build tag). It is an internal construction option:
+// options.clock.
 type clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) timer
@@ -27,29 +29,3 @@ type realTimer struct{ t *time.Timer }
 func (t realTimer) C() <-chan time.Time   { return t.t.C }
 func (t realTimer) Reset(d time.Duration) { t.t.Reset(d) }
 func (t realTimer) Stop()                 { t.t.Stop() }
-
-// scaledClock runs at rate times real time from its creation: the seam for
-// the fault suite's slow and fast clocks.
-type scaledClock struct {
-	origin time.Time
-	rate   float64
-}
-
-func newScaledClock(rate float64) scaledClock { return scaledClock{origin: time.Now(), rate: rate} }
-
-func (c scaledClock) Now() time.Time {
-	return c.origin.Add(time.Duration(float64(time.Since(c.origin)) * c.rate))
-}
-
-func (c scaledClock) NewTimer(d time.Duration) timer {
-	return scaledTimer{realTimer{time.NewTimer(c.real(d))}, c}
-}
-
-func (c scaledClock) real(d time.Duration) time.Duration { return time.Duration(float64(d) / c.rate) }
-
-type scaledTimer struct {
-	realTimer
-	c scaledClock
-}
-
-func (t scaledTimer) Reset(d time.Duration) { t.realTimer.Reset(t.c.real(d)) }

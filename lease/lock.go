@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
-	"github.com/leasefence/leasefence/internal/seam"
 )
 
 // Lock is one holding of a named lock by a Session. Its methods are safe for
@@ -30,16 +29,12 @@ type Lock struct {
 	key   string
 	token int64
 	value string // the key's value when created: empty for a lock, the candidate's for a campaign
-	// public is what Token reports: the token, except under a mutant of
-	// the fault suite.
-	public int64
 
 	// ctx is a child of the session's: it ends, with the reason as its
 	// cause, when ownership ends.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	grantRev    int64 // revision of the response that granted the lock
 	releaseGate func()
 	gateOnce    sync.Once
 	monitorDone chan struct{}
@@ -60,7 +55,7 @@ func (l *Lock) Key() string { return l.key }
 // Token is the fencing token: the creation revision of the lock key. Every
 // later holder of the same name has a strictly larger token, across etcd
 // leader changes. Tokens of different names are unrelated.
-func (l *Lock) Token() int64 { return l.public }
+func (l *Lock) Token() int64 { return l.token }
 
 // Done is closed when ownership ends, for whatever reason: Unlock, Close of
 // the session, expiry of the lease, or deletion or replacement of the key.
@@ -172,13 +167,6 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 			}
 		}
 	}
-	l.public = l.token
-	switch {
-	case s.hooks.Has(seam.LeaseIDToken):
-		l.public = int64(s.id)
-	case s.hooks.Has(seam.HeaderRevisionToken):
-		l.public = l.grantRev
-	}
 	s.lg.Debug("lock acquired", zap.String("key", l.key), zap.Int64("token", l.token))
 	return l, nil
 }
@@ -202,7 +190,7 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 			return false, err
 		}
 		if resp.Succeeded {
-			l.token, l.grantRev = resp.Header.Revision, resp.Header.Revision
+			l.token = resp.Header.Revision
 			return true, nil
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
@@ -227,7 +215,7 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 	if !resp.Succeeded {
 		return false, fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
 	}
-	l.token, l.grantRev = resp.Header.Revision, resp.Header.Revision
+	l.token = resp.Header.Revision
 	first := resp.Responses[1].GetResponseRange().Kvs
 	return len(first) == 1 && first[0].CreateRevision == l.token, nil
 }
@@ -287,10 +275,9 @@ func (l *Lock) predecessor(ctx context.Context) (*mvccpb.KeyValue, error) {
 		return nil, err
 	}
 	own := resp.Responses[0].GetResponseRange().Kvs
-	if (len(own) == 0 || own[0].CreateRevision != l.token) && !l.s.hooks.Has(seam.SessionOnlyOwnership) {
+	if !l.ownsFirst(own) {
 		return nil, ErrKeyDeleted
 	}
-	l.grantRev = resp.Header.Revision
 	page := resp.Responses[1].GetResponseRange()
 	for {
 		for _, kv := range page.Kvs {
@@ -374,10 +361,7 @@ func (l *Lock) monitor(fromRev int64) {
 			}
 			for _, ev := range wr.Events {
 				rev = ev.Kv.ModRevision + 1
-				if l.s.hooks.Has(seam.SessionOnlyOwnership) {
-					continue
-				}
-				if ev.Type == mvccpb.DELETE || ev.Kv.CreateRevision != l.token || ev.Kv.Lease != int64(l.s.id) {
+				if !l.owns(ev.Kv) { // a delete event's key has no creation revision
 					cancel()
 					l.keyGone()
 					return
@@ -400,12 +384,21 @@ func (l *Lock) monitor(fromRev int64) {
 		if err != nil {
 			continue
 		}
-		if (len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.token) && !l.s.hooks.Has(seam.SessionOnlyOwnership) {
+		if !l.ownsFirst(g.Kvs) {
 			l.keyGone()
 			return
 		}
 		rev = g.Header.Revision + 1
 	}
+}
+
+// ownsFirst is owns for the result of a read of the lock's key.
+func (l *Lock) ownsFirst(kvs []*mvccpb.KeyValue) bool {
+	var kv *mvccpb.KeyValue
+	if len(kvs) > 0 {
+		kv = kvs[0]
+	}
+	return l.owns(kv)
 }
 
 // keyGone records that the key went away. If an Unlock is in flight, its
@@ -479,13 +472,6 @@ func (l *Lock) Unlock(ctx context.Context) error {
 func (l *Lock) unlock(ctx context.Context) error {
 	l.unlockMu.Lock()
 	defer l.unlockMu.Unlock()
-	if l.s.hooks.Has(seam.UnguardedUnlock) {
-		_, err := l.s.client.Delete(ctx, l.key)
-		if err == nil && l.ctx.Err() == nil {
-			l.end(ErrUnlocked)
-		}
-		return err
-	}
 	if l.ctx.Err() != nil {
 		return context.Cause(l.ctx)
 	}

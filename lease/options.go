@@ -17,7 +17,8 @@ type Option func(*options) error
 type options struct {
 	ttl    time.Duration
 	logger *zap.Logger
-	clock  clock
+	clock  clock     // realClock unless the fault suite scales it
+	seam   faultSeam // empty in release builds
 }
 
 // WithTTL sets the lease TTL the session asks for. It is rounded up to whole

@@ -11,8 +11,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-
-	"github.com/leasefence/leasefence/internal/seam"
 )
 
 // Session is one etcd lease, kept alive for as long as the session lives,
@@ -33,7 +31,7 @@ type Session struct {
 	ttl    time.Duration
 	lg     *zap.Logger
 	clock  clock
-	hooks  *seam.Hooks // test-only switches; nil for every user
+	seam   faultSeam // empty in release builds; see mutants_off.go
 
 	// ctx ends, with the reason as its cause, when the lease is lost or the
 	// session is closed. Every lock's own context derives from it.
@@ -69,26 +67,19 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	if err != nil {
 		return nil, err
 	}
-	hooks := seam.From(ctx)
-	if hooks != nil && hooks.ClockRate > 0 {
-		o.clock = newScaledClock(hooks.ClockRate)
-	}
 	sent := o.clock.Now()
 	resp, err := client.Grant(ctx, ttlSeconds(o.ttl))
 	if err != nil {
 		return nil, fmt.Errorf("lease: grant: %w", err)
 	}
-	granted := time.Duration(resp.TTL) * time.Second
-	if hooks.Has(seam.RequestedTTL) {
-		granted = time.Duration(ttlSeconds(o.ttl)) * time.Second
-	}
+	granted := o.grantedTTL(resp.TTL)
 	s := &Session{
 		client:   client,
 		id:       resp.ID,
 		ttl:      granted,
 		lg:       o.logger.With(zap.String("lease", fmt.Sprintf("%x", int64(resp.ID)))),
 		clock:    o.clock,
-		hooks:    hooks,
+		seam:     o.seam,
 		deadline: sent.Add(granted),
 		gates:    make(map[string]*gate),
 	}
@@ -253,11 +244,7 @@ func (s *Session) keepAliveStream(expiry timer) error {
 				s.lose("etcd reports the lease gone")
 				return nil
 			}
-			ttl := time.Duration(r.resp.TTL) * time.Second
-			if s.hooks.Has(seam.RequestedTTL) {
-				ttl = s.ttl
-			}
-			s.extend(at.Add(ttl), expiry)
+			s.extend(at.Add(s.renewedTTL(r.resp.TTL)), expiry)
 		case <-expiry.C():
 			s.lose("not renewed before the local deadline")
 			return nil

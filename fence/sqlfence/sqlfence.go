@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/seam"
 )
 
 // DefaultTokenColumn is the fence column's name unless WithTokenColumn says
@@ -146,10 +145,8 @@ func (f *Fence) Update(ctx context.Context, db Execer, id any, token int64, cols
 	sets = append(sets, f.token+" = "+f.placeholder(len(args)))
 	args = append(args, id)
 	where := f.id + " = " + f.placeholder(len(args))
-	if !seam.From(ctx).Has(seam.NoFenceCompare) {
-		args = append(args, token)
-		where += " AND " + f.token + " <= " + f.placeholder(len(args))
-	}
+	args = append(args, token)
+	where += " AND " + f.token + " <= " + f.placeholder(len(args))
 	q := fmt.Sprintf("UPDATE %s SET %s WHERE %s", f.table, strings.Join(sets, ", "), where)
 	return f.result(ctx, db, q, args, id, token, true)
 }
@@ -178,9 +175,6 @@ func (f *Fence) Upsert(ctx context.Context, db Execer, id any, token int64, cols
 		ph[i] = f.placeholder(i + 1)
 	}
 	cond := fmt.Sprintf("%s.%s <= excluded.%s", f.table, f.token, f.token)
-	if seam.From(ctx).Has(seam.NoFenceCompare) {
-		cond = "1 = 1"
-	}
 	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE %s",
 		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), cond)
 	return f.result(ctx, db, q, args, id, token, false)

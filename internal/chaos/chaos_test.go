@@ -43,6 +43,21 @@ const (
 
 var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader}
 
+// runFaults are the fault kinds this build can make: the clock kinds need
+// the leasefence_mutants build tag.
+func runFaults() []fault {
+	if clockFaults {
+		return allFaults
+	}
+	var fs []fault
+	for _, f := range allFaults {
+		if f != faultSlowClock && f != faultFastClock {
+			fs = append(fs, f)
+		}
+	}
+	return fs
+}
+
 // runConfig is one chaos run.
 type runConfig struct {
 	seed    uint64
@@ -131,7 +146,9 @@ type chaosClient struct {
 	seq     int
 }
 
-// hooks is the context the library sees: the run's mutant and clock.
+// hooks is the context the suite's own code sees: the run's mutant and
+// clock, which newSession, seam.KV and seam.SQL turn into what the library
+// is given.
 func (r *runConfig) hooks(ctx context.Context) context.Context {
 	h := &seam.Hooks{Mutant: r.mutant}
 	switch r.fault {
@@ -163,7 +180,7 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 	var err error
 	switch {
 	case kind == KindSQL && c.cfg.fenced:
-		err = c.cfg.sqlf.Upsert(wctx, c.cfg.db, row, token, sqlfence.Set("val", val))
+		err = c.cfg.sqlf.Upsert(wctx, seam.SQL(wctx, c.cfg.db), row, token, sqlfence.Set("val", val))
 	case kind == KindSQL:
 		_, err = c.cfg.db.ExecContext(wctx, `INSERT INTO regs (id, val, fence_token) VALUES (?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET val = excluded.val, fence_token = excluded.fence_token`, row, val, token)

@@ -61,7 +61,7 @@ func child(role string, in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
+	s, err := newSession(ctx, cli, lease.WithTTL(ttl))
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func child(role string, in io.Reader, out io.Writer) error {
 		}
 		w.printf("S %d", n)
 		wctx, stop := context.WithTimeout(ctx, 2*time.Second)
-		_, err := fence.NewTxn(wctx, cli, fence.Resource(reg+".fence", l.Token())).
+		_, err := fence.NewTxn(wctx, seam.KV(wctx, cli), fence.Resource(reg+".fence", l.Token())).
 			Then(clientv3.OpPut(reg, fmt.Sprintf("child-t%d-%d", l.Token(), n))).Commit()
 		stop()
 		switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
+	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -50,7 +51,7 @@ func scenarioLeaderGone(t testing.TB, ctx context.Context, newClient func() *cli
 	write := func(v string) error {
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		_, err := fence.NewTxn(wctx, cli, fence.Held(holder)).Then(clientv3.OpPut(reg, v)).Commit()
+		_, err := fence.NewTxn(wctx, seam.KV(wctx, cli), fence.Held(holder)).Then(clientv3.OpPut(reg, v)).Commit()
 		return err
 	}
 	if err := write("before"); err != nil {

@@ -1,3 +1,5 @@
+//go:build leasefence_mutants
+
 package chaos
 
 import (

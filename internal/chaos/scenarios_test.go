@@ -28,7 +28,7 @@ const ttl = time.Second // etcd's shortest lease with fastTiming
 
 func session(t testing.TB, ctx context.Context, cli *clientv3.Client, d time.Duration) *lease.Session {
 	t.Helper()
-	s, err := lease.NewSession(ctx, cli, lease.WithTTL(d))
+	s, err := newSession(ctx, cli, lease.WithTTL(d))
 	if err != nil {
 		t.Fatalf("NewSession: %v", err)
 	}
@@ -76,7 +76,7 @@ func value(t testing.TB, cli *clientv3.Client, key string) string {
 func resourceWrite(ctx context.Context, cli *clientv3.Client, reg string, token int64, val string) error {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := fence.NewTxn(wctx, cli, fence.Resource(reg+".fence", token)).Then(clientv3.OpPut(reg, val)).Commit()
+	_, err := fence.NewTxn(wctx, seam.KV(wctx, cli), fence.Resource(reg+".fence", token)).Then(clientv3.OpPut(reg, val)).Commit()
 	return err
 }
 
@@ -104,29 +104,36 @@ func scenarioTokens(t testing.TB, ctx context.Context) error {
 		if err := waitQueuedKeys(ctx, cli, name, 2); err != nil {
 			t.Fatal(err)
 		}
-		if err := checkToken(cli, held, prev); err != nil {
+		if err := checkToken(ctx, cli, held, prev); err != nil {
 			return err
 		}
-		prev = held.Token()
+		prev = held.Token() // the real one: only the one under test is misreported
 		held.Unlock(ctx)
 		if held = <-waiting; held == nil {
 			t.FailNow()
 		}
 	}
 	defer held.Unlock(ctx)
-	return checkToken(cli, held, prev)
+	return checkToken(ctx, cli, held, prev)
 }
 
-func checkToken(cli *clientv3.Client, l *lease.Lock, prev int64) error {
+// checkToken compares the token read off l (seam.ReportedToken: a mutant
+// may report another number) with its key's creation revision and with the
+// previous holder's.
+func checkToken(ctx context.Context, cli *clientv3.Client, l *lease.Lock, prev int64) error {
+	token, err := seam.ReportedToken(ctx, cli, l.Key(), l.Token())
+	if err != nil {
+		return fmt.Errorf("token of %s unreadable: %v", l.Key(), err)
+	}
 	resp, err := cli.Get(context.Background(), l.Key())
 	if err != nil || len(resp.Kvs) != 1 {
 		return fmt.Errorf("lock key %s unreadable: %v", l.Key(), err)
 	}
-	if rev := resp.Kvs[0].CreateRevision; l.Token() != rev {
-		return fmt.Errorf("token %d is not the key's creation revision %d", l.Token(), rev)
+	if rev := resp.Kvs[0].CreateRevision; token != rev {
+		return fmt.Errorf("token %d is not the key's creation revision %d", token, rev)
 	}
-	if l.Token() <= prev {
-		return fmt.Errorf("token %d not above the previous holder's %d", l.Token(), prev)
+	if token <= prev {
+		return fmt.Errorf("token %d not above the previous holder's %d", token, prev)
 	}
 	return nil
 }
@@ -240,7 +247,7 @@ func scenarioHeldInFlight(t testing.TB, ctx context.Context) error {
 	go func() {
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
-		_, err := fence.NewTxn(wctx, viaProxy, fence.Resource(reg+".fence", la.Token())).Then(clientv3.OpPut(reg, "A")).Commit()
+		_, err := fence.NewTxn(wctx, seam.KV(wctx, viaProxy), fence.Resource(reg+".fence", la.Token())).Then(clientv3.OpPut(reg, "A")).Commit()
 		result <- err
 	}()
 	if err := awaitDeleted(ctx, cli, la.Key(), la.Token()+1); err != nil {
@@ -281,7 +288,7 @@ func scenarioTokenReuse(t testing.TB, ctx context.Context) error {
 	if err := <-stale; !errors.Is(err, fence.ErrStale) {
 		return fmt.Errorf("write with the old token %d after %d: %v, want ErrStale", old.Token(), fresh.Token(), err)
 	}
-	_, err := fence.NewTxn(ctx, cli, fence.Held(old)).Then(clientv3.OpPut(reg, "old")).Commit()
+	_, err := fence.NewTxn(ctx, seam.KV(ctx, cli), fence.Held(old)).Then(clientv3.OpPut(reg, "old")).Commit()
 	if !errors.Is(err, fence.ErrNotHeld) {
 		return fmt.Errorf("Held write with the old lock: %v, want ErrNotHeld", err)
 	}
@@ -308,10 +315,10 @@ func scenarioUnlockAfterLoss(t testing.TB, ctx context.Context) error {
 		return errors.New("lock not ended 5s after its key was deleted")
 	}
 	second := lock(t, ctx, s, name) // same session, same key name, new token
-	if err := first.Unlock(ctx); !errors.Is(err, lease.ErrLost) {
+	if err := seam.Unlock(ctx, cli, first); !errors.Is(err, lease.ErrLost) {
 		return fmt.Errorf("Unlock of the lost lock: %v, want ErrLost", err)
 	}
-	if _, err := fence.NewTxn(ctx, cli, fence.Held(second)).Then(clientv3.OpPut(reg, "second")).Commit(); err != nil {
+	if _, err := fence.NewTxn(ctx, seam.KV(ctx, cli), fence.Held(second)).Then(clientv3.OpPut(reg, "second")).Commit(); err != nil {
 		return fmt.Errorf("successor's guarded write after the stale Unlock: %w", err)
 	}
 	// Another session's successor.
@@ -321,10 +328,10 @@ func scenarioUnlockAfterLoss(t testing.TB, ctx context.Context) error {
 	}
 	third := lock(t, ctx, s2, name)
 	defer third.Unlock(ctx)
-	if err := second.Unlock(ctx); !errors.Is(err, lease.ErrLost) {
+	if err := seam.Unlock(ctx, cli, second); !errors.Is(err, lease.ErrLost) {
 		return fmt.Errorf("Unlock after the lease was revoked: %v, want ErrLost", err)
 	}
-	if _, err := fence.NewTxn(ctx, cli, fence.Held(third)).Then(clientv3.OpPut(reg, "third")).Commit(); err != nil {
+	if _, err := fence.NewTxn(ctx, seam.KV(ctx, cli), fence.Held(third)).Then(clientv3.OpPut(reg, "third")).Commit(); err != nil {
 		return fmt.Errorf("other session's guarded write after the stale Unlock: %w", err)
 	}
 	return nil
@@ -409,7 +416,7 @@ func scenarioAmbiguous(t testing.TB, ctx context.Context) error {
 	p.PauseRx() // etcd's answer is held back
 	call := h.Now()
 	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err := fence.NewTxn(wctx, viaProxy, fence.Resource(reg+".fence", l.Token())).Then(clientv3.OpPut(reg, "v")).Commit()
+	_, err := fence.NewTxn(wctx, seam.KV(wctx, viaProxy), fence.Resource(reg+".fence", l.Token())).Then(clientv3.OpPut(reg, "v")).Commit()
 	cancel()
 	p.Close() // and the connection dropped
 	if !errors.Is(err, fence.ErrOutcomeUnknown) {

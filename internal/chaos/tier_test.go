@@ -36,7 +36,7 @@ func TestChaos(t *testing.T) {
 	runs, long := chaosRuns(t)
 	tier := "long"
 	if !long {
-		tier, runs = "fast", len(allFaults)
+		tier, runs = "fast", len(runFaults())
 	}
 	controls := max(2, runs/10)
 	three := etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
@@ -49,7 +49,7 @@ func TestChaos(t *testing.T) {
 				clients: 8 + i%9,
 				names:   2,
 				fenced:  i < runs,
-				fault:   allFaults[i%len(allFaults)],
+				fault:   runFaults()[i%len(runFaults())],
 				prefix:  name(t, "chaos", i),
 			}
 			mode := "fenced"

@@ -1,8 +1,13 @@
-// Package seam carries test-only switches into the library: deliberate
-// bugs (mutants) that the fault suite must catch, and a local clock that
-// runs slow or fast. They travel in a context value whose key only this
-// module can build, so no user of the library can set them, and a context
-// without them (every user's) takes the ordinary code paths.
+// Package seam names the fault suite's deliberate bugs (mutants) and
+// builds the ones that can live outside the library: a KV and an SQL
+// executor that drop the fence's comparisons, a token reported wrongly, an
+// Unlock by key name. The mutants that live inside package lease's own
+// checks exist only under the build tag leasefence_mutants, as options of
+// that package (lease.WithMutant, lease.WithClockRate); a release build of
+// the library imports nothing from here.
+//
+// The suite carries the switches of one run through its own code in a
+// context value (With, From); the library never reads them from a context.
 package seam
 
 import "context"
@@ -13,21 +18,24 @@ type Mutant int
 // The mutants. Each names what the library does wrong while it is on.
 const (
 	None Mutant = iota
-	// NoFenceCompare: fence and sqlfence write without comparing tokens.
+	// NoFenceCompare: fence and sqlfence write without comparing tokens
+	// (KV and Execer here).
 	NoFenceCompare
-	// LeaseIDToken: Lock.Token returns the lease ID.
+	// LeaseIDToken: the token reported is the lease ID (ReportedToken).
 	LeaseIDToken
-	// HeaderRevisionToken: Lock.Token returns the revision of the response
-	// that granted the lock, as etcdctl lock's ETCD_LOCK_REV does.
+	// HeaderRevisionToken: the token reported is the revision of a response
+	// read after the grant, as etcdctl lock's ETCD_LOCK_REV is
+	// (ReportedToken).
 	HeaderRevisionToken
 	// UnguardedUnlock: Unlock deletes the key by name, with no revision
-	// guard and even after the lock has ended, as concurrency.Mutex does.
+	// guard and even after the lock has ended, as concurrency.Mutex does
+	// (Unlock here).
 	UnguardedUnlock
 	// SessionOnlyOwnership: a lock counts as held while its session lives;
-	// neither the waiter nor the holder checks its own key.
+	// neither the waiter nor the holder checks its own key (inside lease).
 	SessionOnlyOwnership
 	// RequestedTTL: the session uses the TTL it asked for, not the one etcd
-	// granted.
+	// granted (inside lease).
 	RequestedTTL
 )
 
@@ -56,7 +64,11 @@ func (m Mutant) String() string {
 	return "unknown mutant"
 }
 
-// Hooks are the switches one context carries.
+// InLease tells whether m lives inside package lease's checks, and so
+// needs the leasefence_mutants build tag.
+func (m Mutant) InLease() bool { return m == SessionOnlyOwnership || m == RequestedTTL }
+
+// Hooks are the switches of one run of the suite.
 type Hooks struct {
 	Mutant Mutant
 	// ClockRate scales the library's local clock: 0.5 runs it at half
@@ -66,7 +78,7 @@ type Hooks struct {
 
 type ctxKey struct{}
 
-// With returns ctx carrying h.
+// With returns ctx carrying h, for the suite's own code.
 func With(ctx context.Context, h *Hooks) context.Context { return context.WithValue(ctx, ctxKey{}, h) }
 
 // From returns the hooks ctx carries, nil if none.

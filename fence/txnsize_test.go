@@ -1,0 +1,111 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+)
+
+// countingKV counts the transactions that reach etcd.
+type countingKV struct {
+	clientv3.KV
+	sent int
+}
+
+func (k *countingKV) Txn(ctx context.Context) clientv3.Txn {
+	k.sent++
+	return k.KV.Txn(ctx)
+}
+
+// TestTxnSizeBoundary commits, for every number of Held and Resource
+// guards, the largest Then that the documented allowance gives (etcd must
+// accept it), and one operation more (refused before anything is sent).
+func TestTxnSizeBoundary(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	base := etcdtest.Name(t, "size")
+	for held := 0; held <= 2; held++ {
+		for res := 0; res <= fence.MaxResourceGuards; res++ {
+			if held+res == 0 {
+				continue
+			}
+			t.Run(fmt.Sprintf("held=%d/resource=%d", held, res), func(t *testing.T) {
+				prefix := fmt.Sprintf("%s/h%d-r%d", base, held, res)
+				var guards []fence.Guard
+				for i := 0; i < held; i++ {
+					resp, err := cli.Put(testCtx(t), fmt.Sprintf("%s/lock%d", prefix, i), "")
+					if err != nil {
+						t.Fatal(err)
+					}
+					guards = append(guards, fence.Held(token{fmt.Sprintf("%s/lock%d", prefix, i), resp.Header.Revision}))
+				}
+				for i := 0; i < res; i++ {
+					guards = append(guards, fence.Resource(fmt.Sprintf("%s/rec%d", prefix, i), 7))
+				}
+				limit := fence.MaxTxnOps
+				if res > 0 {
+					limit = fence.MaxTxnOps + 1 - max(held, 1) - 2*res
+				}
+				puts := func(n int) []clientv3.Op {
+					ops := make([]clientv3.Op, n)
+					for i := range ops {
+						ops[i] = clientv3.OpPut(fmt.Sprintf("%s/data%03d", prefix, i), "v")
+					}
+					return ops
+				}
+				kv := &countingKV{KV: cli}
+				if _, err := fence.NewTxn(testCtx(t), kv, guards...).Then(puts(limit + 1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+					t.Fatalf("%d operations: %v, want ErrInvalidArgument", limit+1, err)
+				}
+				if kv.sent != 0 {
+					t.Fatalf("an oversized transaction was sent")
+				}
+				resp, err := fence.NewTxn(testCtx(t), kv, guards...).Then(puts(limit)...).Commit()
+				if err != nil || !resp.Succeeded || len(resp.Responses) != limit {
+					t.Fatalf("%d operations: %v, %v", limit, resp, err)
+				}
+			})
+		}
+	}
+}
+
+// TestTxnSizeNested: the caller's own nested transactions count against
+// what the guards leave, at every depth.
+func TestTxnSizeNested(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	rec := etcdtest.Name(t, "size-nested") + "/fence"
+	ops := func(n int) []clientv3.Op {
+		out := make([]clientv3.Op, n)
+		for i := range out {
+			out[i] = clientv3.OpPut(fmt.Sprintf("%s-%03d", rec, i), "v")
+		}
+		return out
+	}
+	// One Resource guard: the outer level takes 1, and the record's level
+	// 2 (its Else holds the record's put and the caller's txn), so the
+	// caller's If/Then/Else get 128 - 3 = 125, as does a nested txn of its
+	// own in Then.
+	const room = fence.MaxTxnOps - 3
+	cmp := clientv3.Compare(clientv3.CreateRevision(rec+"-000"), ">", -1)
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room)...).Commit(); err != nil {
+		t.Fatalf("%d operations under If: %v", room, err)
+	}
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room+1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Fatalf("%d operations under If: %v, want ErrInvalidArgument", room+1, err)
+	}
+	inner := clientv3.OpTxn(nil, ops(room), nil)
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).Then(inner).Commit(); err != nil {
+		t.Fatalf("caller's nested txn of %d: %v", room, err)
+	}
+	inner = clientv3.OpTxn(nil, ops(room+1), nil)
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).Then(inner).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Fatalf("caller's nested txn of %d: %v, want ErrInvalidArgument", room+1, err)
+	}
+}

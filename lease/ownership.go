@@ -1,0 +1,34 @@
+//go:build !leasefence_mutants
+
+package lease
+
+import (
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// This file holds the plain forms of the few checks that the fault suite
+// replaces with deliberate bugs under the build tag leasefence_mutants
+// (ownership_mutants.go). Release builds compile only these.
+
+// faultSeam is empty in release builds.
+type faultSeam struct{}
+
+// owns tells whether kv, a read or a watch event of the lock's key, is
+// still this holding: created with the token and attached to the session's
+// lease. A deleted key (nil, or a delete event's bare key) is not.
+func (l *Lock) owns(kv *mvccpb.KeyValue) bool {
+	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id)
+}
+
+// grantedTTL is the TTL etcd granted, from its answer in seconds: never the
+// one asked for, which etcd may raise.
+func (o *options) grantedTTL(seconds int64) time.Duration {
+	return time.Duration(seconds) * time.Second
+}
+
+// renewedTTL is the TTL a keep-alive answer reports, in seconds.
+func (s *Session) renewedTTL(seconds int64) time.Duration {
+	return time.Duration(seconds) * time.Second
+}
