@@ -97,7 +97,7 @@ func TestTxnSizeNested(t *testing.T) {
 	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room)...).Commit(); err != nil {
 		t.Fatalf("%d operations under If: %v", room, err)
 	}
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room+1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room + 1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("%d operations under If: %v, want ErrInvalidArgument", room+1, err)
 	}
 	inner := clientv3.OpTxn(nil, ops(room), nil)
