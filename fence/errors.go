@@ -25,18 +25,30 @@ var (
 	// ErrInvalidArgument is wrapped by errors for bad input, returned before
 	// anything is sent.
 	ErrInvalidArgument = errors.New("fence: invalid argument")
+
+	// ErrBadRecord reports a fence record whose value is not a token
+	// written by EncodeToken: something other than this package wrote it.
+	ErrBadRecord = errors.New("fence: bad token record")
 )
 
-// NotHeldError is the error of a failed Held guard.
+// NotHeldError is the error of a failed Held guard, or of a holder whose
+// Err was already set, so that nothing was sent.
 type NotHeldError struct {
 	Key   string // the lock key
 	Token int64  // the token the guard expected
-	// Current is the creation revision the key has now, 0 if it is gone.
+	// Current is the creation revision etcd found the key with, 0 if it
+	// was gone (or, with Cause set, not read).
 	Current int64
+	// Cause is the holder's own Err when it had already ended and nothing
+	// was sent; nil when etcd refused the guard.
+	Cause error
 }
 
 func (e *NotHeldError) Error() string {
-	if e.Current == 0 {
+	switch {
+	case e.Cause != nil:
+		return fmt.Sprintf("fence: lock not held: %q (token %d) has ended: %v", e.Key, e.Token, e.Cause)
+	case e.Current == 0:
 		return fmt.Sprintf("fence: lock not held: key %q (token %d) is gone", e.Key, e.Token)
 	}
 	return fmt.Sprintf("fence: lock not held: key %q has token %d, not %d", e.Key, e.Current, e.Token)
@@ -44,6 +56,10 @@ func (e *NotHeldError) Error() string {
 
 // Is makes errors.Is(err, ErrNotHeld) hold.
 func (e *NotHeldError) Is(target error) bool { return target == ErrNotHeld }
+
+// Unwrap returns Cause, so that errors.Is also matches the holder's reason
+// (lease.ErrLost, lease.ErrUnlocked, ...).
+func (e *NotHeldError) Unwrap() error { return e.Cause }
 
 // StaleError is the error of a failed Resource guard.
 type StaleError struct {
@@ -65,7 +81,7 @@ func (e *StaleError) Is(target error) bool { return target == ErrStale }
 // may hide an applied write.
 func classify(err error) error {
 	if rpcerr.Definite(err) {
-		return err
+		return fmt.Errorf("fence: commit: %w", err)
 	}
 	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 }

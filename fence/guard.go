@@ -6,11 +6,31 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Holder is a lock holding that can be fenced: its etcd key and its token,
-// the key's creation revision. *lease.Lock satisfies it.
+// Holder is a lock holding that can be fenced: the lock's name, its etcd
+// key, and its token, the key's creation revision. *lease.Lock and
+// *lease.Leadership satisfy it. The guards of this package use the key and
+// the token; package fencehttp sends the name and the token.
 type Holder interface {
+	Name() string
 	Key() string
 	Token() int64
+}
+
+// Ender is a Holder that knows when its holding has ended: Err is nil
+// while held and says why after (as *lease.Lock's does). Before sending,
+// fenced writes check it, and send nothing for a holder whose Err is set:
+// an early warning, never the guarantee.
+type Ender interface {
+	Err() error
+}
+
+// Ended returns the Err of h if h is an Ender, nil otherwise: what a
+// fenced write checks before sending.
+func Ended(h Holder) error {
+	if e, ok := h.(Ender); ok {
+		return e.Err()
+	}
+	return nil
 }
 
 // Cmp is the comparison that holds while h's key still exists with the

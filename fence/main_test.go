@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,6 +64,7 @@ type token struct {
 	tok int64
 }
 
+func (h token) Name() string { return h.key[:max(0, strings.LastIndex(h.key, "/"))] }
 func (h token) Key() string  { return h.key }
 func (h token) Token() int64 { return h.tok }
 

@@ -19,17 +19,18 @@ func EncodeToken(token int64) string {
 	return hex.EncodeToString(b[:])
 }
 
-// DecodeToken reads a token written by EncodeToken.
+// DecodeToken reads a token written by EncodeToken. Anything else gives an
+// error wrapping ErrBadRecord.
 func DecodeToken(s string) (int64, error) {
 	if len(s) != tokenWidth {
-		return 0, fmt.Errorf("fence: token record %q: want %d hex digits", s, tokenWidth)
+		return 0, fmt.Errorf("%w: %q: want %d hex digits", ErrBadRecord, s, tokenWidth)
 	}
 	var b [8]byte
 	if _, err := hex.Decode(b[:], []byte(s)); err != nil {
-		return 0, fmt.Errorf("fence: token record %q: %w", s, err)
+		return 0, fmt.Errorf("%w: %q: %v", ErrBadRecord, s, err)
 	}
 	if EncodeToken(int64(binary.BigEndian.Uint64(b[:])^(1<<63))) != s {
-		return 0, fmt.Errorf("fence: token record %q: not in canonical form", s)
+		return 0, fmt.Errorf("%w: %q: not in canonical form", ErrBadRecord, s)
 	}
 	return int64(binary.BigEndian.Uint64(b[:]) ^ (1 << 63)), nil
 }

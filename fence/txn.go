@@ -80,9 +80,9 @@ func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
 		return nil, err
 	}
 	for _, g := range t.guards {
-		if h, ok := g.holder.(interface{ Err() error }); ok {
-			if err := h.Err(); err != nil {
-				return nil, fmt.Errorf("%w: %w", &NotHeldError{Key: g.key, Token: g.token}, err)
+		if g.kind == heldGuard {
+			if err := Ended(g.holder); err != nil {
+				return nil, &NotHeldError{Key: g.key, Token: g.token, Cause: err}
 			}
 		}
 	}
@@ -92,7 +92,7 @@ func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
 	}
 	resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("fence: commit: %w", classify(err))
+		return nil, classify(err)
 	}
 	if !resp.Succeeded {
 		return nil, t.notHeld(resp)
@@ -164,11 +164,11 @@ func (t *Txn) walk(resp *clientv3.TxnResponse) (*clientv3.TxnResponse, error) {
 		}
 		kvs := check.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			return nil, fmt.Errorf("fence: record %q vanished within one transaction", g.key)
+			return nil, fmt.Errorf("%w: record %q refused the write but read as missing", ErrStale, g.key)
 		}
 		highest, err := DecodeToken(string(kvs[0].Value))
 		if err != nil {
-			return nil, fmt.Errorf("fence: record %q: %w", g.key, err)
+			return nil, fmt.Errorf("%w (record %q refused the write)", err, g.key)
 		}
 		return nil, &StaleError{Key: g.key, Token: g.token, Highest: highest}
 	}
@@ -222,7 +222,7 @@ func (t *Txn) notHeld(resp *clientv3.TxnResponse) error {
 		}
 	}
 	if len(errs) == 0 {
-		return errors.New("fence: held guard failed but every lock key reads as held")
+		return fmt.Errorf("%w: a Held guard failed, yet every lock key reads as held", ErrNotHeld)
 	}
 	return errors.Join(errs...)
 }

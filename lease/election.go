@@ -3,9 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
-	"sync"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Leadership is a won election: a Lock whose key carries a value, the
@@ -15,12 +13,7 @@ import (
 // Err says why (wrapping ErrLost for an involuntary loss), and contexts from
 // Context are cancelled. As with a Lock, being leader is never proof at the
 // moment of a write: fence the writes with Token.
-type Leadership struct {
-	l *Lock
-
-	mu    sync.Mutex
-	value string
-}
+type Leadership struct{ l *Lock }
 
 // Campaign waits until this session leads the election name, then returns
 // the Leadership with value as the leader's value. It uses etcd's own key
@@ -38,9 +31,9 @@ type Leadership struct {
 func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership, error) {
 	l, err := s.acquire(ctx, name, value, false)
 	if err != nil {
-		return nil, fmt.Errorf("lease: campaign %q: %w", name, err)
+		return nil, failed(fmt.Sprintf("campaign %q", name), err)
 	}
-	return &Leadership{l: l, value: value}, nil
+	return &Leadership{l: l}, nil
 }
 
 // Name is the election's name.
@@ -55,11 +48,7 @@ func (e *Leadership) Key() string { return e.l.key }
 func (e *Leadership) Token() int64 { return e.l.Token() }
 
 // Value is the value last proclaimed (or given to Campaign).
-func (e *Leadership) Value() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.value
-}
+func (e *Leadership) Value() string { return e.l.currentValue() }
 
 // Done is closed when the leadership ends: Resign, Close of the session,
 // expiry of the lease, or deletion or replacement of the key.
@@ -85,34 +74,9 @@ func (e *Leadership) Lock() *Lock { return e.l }
 // with an error wrapping ErrKeyDeleted. If etcd did not answer, the value may
 // or may not have been set; the leadership goes on.
 func (e *Leadership) Proclaim(ctx context.Context, value string) error {
-	if err := e.proclaim(ctx, value); err != nil {
-		return fmt.Errorf("lease: proclaim %q: %w", e.l.name, err)
+	if err := e.l.put(ctx, value); err != nil {
+		return failed(fmt.Sprintf("proclaim %q", e.l.name), err)
 	}
-	return nil
-}
-
-func (e *Leadership) proclaim(ctx context.Context, value string) error {
-	l := e.l
-	l.unlockMu.Lock() // not across a Resign
-	defer l.unlockMu.Unlock()
-	if l.ctx.Err() != nil {
-		return context.Cause(l.ctx)
-	}
-	resp, err := l.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
-		Then(clientv3.OpPut(l.key, value, clientv3.WithLease(l.s.id))).
-		Commit()
-	if err != nil {
-		return err
-	}
-	if !resp.Succeeded {
-		lost := fmt.Errorf("%w: %s", ErrKeyDeleted, l.key)
-		l.end(lost)
-		return context.Cause(l.ctx)
-	}
-	e.mu.Lock()
-	e.value = value
-	e.mu.Unlock()
 	return nil
 }
 
@@ -120,7 +84,7 @@ func (e *Leadership) proclaim(ctx context.Context, value string) error {
 // candidate in line becomes leader. It behaves as Lock.Unlock on failure.
 func (e *Leadership) Resign(ctx context.Context) error {
 	if err := e.l.unlock(ctx); err != nil {
-		return fmt.Errorf("lease: resign %q: %w", e.l.name, err)
+		return failed(fmt.Sprintf("resign %q", e.l.name), err)
 	}
 	return nil
 }

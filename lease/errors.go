@@ -3,6 +3,7 @@ package lease
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Match them with errors.Is: the errors this package
@@ -51,3 +52,23 @@ var (
 	// ErrObserverClosed is the Err of an Observer stopped by Close.
 	ErrObserverClosed = errors.New("lease: observer closed")
 )
+
+// errNilClient is the error for a nil *clientv3.Client.
+var errNilClient = fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
+
+// opError is the error of one call of the package: "lease: <op>: <cause>",
+// with the cause's own "lease: " dropped so that the package is named
+// once. It unwraps to the cause.
+type opError struct {
+	op  string
+	err error
+}
+
+func (e *opError) Error() string {
+	return "lease: " + e.op + ": " + strings.TrimPrefix(e.err.Error(), "lease: ")
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+// failed wraps err as the error of op.
+func failed(op string, err error) error { return &opError{op: op, err: err} }

@@ -28,22 +28,30 @@ type Lock struct {
 	name  string
 	key   string
 	token int64
-	value string // the key's value when created: empty for a lock, the candidate's for a campaign
 
-	// ctx is a child of the session's: it ends, with the reason as its
-	// cause, when ownership ends.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
-	releaseGate func()
-	gateOnce    sync.Once
+	// ctx ends, with the reason as its cause, when ownership ends: it is
+	// the lock's whole public state (Done, Err, Context). monitorDone is
+	// closed once the monitor goroutine has stopped.
+	ctx         context.Context
+	cancel      context.CancelCauseFunc
 	monitorDone chan struct{}
 
-	unlockMu  sync.Mutex // one Unlock at a time
-	stateMu   sync.Mutex
-	unlocking bool // an Unlock has sent its delete
-	sawDelete bool // the monitor saw the key go while unlocking
+	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
+
+	mu    sync.Mutex // guards phase, gate and value
+	phase phase
+	gate  func() // gives the name's local gate back; nil once given back
+	value string // the key's value: empty for a lock, the leader's for a campaign
 }
+
+// phase is what the lock is doing with its key while it is held.
+type phase int
+
+const (
+	steady          phase = iota // no release in flight
+	releasing                    // an Unlock has sent its delete
+	releasedOrTaken              // ... and the monitor saw the key go
+)
 
 // Name is the lock's name, as given to Lock.
 func (l *Lock) Name() string { return l.name }
@@ -75,12 +83,7 @@ func (l *Lock) Err() error {
 // ownership ends, with the lock's Err as its cause (context.Cause). Use it
 // for work done under the lock. Call cancel when the work is done.
 func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
-	ctx, cancelCause := context.WithCancelCause(parent)
-	stop := context.AfterFunc(l.ctx, func() { cancelCause(context.Cause(l.ctx)) })
-	return ctx, func() {
-		stop()
-		cancelCause(context.Canceled)
-	}
+	return linkCause(parent, l.ctx)
 }
 
 // Lock takes the lock name, waiting until it is held or ctx ends. Locks of
@@ -89,28 +92,28 @@ func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel cont
 // On any failure the waiter's key is removed before Lock returns (a guarded
 // delete, bounded by the TTL), so a failed Lock never leaves a key that
 // would hold up later waiters. A waiter whose own key or session vanishes
-// returns at once, with an error wrapping ErrLost or ErrSessionClosed.
+// returns at once, with an error wrapping ErrLost or ErrSessionClosed. A
+// waiter whose ctx ends gets an error that names the key it was waiting
+// behind and matches ctx's error (context.DeadlineExceeded or
+// context.Canceled).
 func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.lock(ctx, name, false)
+	l, err := s.acquire(ctx, name, "", false)
 	if err != nil {
-		return nil, fmt.Errorf("lease: lock %q: %w", name, err)
+		return nil, failed(fmt.Sprintf("lock %q", name), err)
 	}
 	return l, nil
 }
 
 // TryLock takes the lock name if nobody holds it, and returns an error
-// wrapping ErrLocked at once otherwise. A failed TryLock leaves no key
-// behind: when the lock is held it writes nothing at all.
+// wrapping ErrLocked at once otherwise, naming the holder's key and token
+// (or saying that this same session holds it). A failed TryLock leaves no
+// key behind: when the lock is held it writes nothing at all.
 func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.lock(ctx, name, true)
+	l, err := s.acquire(ctx, name, "", true)
 	if err != nil {
-		return nil, fmt.Errorf("lease: trylock %q: %w", name, err)
+		return nil, failed(fmt.Sprintf("trylock %q", name), err)
 	}
 	return l, nil
-}
-
-func (s *Session) lock(ctx context.Context, name string, try bool) (*Lock, error) {
-	return s.acquire(ctx, name, "", try)
 }
 
 // acquire queues a key holding value under name and waits for its turn:
@@ -119,56 +122,83 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	release, err := s.enter(ctx, name, try)
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	release, err := s.gates.enter(ctx, s.ctx, name, try)
 	if err != nil {
 		return nil, err
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, releaseGate: release}
-	// Requests made while acquiring end with the session too: a waiter
-	// whose lease is gone must not sit in a request until ctx ends.
-	cctx, stop := s.bound(ctx)
-	held, err := l.create(cctx, try)
-	stop()
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, gate: release}
+	held, err := l.queue(ctx, try)
 	if err != nil {
-		l.releaseGate()
-		if s.ctx.Err() != nil {
-			err = context.Cause(s.ctx)
-		}
 		return nil, err
 	}
-	l.ctx, l.cancel = context.WithCancelCause(s.ctx)
-	if err := s.track(); err != nil {
-		l.abandon()
+	if err := l.start(); err != nil {
 		return nil, err
 	}
-	l.monitorDone = make(chan struct{})
-	go l.monitor(l.token + 1)
 	if !held {
-		if try {
-			// Reached only when nested locks' keys hid the queue.
-			pred, err := l.predecessor(ctx)
-			if err == nil && pred != nil {
-				err = ErrLocked
-			}
-			if err != nil {
-				l.abandon()
-				return nil, err
-			}
-		} else {
-			wctx, stop := l.Context(ctx)
-			err := l.wait(wctx)
-			stop()
-			if err != nil {
-				if l.ctx.Err() != nil {
-					err = context.Cause(l.ctx)
-				}
-				l.abandon()
-				return nil, err
-			}
+		if err := l.await(ctx, try); err != nil {
+			l.abandon()
+			return nil, err
 		}
 	}
 	s.lg.Debug("lock acquired", zap.String("key", l.key), zap.Int64("token", l.token))
 	return l, nil
+}
+
+// queue puts the lock's key, with requests that end with the session too:
+// a waiter whose lease is gone must not sit in a request until ctx ends.
+func (l *Lock) queue(ctx context.Context, try bool) (held bool, err error) {
+	cctx, stop := l.s.bound(ctx)
+	held, err = l.create(cctx, try)
+	stop()
+	if err != nil {
+		l.leave()
+		if l.s.ctx.Err() != nil {
+			err = context.Cause(l.s.ctx)
+		}
+		return false, err
+	}
+	return held, nil
+}
+
+// start gives the queued lock its own context and its monitor, registered
+// with the session so that Close waits for it.
+func (l *Lock) start() error {
+	l.ctx, l.cancel = context.WithCancelCause(l.s.ctx)
+	if err := l.s.track(); err != nil {
+		l.abandon()
+		return err
+	}
+	l.monitorDone = make(chan struct{})
+	go l.monitor(l.token + 1)
+	return nil
+}
+
+// await waits for the lock's turn; with try set, it only looks again
+// whether the queue ahead is empty (reached when nested locks' keys hid
+// the queue from create's first read).
+func (l *Lock) await(ctx context.Context, try bool) error {
+	if try {
+		pred, err := l.predecessor(ctx)
+		if err == nil && pred != nil {
+			err = lockedBy(pred)
+		}
+		return err
+	}
+	wctx, stop := l.Context(ctx)
+	err := l.wait(wctx)
+	stop()
+	if err != nil && l.ctx.Err() != nil {
+		err = context.Cause(l.ctx)
+	}
+	return err
+}
+
+// lockedBy is TryLock's error when kv holds the lock.
+func lockedBy(kv *mvccpb.KeyValue) error {
+	return fmt.Errorf("%w: %s (token %d)", ErrLocked, kv.Key, kv.CreateRevision)
 }
 
 const queuePage = 16
@@ -195,7 +225,7 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			if isQueueKey(pfx, kv.Key) {
-				return false, ErrLocked
+				return false, lockedBy(kv)
 			}
 		}
 		// Only keys of nested locks were seen: queue up, then look again.
@@ -222,9 +252,10 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 
 // wait blocks until every older key in the queue is gone, watching only the
 // nearest older one, as etcd's Mutex does, but with a watch that etcd
-// serves at once rather than one it catches up on a 100 ms timer.
+// serves at once rather than one it catches up on a 100 ms timer. If ctx
+// ends, the error names the key it was waiting behind.
 func (l *Lock) wait(ctx context.Context) error {
-	retry := 10 * time.Millisecond
+	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
 		pred, err := l.predecessor(ctx)
 		if err == nil && pred == nil {
@@ -235,24 +266,27 @@ func (l *Lock) wait(ctx context.Context) error {
 			gone, err = l.waitGone(ctx, pred)
 		}
 		if err != nil && !rpcerr.Transient(ctx, err) {
-			return err
+			return behind(pred, err)
 		}
 		if gone {
-			retry = 10 * time.Millisecond
+			retry.reset()
 			continue
 		}
 		// The watch broke without seeing the key go, or etcd could not be
 		// reached for a moment: look again shortly. The waiter's key stays
 		// queued, and the session's deadline bounds how long this goes on.
-		select {
-		case <-time.After(retry):
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-l.ctx.Done():
-			return context.Cause(l.ctx)
+		if err := retry.wait(ctx); err != nil {
+			return behind(pred, err)
 		}
-		retry = min(2*retry, time.Second)
 	}
+}
+
+// behind says which key a waiter was waiting behind when err ended it.
+func behind(pred *mvccpb.KeyValue, err error) error {
+	if pred == nil {
+		return err
+	}
+	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
 // predecessor returns the newest queue key older than the lock's own, or nil
@@ -350,37 +384,21 @@ func (l *Lock) monitor(fromRev int64) {
 	defer l.s.wg.Done()
 	defer close(l.monitorDone)
 	defer l.leave()
-	cli := l.s.client
 	rev := fromRev
-	retry := 50 * time.Millisecond
+	retry := newBackoff(50*time.Millisecond, time.Second)
 	for l.ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(l.ctx))
-		for wr := range cli.Watch(wctx, l.key, clientv3.WithRev(rev)) {
-			if wr.Err() != nil {
-				break
-			}
-			for _, ev := range wr.Events {
-				rev = ev.Kv.ModRevision + 1
-				if !l.owns(ev.Kv) { // a delete event's key has no creation revision
-					cancel()
-					l.keyGone()
-					return
-				}
-			}
-		}
-		cancel()
-		if l.ctx.Err() != nil {
+		next, lost := l.watchOwn(rev)
+		if lost {
+			l.keyGone()
 			return
 		}
+		rev = next
 		// The watch ended (compaction, no leader, lost connection): read
 		// the key afresh and watch on from that read.
-		select {
-		case <-time.After(retry):
-		case <-l.ctx.Done():
+		if retry.wait(l.ctx) != nil {
 			return
 		}
-		retry = min(2*retry, time.Second)
-		g, err := cli.Get(l.ctx, l.key)
+		g, err := l.s.client.Get(l.ctx, l.key)
 		if err != nil {
 			continue
 		}
@@ -390,6 +408,26 @@ func (l *Lock) monitor(fromRev int64) {
 		}
 		rev = g.Header.Revision + 1
 	}
+}
+
+// watchOwn watches the lock's key from rev until the watch ends or an
+// event shows that the key is no longer this holding's. It returns the
+// revision to watch on from.
+func (l *Lock) watchOwn(rev int64) (next int64, lost bool) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(l.ctx))
+	defer cancel()
+	for wr := range l.s.client.Watch(wctx, l.key, clientv3.WithRev(rev)) {
+		if wr.Err() != nil {
+			break
+		}
+		for _, ev := range wr.Events {
+			rev = ev.Kv.ModRevision + 1
+			if !l.owns(ev.Kv) { // a delete event's key has no creation revision
+				return rev, true
+			}
+		}
+	}
+	return rev, false
 }
 
 // ownsFirst is owns for the result of a read of the lock's key.
@@ -404,20 +442,28 @@ func (l *Lock) ownsFirst(kvs []*mvccpb.KeyValue) bool {
 // keyGone records that the key went away. If an Unlock is in flight, its
 // own outcome decides how the lock ended; the monitor only waits for it.
 func (l *Lock) keyGone() {
-	l.stateMu.Lock()
-	if l.unlocking {
-		l.sawDelete = true
-		l.stateMu.Unlock()
+	l.mu.Lock()
+	if l.phase != steady {
+		l.phase = releasedOrTaken
+		l.mu.Unlock()
 		<-l.ctx.Done()
 		return
 	}
-	l.stateMu.Unlock()
+	l.mu.Unlock()
 	l.s.lg.Warn("lock key deleted", zap.String("key", l.key), zap.Int64("token", l.token))
-	l.cancel(fmt.Errorf("%w: %s", ErrKeyDeleted, l.key))
+	l.cancel(ErrKeyDeleted)
 }
 
 // leave hands the name's local gate on, once.
-func (l *Lock) leave() { l.gateOnce.Do(l.releaseGate) }
+func (l *Lock) leave() {
+	l.mu.Lock()
+	release := l.gate
+	l.gate = nil
+	l.mu.Unlock()
+	if release != nil {
+		release()
+	}
+}
 
 // abandon gives up a lock that was never handed to the caller: its key is
 // removed if it still carries the token, and its monitor is stopped.
@@ -437,16 +483,13 @@ func (l *Lock) abandon() {
 func (l *Lock) cleanup(cmp clientv3.Cmp) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.s.ttl)
 	defer cancel()
-	retry := 20 * time.Millisecond
+	retry := newBackoff(20*time.Millisecond, time.Second)
 	for {
 		_, err := l.s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(l.key)).Commit()
 		if err == nil {
 			return
 		}
-		select {
-		case <-time.After(retry):
-			retry = min(2*retry, time.Second)
-		case <-ctx.Done():
+		if retry.wait(ctx) != nil {
 			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
 			return
 		}
@@ -464,47 +507,81 @@ func (l *Lock) cleanup(cmp clientv3.Cmp) {
 // may be called again.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.unlock(ctx); err != nil {
-		return fmt.Errorf("lease: unlock %q: %w", l.name, err)
+		return failed(fmt.Sprintf("unlock %q", l.name), err)
 	}
 	return nil
 }
 
 func (l *Lock) unlock(ctx context.Context) error {
-	l.unlockMu.Lock()
-	defer l.unlockMu.Unlock()
+	l.writing.Lock()
+	defer l.writing.Unlock()
 	if l.ctx.Err() != nil {
 		return context.Cause(l.ctx)
 	}
-	l.stateMu.Lock()
-	l.unlocking = true
-	l.stateMu.Unlock()
-
+	l.setPhase(releasing)
 	resp, err := l.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
 		Then(clientv3.OpDelete(l.key)).
 		Commit()
 
-	l.stateMu.Lock()
-	saw := l.sawDelete
-	released := (err == nil && resp.Succeeded) || (err != nil && saw)
+	l.mu.Lock()
+	released := (err == nil && resp.Succeeded) || (err != nil && l.phase == releasedOrTaken)
 	if released {
-		// Before unlocking is cleared: the monitor may see our own delete
+		// Before the phase goes back: the monitor may see our own delete
 		// at any moment after, and must not call it a loss.
 		l.cancel(ErrUnlocked)
 	}
-	l.unlocking = false
-	l.stateMu.Unlock()
+	l.phase = steady
+	l.mu.Unlock()
 	switch {
 	case released:
 		l.end(ErrUnlocked)
 		return nil
 	case err == nil:
-		lost := fmt.Errorf("%w: %s", ErrKeyDeleted, l.key)
-		l.end(lost)
-		return lost
+		l.end(ErrKeyDeleted)
+		return ErrKeyDeleted
 	default:
 		return err
 	}
+}
+
+// put sets the key's value, guarded by its creation revision: it never
+// creates a key, and never touches a successor's. A key found gone ends
+// the lock with ErrKeyDeleted.
+func (l *Lock) put(ctx context.Context, value string) error {
+	l.writing.Lock()
+	defer l.writing.Unlock()
+	if l.ctx.Err() != nil {
+		return context.Cause(l.ctx)
+	}
+	resp, err := l.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
+		Then(clientv3.OpPut(l.key, value, clientv3.WithLease(l.s.id))).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		l.end(ErrKeyDeleted)
+		return context.Cause(l.ctx)
+	}
+	l.mu.Lock()
+	l.value = value
+	l.mu.Unlock()
+	return nil
+}
+
+// currentValue is the value the key was last given.
+func (l *Lock) currentValue() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.value
+}
+
+func (l *Lock) setPhase(p phase) {
+	l.mu.Lock()
+	l.phase = p
+	l.mu.Unlock()
 }
 
 // end ends the lock with cause and waits for its monitor.

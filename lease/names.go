@@ -3,18 +3,26 @@ package lease
 import (
 	"fmt"
 	"strings"
+	"unicode"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // validateName checks a lock name before anything is sent. A name ending in
-// "/" would make its keys look like those of a nested lock.
+// "/" would make its keys look like those of a nested lock; an empty
+// segment ("a//b") makes a name that a path-like layout cannot tell from
+// "a/b"; control characters (newline, NUL) break logs, etcdctl and the
+// HTTP headers that carry names.
 func validateName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("%w: empty lock name", ErrInvalidArgument)
 	case strings.HasSuffix(name, "/"):
 		return fmt.Errorf("%w: lock name %q ends in /", ErrInvalidArgument, name)
+	case strings.Contains(name, "//"):
+		return fmt.Errorf("%w: lock name %q has an empty segment", ErrInvalidArgument, name)
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: lock name %q has a control character", ErrInvalidArgument, name)
 	}
 	return nil
 }

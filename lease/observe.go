@@ -38,17 +38,17 @@ func (l Leader) newer(prev Leader) bool {
 // consistency.
 func CurrentLeader(ctx context.Context, client *clientv3.Client, name string) (Leader, error) {
 	if client == nil {
-		return Leader{}, fmt.Errorf("lease: leader %q: %w: nil client", name, ErrInvalidArgument)
+		return Leader{}, failed(fmt.Sprintf("leader %q", name), errNilClient)
 	}
 	if err := validateName(name); err != nil {
-		return Leader{}, fmt.Errorf("lease: leader %q: %w", name, err)
+		return Leader{}, failed(fmt.Sprintf("leader %q", name), err)
 	}
 	ld, _, err := readLeader(ctx, client, name)
 	if err != nil {
-		return Leader{}, fmt.Errorf("lease: leader %q: %w", name, err)
+		return Leader{}, failed(fmt.Sprintf("leader %q", name), err)
 	}
 	if ld == nil {
-		return Leader{}, fmt.Errorf("lease: leader %q: %w", name, ErrNoLeader)
+		return Leader{}, failed(fmt.Sprintf("leader %q", name), ErrNoLeader)
 	}
 	return *ld, nil
 }
@@ -116,10 +116,10 @@ type Observer struct {
 // back.
 func Observe(ctx context.Context, client *clientv3.Client, name string) (*Observer, error) {
 	if client == nil {
-		return nil, fmt.Errorf("lease: observe %q: %w: nil client", name, ErrInvalidArgument)
+		return nil, failed(fmt.Sprintf("observe %q", name), errNilClient)
 	}
 	if err := validateName(name); err != nil {
-		return nil, fmt.Errorf("lease: observe %q: %w", name, err)
+		return nil, failed(fmt.Sprintf("observe %q", name), err)
 	}
 	o := &Observer{client: client, name: name, ch: make(chan Leader), done: make(chan struct{})}
 	o.ctx, o.cancel = context.WithCancelCause(ctx)
@@ -156,18 +156,14 @@ func (o *Observer) run() {
 	defer close(o.done)
 	defer close(o.ch)
 	var last Leader
-	retry := 50 * time.Millisecond
+	retry := newBackoff(50*time.Millisecond, time.Second)
 	for o.ctx.Err() == nil {
 		cur, rev, err := readLeader(o.ctx, o.client, o.name)
 		if err != nil {
-			select {
-			case <-time.After(retry):
-				retry = min(2*retry, time.Second)
-			case <-o.ctx.Done():
-			}
+			_ = retry.wait(o.ctx) // the loop checks o.ctx
 			continue
 		}
-		retry = 50 * time.Millisecond
+		retry.reset()
 		if cur != nil && cur.newer(last) {
 			if !o.send(*cur) {
 				return

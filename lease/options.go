@@ -48,7 +48,7 @@ func buildOptions(opts []Option) (options, error) {
 	o := options{ttl: DefaultTTL, clock: realClock{}}
 	for _, opt := range opts {
 		if opt == nil {
-			continue
+			return options{}, fmt.Errorf("%w: nil Option", ErrInvalidArgument)
 		}
 		if err := opt(&o); err != nil {
 			return options{}, err

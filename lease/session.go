@@ -38,19 +38,13 @@ type Session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu       sync.Mutex
+	mu       sync.Mutex // guards closed and deadline
 	closed   bool
 	deadline time.Time
-	gates    map[string]*gate
+
+	gates gates // makes locks of one name on this session take turns
 
 	wg sync.WaitGroup // the keep-alive loop and every lock monitor
-}
-
-// gate makes locks of one name taken through one session exclusive locally:
-// they share one etcd key, so etcd alone cannot tell them apart.
-type gate struct {
-	ch   chan struct{}
-	refs int
 }
 
 // NewSession grants a lease with the configured TTL and keeps it alive until
@@ -61,7 +55,7 @@ type gate struct {
 // before anything is sent.
 func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*Session, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalidArgument)
+		return nil, errNilClient
 	}
 	o, err := buildOptions(opts)
 	if err != nil {
@@ -70,7 +64,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	sent := o.clock.Now()
 	resp, err := client.Grant(ctx, ttlSeconds(o.ttl))
 	if err != nil {
-		return nil, fmt.Errorf("lease: grant: %w", err)
+		return nil, failed("grant", err)
 	}
 	granted := o.grantedTTL(resp.TTL)
 	s := &Session{
@@ -81,7 +75,6 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		clock:    o.clock,
 		seam:     o.seam,
 		deadline: sent.Add(granted),
-		gates:    make(map[string]*gate),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.wg.Add(1)
@@ -128,6 +121,11 @@ func (s *Session) Deadline() time.Time {
 // ErrSessionClosed. It waits for every goroutine of the session to stop.
 // The revoke is bounded by the TTL (past it the lease has expired anyway).
 // A second Close returns ErrSessionClosed.
+//
+// If the session had already ended (its lease lost), Close sends nothing:
+// it stops the session's goroutines and returns at once with an error
+// saying how the session ended (wrapping ErrLost), leaving what remains of
+// the lease to etcd's expiry.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -138,11 +136,14 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	s.cancel(ErrSessionClosed)
 	s.wg.Wait()
+	if cause := context.Cause(s.ctx); cause != ErrSessionClosed {
+		return failed("close", fmt.Errorf("session had already ended: %w", cause))
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
 	if _, err := s.client.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("lease: revoke: %w", err)
+		return failed("revoke", err)
 	}
 	return nil
 }
@@ -198,15 +199,24 @@ func (s *Session) keepAliveStream(expiry timer) error {
 	if err != nil {
 		return err
 	}
-	results := make(chan keepAliveResult, 1)
-	var recv sync.WaitGroup
-	recv.Add(1)
+	results, stopped := receive(ctx, stream)
+	defer stopped()
+	defer cancel() // before waiting for the receiver: it may be blocked on results
+	return s.renew(stream, results, expiry)
+}
+
+// receive passes the stream's answers on until the stream fails or ctx
+// ends. stopped waits for its goroutine, once ctx has ended.
+func receive(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient) (results <-chan keepAliveResult, stopped func()) {
+	ch := make(chan keepAliveResult, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer recv.Done()
+		defer wg.Done()
 		for {
 			resp, err := stream.Recv()
 			select {
-			case results <- keepAliveResult{resp, err}:
+			case ch <- keepAliveResult{resp, err}:
 			case <-ctx.Done():
 				return
 			}
@@ -215,9 +225,13 @@ func (s *Session) keepAliveStream(expiry timer) error {
 			}
 		}
 	}()
-	defer recv.Wait()
-	defer cancel()
+	return ch, wg.Wait
+}
 
+// renew sends a keep-alive every third of the TTL and moves the local
+// deadline on with each answer: the answer's TTL from the send time of its
+// request. Answers come back in the order the requests were sent.
+func (s *Session) renew(stream pb.Lease_LeaseKeepAliveClient, results <-chan keepAliveResult, expiry timer) error {
 	interval := s.ttl / 3
 	tick := s.clock.NewTimer(0)
 	defer tick.Stop()
@@ -269,62 +283,29 @@ func (s *Session) untilDeadline() time.Duration {
 	return max(s.deadline.Sub(s.clock.Now()), 0)
 }
 
-// enter takes the local gate of name, waiting for it unless try is set. The
-// returned function gives it back.
-func (s *Session) enter(ctx context.Context, name string, try bool) (func(), error) {
+// alive returns nil while the session can take locks, and how it ended
+// otherwise.
+func (s *Session) alive() error {
 	s.mu.Lock()
-	if s.closed || s.ctx.Err() != nil {
-		s.mu.Unlock()
-		return nil, context.Cause(s.ctx)
-	}
-	g := s.gates[name]
-	if g == nil {
-		g = &gate{ch: make(chan struct{}, 1)}
-		s.gates[name] = g
-	}
-	g.refs++
-	s.mu.Unlock()
-
-	leave := func() {
-		s.mu.Lock()
-		if g.refs--; g.refs == 0 {
-			delete(s.gates, name)
-		}
-		s.mu.Unlock()
-	}
-	release := func() {
-		<-g.ch
-		leave()
-	}
-	if try {
-		select {
-		case g.ch <- struct{}{}:
-			return release, nil
-		default:
-			leave()
-			return nil, ErrLocked
-		}
-	}
-	select {
-	case g.ch <- struct{}{}:
-		return release, nil
-	case <-ctx.Done():
-		leave()
-		return nil, ctx.Err()
-	case <-s.ctx.Done():
-		leave()
-		return nil, context.Cause(s.ctx)
-	}
+	defer s.mu.Unlock()
+	return s.endedLocked()
 }
 
-// bound returns ctx, also cancelled when the session ends.
-func (s *Session) bound(ctx context.Context) (context.Context, func()) {
-	bctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
-	return bctx, func() {
-		stop()
-		cancel(context.Canceled)
+// endedLocked says how the session ended, nil while it lives. s.mu is held.
+func (s *Session) endedLocked() error {
+	switch {
+	case s.ctx.Err() != nil:
+		return context.Cause(s.ctx)
+	case s.closed: // Close has begun and not yet cancelled
+		return ErrSessionClosed
 	}
+	return nil
+}
+
+// bound returns ctx, also cancelled, with the session's cause, when the
+// session ends.
+func (s *Session) bound(ctx context.Context) (context.Context, func()) {
+	return linkCause(ctx, s.ctx)
 }
 
 // track registers a goroutine with the session so that Close waits for it.
@@ -332,8 +313,8 @@ func (s *Session) bound(ctx context.Context) (context.Context, func()) {
 func (s *Session) track() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.ctx.Err() != nil {
-		return context.Cause(s.ctx)
+	if err := s.endedLocked(); err != nil {
+		return err
 	}
 	s.wg.Add(1)
 	return nil

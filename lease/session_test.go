@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ func TestNewSessionBadInput(t *testing.T) {
 		{"ttl zero", []lease.Option{lease.WithTTL(0)}},
 		{"ttl below a second", []lease.Option{lease.WithTTL(999 * time.Millisecond)}},
 		{"ttl negative", []lease.Option{lease.WithTTL(-time.Second)}},
+		{"nil option", []lease.Option{nil}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,13 +57,17 @@ func TestLockBadNames(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	for _, name := range []string{"", "/", "jobs/"} {
+	for _, name := range []string{"", "/", "jobs/", "a//b", "jobs\n7", "jobs\x007", "jobs\r"} {
 		before, err := cli.Get(testCtx(t), "any")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Lock(testCtx(t), name); !errors.Is(err, lease.ErrInvalidArgument) {
+		_, err = s.Lock(testCtx(t), name)
+		if !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Errorf("Lock(%q): %v, want ErrInvalidArgument", name, err)
+		}
+		if n := strings.Count(err.Error(), "lease:"); n != 1 {
+			t.Errorf("Lock(%q): %q names the package %d times", name, err, n)
 		}
 		if _, err := s.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Errorf("TryLock(%q): %v, want ErrInvalidArgument", name, err)

@@ -8,14 +8,6 @@ import (
 	"github.com/leasefence/leasefence/fence"
 )
 
-// Holder is a lock holding whose token goes out with requests. *lease.Lock
-// and *lease.Leadership satisfy it. If it also has an Err method, a holder
-// whose Err is not nil sends nothing.
-type Holder interface {
-	Name() string
-	Token() int64
-}
-
 // Transport is an http.RoundTripper that attaches Holder's name and token to
 // every request. It never modifies the caller's request (it sends a clone).
 // It is safe for concurrent use if Base is.
@@ -27,7 +19,7 @@ type Transport struct {
 	// Base sends the requests; nil means http.DefaultTransport.
 	Base http.RoundTripper
 	// Holder is the lock holding the requests are sent under.
-	Holder Holder
+	Holder fence.Holder
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -62,7 +54,7 @@ func (t *Transport) CloseIdleConnections() {
 
 // Attach sets the fencing headers of h on req, for clients that build
 // requests by hand. It fails as Transport does, and then sets nothing.
-func Attach(req *http.Request, h Holder) error {
+func Attach(req *http.Request, h fence.Holder) error {
 	c, err := claimOf(h)
 	if err != nil {
 		return err
@@ -71,15 +63,13 @@ func Attach(req *http.Request, h Holder) error {
 	return nil
 }
 
-func claimOf(h Holder) (Claim, error) {
+func claimOf(h fence.Holder) (Claim, error) {
 	if h == nil {
 		return Claim{}, fmt.Errorf("fencehttp: %w: nil Holder", fence.ErrInvalidArgument)
 	}
 	c := Claim{Name: h.Name(), Token: h.Token()}
-	if e, ok := h.(interface{ Err() error }); ok {
-		if err := e.Err(); err != nil {
-			return Claim{}, fmt.Errorf("fencehttp: %q token %d: %w: %w", c.Name, c.Token, fence.ErrNotHeld, err)
-		}
+	if err := fence.Ended(h); err != nil {
+		return Claim{}, fmt.Errorf("fencehttp: %w", &fence.NotHeldError{Key: h.Key(), Token: c.Token, Cause: err})
 	}
 	if err := checkName(c.Name); err != nil || c.Token <= 0 {
 		return Claim{}, fmt.Errorf("fencehttp: %w: lock %q token %d cannot be sent", fence.ErrInvalidArgument, c.Name, c.Token)

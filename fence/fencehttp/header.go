@@ -44,7 +44,7 @@ func ParseHeaders(h http.Header) (Claim, error) {
 		return Claim{}, err
 	}
 	if err := checkName(name); err != nil {
-		return Claim{}, err
+		return Claim{}, fmt.Errorf("%w: %s %w", ErrBadHeader, HeaderLock, err)
 	}
 	raw, err := single(h, HeaderToken)
 	if err != nil {
@@ -92,18 +92,24 @@ func single(h http.Header, key string) (string, error) {
 	return "", fmt.Errorf("%w: %s given %d times", ErrBadHeader, key, len(vs))
 }
 
+// errName is the reason a lock name cannot be sent in a header; its text
+// follows the header's or the option's name.
+type errName string
+
+func (e errName) Error() string { return string(e) }
+
 func checkName(name string) error {
 	switch {
 	case name == "":
-		return fmt.Errorf("%w: %s is empty", ErrBadHeader, HeaderLock)
+		return errName("is empty")
 	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: %s is longer than %d bytes", ErrBadHeader, HeaderLock, MaxNameLen)
+		return errName(fmt.Sprintf("is longer than %d bytes", MaxNameLen))
 	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: %s is not UTF-8", ErrBadHeader, HeaderLock)
+		return errName("is not UTF-8")
 	}
 	for _, r := range name {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%w: %s %q has a non-printing character", ErrBadHeader, HeaderLock, name)
+			return errName(fmt.Sprintf("%q has a non-printing character", name))
 		}
 	}
 	return nil

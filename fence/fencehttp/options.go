@@ -24,7 +24,7 @@ type options struct {
 func WithLockName(name string) Option {
 	return func(o *options) error {
 		if err := checkName(name); err != nil {
-			return fmt.Errorf("lock name: %v", err)
+			return fmt.Errorf("lock name %w", err)
 		}
 		return WithLockNameFunc(func(*http.Request) string { return name })(o)
 	}

@@ -14,8 +14,16 @@ import (
 // otherwise.
 const DefaultTokenColumn = "fence_token"
 
-// ErrMissing reports that Update found no row with the given id.
-var ErrMissing = errors.New("sqlfence: row missing")
+// Sentinel errors; match them with errors.Is.
+var (
+	// ErrMissing reports that Update found no row with the given id.
+	ErrMissing = errors.New("sqlfence: row missing")
+
+	// ErrChanged reports a write refused by a higher token that was gone
+	// again when the row was read back (the row was deleted and inserted
+	// anew meanwhile). Nothing was written.
+	ErrChanged = errors.New("sqlfence: row changed during the write")
+)
 
 // Dialect is the SQL dialect a Fence writes: it decides placeholders.
 type Dialect int
@@ -48,14 +56,17 @@ func Set(name string, value any) Col { return Col{Name: name, Value: value} }
 // configuration, and is safe for concurrent use.
 type Fence struct {
 	dialect     Dialect
-	table       string // quoted
+	schema      string // quoted, empty if the table name has no schema
+	bare        string // the table's own name, quoted
+	table       string // quoted, schema-qualified if given so
 	id          string // quoted
 	token       string // quoted
 	rawTable    string
+	idColumn    string
 	tokenColumn string
 }
 
-// Option configures a Fence.
+// Option configures a Fence. New refuses a nil one.
 type Option func(*Fence) error
 
 // WithTokenColumn names the fence column (default "fence_token").
@@ -71,34 +82,67 @@ func WithTokenColumn(name string) Option {
 }
 
 // New returns a Fence for table, whose primary key (or unique) column is
-// idColumn. Identifiers are quoted, never pasted into SQL as they are. Bad
-// input gives an error wrapping fence.ErrInvalidArgument.
+// idColumn. A table name with one dot is schema-qualified ("public.ckpt",
+// "main.ckpt"); more dots are refused. Identifiers are quoted, each part on
+// its own, never pasted into SQL as they are. Bad input gives an error
+// wrapping fence.ErrInvalidArgument.
 func New(dialect Dialect, table, idColumn string, opts ...Option) (*Fence, error) {
 	if dialect != Postgres && dialect != SQLite {
-		return nil, fmt.Errorf("%w: sqlfence: unknown dialect %d", fence.ErrInvalidArgument, dialect)
+		return nil, invalid("unknown dialect %d", dialect)
 	}
-	f := &Fence{dialect: dialect, rawTable: table, tokenColumn: DefaultTokenColumn}
-	var err error
-	if f.table, err = quote(table); err != nil {
+	f := &Fence{dialect: dialect, rawTable: table, idColumn: idColumn, tokenColumn: DefaultTokenColumn}
+	if err := f.setTable(table); err != nil {
 		return nil, err
 	}
+	var err error
 	if f.id, err = quote(idColumn); err != nil {
 		return nil, err
 	}
 	f.token, _ = quote(DefaultTokenColumn)
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalid("nil Option")
+		}
 		if err := opt(f); err != nil {
 			return nil, err
 		}
 	}
+	if f.tokenColumn == f.idColumn {
+		return nil, invalid("the fence column %q is the id column", f.tokenColumn)
+	}
 	return f, nil
+}
+
+// setTable quotes a table name, schema-qualified or not.
+func (f *Fence) setTable(table string) error {
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return invalid("table %q: at most one dot, between schema and table", table)
+	}
+	var err error
+	if f.bare, err = quote(parts[len(parts)-1]); err != nil {
+		return err
+	}
+	f.table = f.bare
+	if len(parts) == 2 {
+		if f.schema, err = quote(parts[0]); err != nil {
+			return err
+		}
+		f.table = f.schema + "." + f.bare
+	}
+	return nil
+}
+
+// invalid is the error for bad input: it wraps fence.ErrInvalidArgument.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("sqlfence: %w: %s", fence.ErrInvalidArgument, fmt.Sprintf(format, args...))
 }
 
 // quote makes an identifier safe to put in SQL: double quotes, with inner
 // quotes doubled, as both PostgreSQL and SQLite read them.
 func quote(ident string) (string, error) {
 	if ident == "" || strings.ContainsRune(ident, 0) {
-		return "", fmt.Errorf("%w: sqlfence: identifier %q", fence.ErrInvalidArgument, ident)
+		return "", invalid("identifier %q", ident)
 	}
 	return `"` + strings.ReplaceAll(ident, `"`, `""`) + `"`, nil
 }
@@ -174,7 +218,7 @@ func (f *Fence) Upsert(ctx context.Context, db Execer, id any, token int64, cols
 	for i := range args {
 		ph[i] = f.placeholder(i + 1)
 	}
-	cond := fmt.Sprintf("%s.%s <= excluded.%s", f.table, f.token, f.token)
+	cond := fmt.Sprintf("%s.%s <= excluded.%s", f.bare, f.token, f.token)
 	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE %s",
 		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), cond)
 	return f.result(ctx, db, q, args, id, token, false)
@@ -196,15 +240,22 @@ func (f *Fence) Highest(ctx context.Context, db Execer, id any) (int64, error) {
 
 func (f *Fence) check(token int64, cols []Col) error {
 	if token <= 0 {
-		return fmt.Errorf("%w: sqlfence: token %d: tokens are positive", fence.ErrInvalidArgument, token)
+		return invalid("token %d: tokens are positive", token)
 	}
+	seen := make(map[string]bool, len(cols))
 	for _, c := range cols {
 		if _, err := quote(c.Name); err != nil {
 			return err
 		}
-		if c.Name == f.tokenColumn {
-			return fmt.Errorf("%w: sqlfence: a write may not set the fence column %q itself", fence.ErrInvalidArgument, c.Name)
+		switch {
+		case c.Name == f.tokenColumn:
+			return invalid("a write may not set the fence column %q itself", c.Name)
+		case c.Name == f.idColumn:
+			return invalid("a write may not set the id column %q", c.Name)
+		case seen[c.Name]:
+			return invalid("column %q set twice", c.Name)
 		}
+		seen[c.Name] = true
 	}
 	return nil
 }
@@ -214,6 +265,9 @@ func (f *Fence) check(token int64, cols []Col) error {
 func (f *Fence) result(ctx context.Context, db Execer, q string, args []any, id any, token int64, mayBeMissing bool) error {
 	res, err := db.ExecContext(ctx, q, args...)
 	if err != nil {
+		if stale := f.TriggerRefusal(err, id); stale != nil {
+			return stale
+		}
 		return fmt.Errorf("sqlfence: write %s %v: %w", f.rawTable, id, err)
 	}
 	n, err := res.RowsAffected()
@@ -230,8 +284,13 @@ func (f *Fence) result(ctx context.Context, db Execer, q string, args []any, id 
 		}
 	}
 	if highest <= token {
-		// The row changed between the write and this read.
-		return fmt.Errorf("sqlfence: write %s %v with token %d refused; the row now has token %d", f.rawTable, id, token, highest)
+		// The row changed between the write and this read: a writer with a
+		// higher token refused ours, and the row has since gone back (a
+		// delete and a new insert). Nothing was written.
+		return fmt.Errorf("%w: write %s %v with token %d refused, and the row now has token %d", ErrChanged, f.rawTable, id, token, highest)
 	}
-	return &fence.StaleError{Key: fmt.Sprintf("%s/%v", f.rawTable, id), Token: token, Highest: highest}
+	return &fence.StaleError{Key: f.key(id), Token: token, Highest: highest}
 }
+
+// key names a row in a StaleError.
+func (f *Fence) key(id any) string { return fmt.Sprintf("%s/%v", f.rawTable, id) }
