@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"fmt"
-
 )
 
 // Leadership is a won election: a Lock whose key carries a value, the
