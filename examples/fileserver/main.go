@@ -152,7 +152,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	clientA := &http.Client{Transport: &fencehttp.Transport{Holder: la, Base: &http.Transport{}}}
 	defer clientA.CloseIdleConnections() // before the proxy closes: it waits for them
 	if status, _, err := putObject(ctx, clientA, httpURL, "report.csv", "A's report, version 1", nil); err != nil || status != http.StatusNoContent {
-		return res, fmt.Errorf("A's first write: %d %v", status, err)
+		return res, fmt.Errorf("first write of A: %d %v", status, err)
 	}
 	tl.Printf("A", "PUT report.csv (version 1): accepted")
 
@@ -172,7 +172,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	select {
 	case <-sent:
 	case a := <-late:
-		return res, fmt.Errorf("A's second write returned early: %d %v", a.status, a.err)
+		return res, fmt.Errorf("second write of A returned early: %d %v", a.status, a.err)
 	}
 	tl.Printf("A", "PUT report.csv (version 2), token %d: sent, and stuck in the network", la.Token())
 	etcdProxy.BlackholeTx()
@@ -195,7 +195,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	tl.Printf("B", "takes the writer lock: token %d", lb.Token())
 	clientB := &http.Client{Transport: &fencehttp.Transport{Holder: lb}}
 	if status, _, err := putObject(ctx, clientB, base, "report.csv", "B's report", nil); err != nil || status != http.StatusNoContent {
-		return res, fmt.Errorf("B's write: %d %v", status, err)
+		return res, fmt.Errorf("write of B: %d %v", status, err)
 	}
 	tl.Printf("B", "PUT report.csv: accepted")
 
@@ -205,7 +205,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	tl.Printf("net", "the network heals: A's delayed request reaches the server")
 	a := <-late
 	if a.err != nil {
-		return res, fmt.Errorf("A's delayed write: %w", a.err)
+		return res, fmt.Errorf("delayed write of A: %w", a.err)
 	}
 	res.status = a.status
 	res.refused = a.status == http.StatusConflict
@@ -224,7 +224,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	res.object = string(body)
 	tl.Printf("server", "report.csv is %q", res.object)
 	if !res.refused || res.object != "B's report" {
-		return res, errors.New("A's stale write was not refused")
+		return res, errors.New("stale write of A was not refused")
 	}
 	return res, nil
 }

@@ -178,7 +178,7 @@ func scenario(ctx context.Context, cli *clientv3.Client, eps []string, prefix st
 	tl.Printf("B", "takes the lock: token %d (> %d)", lb.Token(), res.aToken)
 	res.bValue = fmt.Sprintf("B's data (token %d)", lb.Token())
 	if err := write(ctx, cli, prefix, fenced, lb.Token(), res.bValue); err != nil {
-		return res, fmt.Errorf("B's write: %w", err)
+		return res, fmt.Errorf("write of B: %w", err)
 	}
 	tl.Printf("B", "writes %q", res.bValue)
 

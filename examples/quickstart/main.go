@@ -54,7 +54,7 @@ func run(endpoints string, out io.Writer) error {
 	if _, err := b.TryLock(ctx, name); errors.Is(err, lease.ErrLocked) {
 		fmt.Fprintln(out, "B's TryLock: locked by A, as it should be")
 	} else {
-		return fmt.Errorf("B's TryLock while A holds: %v", err)
+		return fmt.Errorf("TryLock of B while A holds: %v", err)
 	}
 	waiting := make(chan *lease.Lock, 1)
 	go func() {
@@ -70,7 +70,7 @@ func run(endpoints string, out io.Writer) error {
 	fmt.Fprintf(out, "A unlocked: %v\n", la.Err())
 	lb := <-waiting
 	if lb == nil {
-		return errors.New("B never got the lock")
+		return errors.New("lock never granted to B")
 	}
 	fmt.Fprintf(out, "B holds %s, token %d (> %d)\n", lb.Key(), lb.Token(), la.Token())
 	return lb.Unlock(ctx)

@@ -244,7 +244,6 @@ type victimState struct {
 	stale    atomic.Int64
 	late     atomic.Int64
 	succeded atomic.Bool
-	why      atomic.Value
 }
 
 // loop is a client's life: take a random lock, make a few random
@@ -514,7 +513,6 @@ type tally struct {
 	runs, invalid, ops, histories          int
 	staleAccepted, controlRuns, violations int
 	faults                                 map[fault]int
-	failures                               []string
 }
 
 func (s *tally) add(cfg runConfig, r runResult) {
