@@ -3,6 +3,7 @@ package etcdtest
 import (
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,9 @@ func NewProxy(addr, target string) (proxy.Server, string, error) {
 			return nil, "", err
 		}
 		addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	}
+	if !strings.Contains(target, "://") { // ETCD_ENDPOINTS may give host:port
+		target = "http://" + target
 	}
 	to, err := url.Parse(target)
 	if err != nil {
