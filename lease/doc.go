@@ -34,6 +34,15 @@
 //     event per handoff: the waiter's watch is opened at the current
 //     revision, which etcd serves at once, then the predecessor is read
 //     again to close the gap.
+//   - Bad input (an empty name, a name ending in "/", with an empty
+//     segment or a control character; a nil client or option) is refused
+//     with an error wrapping ErrInvalidArgument before anything is sent.
+//     Every error matches one of the package's sentinels or the error of
+//     the context or etcd request that ended the call, and names the
+//     package once.
+//   - Release builds contain no test hook: the fault suite's deliberate
+//     bugs and scaled clock exist only under the build tag
+//     leasefence_mutants.
 //   - An Observer delivers leaders in the order etcd committed them (by
 //     token, then by value revision) and, after a reconnect, a compaction or
 //     a broken watch, reads the leader afresh: it may skip a leader that came

@@ -21,11 +21,7 @@ func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
 // shortTTL is the shortest lease etcd grants with default timing.
 const shortTTL = 2 * time.Second
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return etcdtest.Ctx(t, 30*time.Second) }
 
 func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
 	t.Helper()

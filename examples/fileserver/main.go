@@ -28,6 +28,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
@@ -103,130 +104,203 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 		return res, err
 	}
 	defer closeAll()
-	tl := exampleenv.NewTimeline(out)
-	prefix := fmt.Sprintf("fileserver-%x/", time.Now().UnixNano()&0xffffff)
-	lockName := prefix + "writer"
-
-	store, err := fencehttp.NewEtcdStore(cli, prefix+"fences/")
+	sc := &scene{ctx: ctx, cli: cli, ttl: ttl, tl: exampleenv.NewTimeline(out),
+		prefix: fmt.Sprintf("fileserver-%x/", time.Now().UnixNano()&0xffffff)}
+	sc.lockName = sc.prefix + "writer"
+	defer sc.closers.Run()
+	if err := sc.startServer(); err != nil {
+		return res, err
+	}
+	if err := sc.startA(&res); err != nil {
+		return res, err
+	}
+	late, err := sc.sendStuckWrite()
 	if err != nil {
 		return res, err
 	}
-	mw, err := fencehttp.NewMiddleware(store, fencehttp.WithLockName(lockName))
-	if err != nil {
+	sc.cutA()
+	if err := sc.writeB(&res); err != nil {
 		return res, err
 	}
-	srv := &objectServer{cli: cli, store: store, prefix: prefix}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if err := sc.heal(late, &res); err != nil {
 		return res, err
 	}
-	hs := &http.Server{Handler: mw.Wrap(srv.routes()), ReadHeaderTimeout: 10 * time.Second}
-	go hs.Serve(ln)
-	defer hs.Shutdown(context.Background())
-	base := "http://" + ln.Addr().String()
-	tl.Printf("server", "object store on %s, writes fenced by lock %q", base, lockName)
-
-	// A reaches both the server and etcd through fault proxies.
-	httpProxy, httpURL, err := etcdtest.NewProxy("", base)
-	if err != nil {
+	if res.object, err = sc.readObject(); err != nil {
 		return res, err
 	}
-	defer httpProxy.Close()
-	etcdProxy, cliA, closeA, err := exampleenv.ProxiedClient(cli.Endpoints()[0])
-	if err != nil {
-		return res, err
-	}
-	defer closeA()
-
-	sa, err := lease.NewSession(ctx, cliA, lease.WithTTL(ttl))
-	if err != nil {
-		return res, err
-	}
-	defer sa.Close()
-	la, err := sa.Lock(ctx, lockName)
-	if err != nil {
-		return res, err
-	}
-	res.aToken = la.Token()
-	tl.Printf("A", "takes the writer lock: token %d", la.Token())
-	clientA := &http.Client{Transport: &fencehttp.Transport{Holder: la, Base: &http.Transport{}}}
-	defer clientA.CloseIdleConnections() // before the proxy closes: it waits for them
-	if status, _, err := putObject(ctx, clientA, httpURL, "report.csv", "A's report, version 1", nil); err != nil || status != http.StatusNoContent {
-		return res, fmt.Errorf("first write of A: %d %v", status, err)
-	}
-	tl.Printf("A", "PUT report.csv (version 1): accepted")
-
-	httpProxy.PauseTx()
-	type answer struct {
-		status int
-		body   string
-		err    error
-	}
-	late, sent := make(chan answer, 1), make(chan struct{})
-	go func() {
-		status, body, err := putObject(ctx, clientA, httpURL, "report.csv", "A's report, version 2", sent)
-		late <- answer{status, body, err}
-	}()
-	// The request must have left A before A loses its lock: the Transport
-	// checks the lock before it sends.
-	select {
-	case <-sent:
-	case a := <-late:
-		return res, fmt.Errorf("second write of A returned early: %d %v", a.status, a.err)
-	}
-	tl.Printf("A", "PUT report.csv (version 2), token %d: sent, and stuck in the network", la.Token())
-	etcdProxy.BlackholeTx()
-	etcdProxy.BlackholeRx()
-	tl.Printf("net", "A's connection to etcd fails as well")
-	<-la.Done()
-	tl.Printf("A", "lock lost: %v", la.Err())
-
-	sb, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
-	if err != nil {
-		return res, err
-	}
-	defer sb.Close()
-	lb, err := sb.Lock(ctx, lockName)
-	if err != nil {
-		return res, err
-	}
-	defer lb.Unlock(ctx)
-	res.bToken = lb.Token()
-	tl.Printf("B", "takes the writer lock: token %d", lb.Token())
-	clientB := &http.Client{Transport: &fencehttp.Transport{Holder: lb}}
-	if status, _, err := putObject(ctx, clientB, base, "report.csv", "B's report", nil); err != nil || status != http.StatusNoContent {
-		return res, fmt.Errorf("write of B: %d %v", status, err)
-	}
-	tl.Printf("B", "PUT report.csv: accepted")
-
-	etcdProxy.UnblackholeTx()
-	etcdProxy.UnblackholeRx()
-	httpProxy.UnpauseTx()
-	tl.Printf("net", "the network heals: A's delayed request reaches the server")
-	a := <-late
-	if a.err != nil {
-		return res, fmt.Errorf("delayed write of A: %w", a.err)
-	}
-	res.status = a.status
-	res.refused = a.status == http.StatusConflict
-	if res.refused {
-		tl.Printf("server", "answers A: 409 Conflict: %s", a.body)
-	} else {
-		tl.Printf("server", "answers A: %d: the stale write was ACCEPTED", a.status)
-	}
-
-	obj, err := http.Get(base + "/objects/report.csv")
-	if err != nil {
-		return res, err
-	}
-	body, _ := io.ReadAll(obj.Body)
-	obj.Body.Close()
-	res.object = string(body)
-	tl.Printf("server", "report.csv is %q", res.object)
 	if !res.refused || res.object != "B's report" {
 		return res, errors.New("stale write of A was not refused")
 	}
 	return res, nil
+}
+
+// scene is the story's cast: the object server behind the middleware, and
+// client A, whose links to the server and to etcd go through fault proxies.
+type scene struct {
+	ctx      context.Context
+	cli      *clientv3.Client
+	ttl      time.Duration
+	tl       *exampleenv.Timeline
+	prefix   string
+	lockName string
+	base     string // the server's URL
+	closers  exampleenv.Cleanup
+
+	httpProxy proxy.Server
+	httpURL   string // the server's URL through A's proxy
+	etcdProxy proxy.Server
+	la        *lease.Lock
+	clientA   *http.Client
+}
+
+// answer is what a PUT got back.
+type answer struct {
+	status int
+	body   string
+	err    error
+}
+
+// startServer serves the object store on loopback, its writes fenced by
+// the writer lock's tokens, recorded in etcd.
+func (sc *scene) startServer() error {
+	store, err := fencehttp.NewEtcdStore(sc.cli, sc.prefix+"fences/")
+	if err != nil {
+		return err
+	}
+	mw, err := fencehttp.NewMiddleware(store, fencehttp.WithLockName(sc.lockName))
+	if err != nil {
+		return err
+	}
+	srv := &objectServer{cli: sc.cli, store: store, prefix: sc.prefix}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: mw.Wrap(srv.routes()), ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	sc.closers.Add(func() { hs.Shutdown(context.Background()) })
+	sc.base = "http://" + ln.Addr().String()
+	sc.tl.Printf("server", "object store on %s, writes fenced by lock %q", sc.base, sc.lockName)
+	return nil
+}
+
+// startA connects A through its proxies, takes the lock and writes
+// version 1.
+func (sc *scene) startA(res *outcome) error {
+	httpProxy, httpURL, err := etcdtest.NewProxy("", sc.base)
+	if err != nil {
+		return err
+	}
+	sc.closers.Add(func() { httpProxy.Close() })
+	etcdProxy, cliA, closeA, err := exampleenv.ProxiedClient(sc.cli.Endpoints()[0])
+	if err != nil {
+		return err
+	}
+	sc.closers.Add(closeA)
+	sc.httpProxy, sc.httpURL, sc.etcdProxy = httpProxy, httpURL, etcdProxy
+
+	sa, err := lease.NewSession(sc.ctx, cliA, lease.WithTTL(sc.ttl))
+	if err != nil {
+		return err
+	}
+	sc.closers.Add(func() { sa.Close() })
+	if sc.la, err = sa.Lock(sc.ctx, sc.lockName); err != nil {
+		return err
+	}
+	res.aToken = sc.la.Token()
+	sc.tl.Printf("A", "takes the writer lock: token %d", sc.la.Token())
+	sc.clientA = &http.Client{Transport: &fencehttp.Transport{Holder: sc.la, Base: &http.Transport{}}}
+	sc.closers.Add(sc.clientA.CloseIdleConnections) // before the proxy closes: it waits for them
+	if status, _, err := putObject(sc.ctx, sc.clientA, sc.httpURL, "report.csv", "A's report, version 1", nil); err != nil || status != http.StatusNoContent {
+		return fmt.Errorf("first write of A: %d %v", status, err)
+	}
+	sc.tl.Printf("A", "PUT report.csv (version 1): accepted")
+	return nil
+}
+
+// sendStuckWrite sends A's version 2 into a paused link: it has left A
+// (the Transport checks the lock before it sends) but not reached the
+// server.
+func (sc *scene) sendStuckWrite() (<-chan answer, error) {
+	sc.httpProxy.PauseTx()
+	late, sent := make(chan answer, 1), make(chan struct{})
+	go func() {
+		status, body, err := putObject(sc.ctx, sc.clientA, sc.httpURL, "report.csv", "A's report, version 2", sent)
+		late <- answer{status, body, err}
+	}()
+	select {
+	case <-sent:
+	case a := <-late:
+		return nil, fmt.Errorf("second write of A returned early: %d %v", a.status, a.err)
+	}
+	sc.tl.Printf("A", "PUT report.csv (version 2), token %d: sent, and stuck in the network", sc.la.Token())
+	return late, nil
+}
+
+// cutA cuts A from etcd too, until A's lock is lost.
+func (sc *scene) cutA() {
+	sc.etcdProxy.BlackholeTx()
+	sc.etcdProxy.BlackholeRx()
+	sc.tl.Printf("net", "A's connection to etcd fails as well")
+	<-sc.la.Done()
+	sc.tl.Printf("A", "lock lost: %v", sc.la.Err())
+}
+
+// writeB takes the lock for B and writes B's report directly.
+func (sc *scene) writeB(res *outcome) error {
+	sb, err := lease.NewSession(sc.ctx, sc.cli, lease.WithTTL(sc.ttl))
+	if err != nil {
+		return err
+	}
+	sc.closers.Add(func() { sb.Close() })
+	lb, err := sb.Lock(sc.ctx, sc.lockName)
+	if err != nil {
+		return err
+	}
+	sc.closers.Add(func() { lb.Unlock(sc.ctx) })
+	res.bToken = lb.Token()
+	sc.tl.Printf("B", "takes the writer lock: token %d", lb.Token())
+	clientB := &http.Client{Transport: &fencehttp.Transport{Holder: lb}}
+	if status, _, err := putObject(sc.ctx, clientB, sc.base, "report.csv", "B's report", nil); err != nil || status != http.StatusNoContent {
+		return fmt.Errorf("write of B: %d %v", status, err)
+	}
+	sc.tl.Printf("B", "PUT report.csv: accepted")
+	return nil
+}
+
+// heal lets A's delayed request through and records the server's answer.
+func (sc *scene) heal(late <-chan answer, res *outcome) error {
+	sc.etcdProxy.UnblackholeTx()
+	sc.etcdProxy.UnblackholeRx()
+	sc.httpProxy.UnpauseTx()
+	sc.tl.Printf("net", "the network heals: A's delayed request reaches the server")
+	a := <-late
+	if a.err != nil {
+		return fmt.Errorf("delayed write of A: %w", a.err)
+	}
+	res.status = a.status
+	res.refused = a.status == http.StatusConflict
+	if res.refused {
+		sc.tl.Printf("server", "answers A: 409 Conflict: %s", a.body)
+	} else {
+		sc.tl.Printf("server", "answers A: %d: the stale write was ACCEPTED", a.status)
+	}
+	return nil
+}
+
+// readObject reads the report back.
+func (sc *scene) readObject() (string, error) {
+	obj, err := http.Get(sc.base + "/objects/report.csv")
+	if err != nil {
+		return "", err
+	}
+	defer obj.Body.Close()
+	body, err := io.ReadAll(obj.Body)
+	if err != nil {
+		return "", err
+	}
+	sc.tl.Printf("server", "report.csv is %q", string(body))
+	return string(body), nil
 }
 
 // putObject writes an object and returns the answer's status, and its body

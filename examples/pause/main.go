@@ -122,9 +122,8 @@ func (r result) summary() string {
 
 func scenario(ctx context.Context, cli *clientv3.Client, eps []string, prefix string, fenced bool, ttl time.Duration, out io.Writer) (result, error) {
 	res := result{fenced: fenced}
-	tl := exampleenv.NewTimeline(out)
-	lockName, dataKey := prefix+"/lock", prefix+"/data"
-
+	sc := &pauseScene{ctx: ctx, cli: cli, prefix: prefix, fenced: fenced, ttl: ttl,
+		lockName: prefix + "/lock", tl: exampleenv.NewTimeline(out)}
 	a, err := exampleenv.StartChild(ctx, "client A", "client-a",
 		envEndpoints+"="+strings.Join(eps, ","), envPrefix+"="+prefix,
 		envFenced+"="+strconv.FormatBool(fenced), envTTL+"="+ttl.String())
@@ -132,90 +131,147 @@ func scenario(ctx context.Context, cli *clientv3.Client, eps []string, prefix st
 		return res, err
 	}
 	defer a.Stop()
-	tl.Printf("A", "started as process %d", a.Pid())
+	defer sc.closers.Run()
+	sc.a = a
+	sc.tl.Printf("A", "started as process %d", a.Pid())
 
-	tok, err := a.Expect("LOCKED ", 30*time.Second)
+	if err := sc.aStartsWriting(&res); err != nil {
+		return res, err
+	}
+	if err := sc.pauseAUntilExpired(); err != nil {
+		return res, err
+	}
+	lb, err := sc.bTakesOver(&res)
 	if err != nil {
 		return res, err
+	}
+	if err := sc.aResumes(&res); err != nil {
+		return res, err
+	}
+	if err := sc.readData(&res); err != nil {
+		return res, err
+	}
+	return res, lb.Unlock(ctx)
+}
+
+// pauseScene is one run of the story: client A (a child process) and B
+// (this process) writing one key under one lock.
+type pauseScene struct {
+	ctx      context.Context
+	cli      *clientv3.Client
+	prefix   string
+	fenced   bool
+	ttl      time.Duration
+	lockName string
+	tl       *exampleenv.Timeline
+	a        *exampleenv.Child
+	closers  exampleenv.Cleanup
+}
+
+// aStartsWriting waits until A holds the lock and has checked lock.Err()
+// just before its write.
+func (sc *pauseScene) aStartsWriting(res *result) error {
+	tok, err := sc.a.Expect("LOCKED ", 30*time.Second)
+	if err != nil {
+		return err
 	}
 	res.aToken, _ = strconv.ParseInt(tok, 10, 64)
-	tl.Printf("A", "takes the lock %q: token %d, lease TTL %v", lockName, res.aToken, ttl)
-	if _, err := a.Expect("CHECKED", 10*time.Second); err != nil {
-		return res, err
+	sc.tl.Printf("A", "takes the lock %q: token %d, lease TTL %v", sc.lockName, res.aToken, sc.ttl)
+	if _, err := sc.a.Expect("CHECKED", 10*time.Second); err != nil {
+		return err
 	}
-	tl.Printf("A", "checks lock.Err() == nil: still the holder. Starts its write...")
+	sc.tl.Printf("A", "checks lock.Err() == nil: still the holder. Starts its write...")
+	return nil
+}
 
+// pauseAUntilExpired stops A with SIGSTOP and waits until etcd has
+// expired its lease and deleted its key.
+func (sc *pauseScene) pauseAUntilExpired() error {
 	// Watch A's key before stopping A, so its expiry is seen as it happens.
-	resp, err := cli.Get(ctx, lockName+"/", clientv3.WithPrefix())
+	resp, err := sc.cli.Get(sc.ctx, sc.lockName+"/", clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 {
-		return res, fmt.Errorf("reading A's lock key: %v %v", resp, err)
+		return fmt.Errorf("reading A's lock key: %v %v", resp, err)
 	}
 	aKey := string(resp.Kvs[0].Key)
-	wctx, stopWatch := context.WithCancel(ctx)
+	wctx, stopWatch := context.WithCancel(sc.ctx)
 	defer stopWatch()
-	deleted := cli.Watch(wctx, aKey, clientv3.WithRev(resp.Header.Revision+1))
-
-	if err := a.Signal(syscall.SIGSTOP); err != nil {
-		return res, err
+	deleted := sc.cli.Watch(wctx, aKey, clientv3.WithRev(resp.Header.Revision+1))
+	if err := sc.a.Signal(syscall.SIGSTOP); err != nil {
+		return err
 	}
 	stoppedAt := time.Now()
-	tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
+	sc.tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
 	if err := exampleenv.AwaitDelete(deleted); err != nil {
-		return res, err
+		return err
 	}
-	tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
+	sc.tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
+	return nil
+}
 
-	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
+// bTakesOver takes the lock for B and writes B's data. The returned lock
+// is released by the caller; the session is closed with the scene.
+func (sc *pauseScene) bTakesOver(res *result) (*lease.Lock, error) {
+	s, err := lease.NewSession(sc.ctx, sc.cli, lease.WithTTL(sc.ttl))
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer s.Close()
-	lb, err := s.Lock(ctx, lockName)
+	sc.closers.Add(func() { s.Close() })
+	lb, err := s.Lock(sc.ctx, sc.lockName)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	res.bToken = lb.Token()
-	tl.Printf("B", "takes the lock: token %d (> %d)", lb.Token(), res.aToken)
+	sc.tl.Printf("B", "takes the lock: token %d (> %d)", lb.Token(), res.aToken)
 	res.bValue = fmt.Sprintf("B's data (token %d)", lb.Token())
-	if err := write(ctx, cli, prefix, fenced, lb.Token(), res.bValue); err != nil {
-		return res, fmt.Errorf("write of B: %w", err)
+	if err := write(sc.ctx, sc.cli, sc.prefix, sc.fenced, lb.Token(), res.bValue); err != nil {
+		return nil, fmt.Errorf("write of B: %w", err)
 	}
-	tl.Printf("B", "writes %q", res.bValue)
+	sc.tl.Printf("B", "writes %q", res.bValue)
+	return lb, nil
+}
 
-	if err := a.Signal(syscall.SIGCONT); err != nil {
-		return res, err
+// aResumes continues A, which finishes the write it started with its old
+// token.
+func (sc *pauseScene) aResumes(res *result) error {
+	if err := sc.a.Signal(syscall.SIGCONT); err != nil {
+		return err
 	}
-	tl.Printf("A", "resumes: SIGCONT. It still believes it holds the lock, and finishes its write")
-	if err := a.Send("go"); err != nil {
-		return res, err
+	sc.tl.Printf("A", "resumes: SIGCONT. It still believes it holds the lock, and finishes its write")
+	if err := sc.a.Send("go"); err != nil {
+		return err
 	}
-	outcome, err := a.Expect("WRITE ", 30*time.Second)
+	outcome, err := sc.a.Expect("WRITE ", 30*time.Second)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.refused = outcome != "ok"
 	if res.refused {
-		tl.Printf("A", "write REFUSED: %s", outcome)
+		sc.tl.Printf("A", "write REFUSED: %s", outcome)
 	} else {
-		tl.Printf("A", "write accepted: nothing stopped it")
+		sc.tl.Printf("A", "write accepted: nothing stopped it")
 	}
-	if lost, err := a.Expect("LOCKERR ", 10*time.Second); err == nil {
-		tl.Printf("A", "lock.Err() now says %q: an early warning that came too late", lost)
+	if lost, err := sc.a.Expect("LOCKERR ", 10*time.Second); err == nil {
+		sc.tl.Printf("A", "lock.Err() now says %q: an early warning that came too late", lost)
 	}
-	if err := a.Wait(); err != nil {
-		return res, fmt.Errorf("client A: %v\n%s", err, a.Stderr())
+	if err := sc.a.Wait(); err != nil {
+		return fmt.Errorf("client A: %v\n%s", err, sc.a.Stderr())
 	}
-	g, err := cli.Get(ctx, dataKey)
+	return nil
+}
+
+// readData reads the data key back: whose write stands?
+func (sc *pauseScene) readData(res *result) error {
+	g, err := sc.cli.Get(sc.ctx, sc.prefix+"/data")
 	if err != nil || len(g.Kvs) != 1 {
-		return res, fmt.Errorf("reading the data: %v %v", g, err)
+		return fmt.Errorf("reading the data: %v %v", g, err)
 	}
 	res.final = string(g.Kvs[0].Value)
 	if res.final == res.bValue {
-		tl.Printf("data", "%q: B's write stands", res.final)
+		sc.tl.Printf("data", "%q: B's write stands", res.final)
 	} else {
-		tl.Printf("data", "%q: B's write was silently overwritten by a client that no longer held the lock", res.final)
+		sc.tl.Printf("data", "%q: B's write was silently overwritten by a client that no longer held the lock", res.final)
 	}
-	return res, lb.Unlock(ctx)
+	return nil
 }
 
 // write is how both clients write the data: plain, or fenced by a

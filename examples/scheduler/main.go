@@ -82,160 +82,206 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (report, error) {
 	}
 	defer closeAll()
 	prefix := fmt.Sprintf("scheduler-%x", time.Now().UnixNano()&0xffffff)
-	tl := exampleenv.NewTimeline(out)
-
 	start, err := cli.Get(ctx, prefix+"/checkpoint")
 	if err != nil {
 		return rep, err
 	}
 	history := watchCheckpoints(ctx, cli, prefix, start.Header.Revision+1)
 
-	obs, err := lease.Observe(ctx, cli, prefix+"/leader")
+	st, err := startSchedulers(ctx, cli, prefix, ttl, out)
 	if err != nil {
 		return rep, err
 	}
-	defer obs.Close()
+	defer st.stop()
+	second, err := st.stopLeaderMidStep(&rep)
+	if err != nil {
+		return rep, err
+	}
+	if err := st.killLeader(second, &rep); err != nil {
+		return rep, err
+	}
+	st.stop()
+	if rep.checkpoints, err = history(); err != nil {
+		return rep, err
+	}
+	return rep, verify(rep, ttl, out)
+}
 
-	events := make(chan event, 256)
-	children := map[string]*exampleenv.Child{}
+// stage is the running story: three scheduler processes, their events, and
+// the leaders an observer sees.
+type stage struct {
+	ctx      context.Context
+	ttl      time.Duration
+	tl       *exampleenv.Timeline
+	obs      *lease.Observer
+	children map[string]*exampleenv.Child
+	events   chan event
+	leaders  chan lease.Leader
+}
+
+// startSchedulers starts three scheduler processes that campaign for the
+// leadership, and an observer that reports each new leader.
+func startSchedulers(ctx context.Context, cli *clientv3.Client, prefix string, ttl time.Duration, out io.Writer) (*stage, error) {
+	obs, err := lease.Observe(ctx, cli, prefix+"/leader")
+	if err != nil {
+		return nil, err
+	}
+	st := &stage{ctx: ctx, ttl: ttl, tl: exampleenv.NewTimeline(out), obs: obs,
+		children: map[string]*exampleenv.Child{}, events: make(chan event, 256), leaders: make(chan lease.Leader, 16)}
 	for i := 1; i <= 3; i++ {
 		id := fmt.Sprintf("sched-%d", i)
 		c, err := exampleenv.StartChild(ctx, id, "scheduler",
 			envEndpoints+"="+strings.Join(cli.Endpoints(), ","), envPrefix+"="+prefix,
 			envID+"="+id, envTTL+"="+ttl.String())
 		if err != nil {
-			return rep, err
+			st.stop()
+			return nil, err
 		}
-		defer c.Stop()
-		children[id] = c
-		go forward(c, events)
-		tl.Printf(id, "started as process %d, campaigning", c.Pid())
+		st.children[id] = c
+		go forward(c, st.events)
+		st.tl.Printf(id, "started as process %d, campaigning", c.Pid())
 	}
-	defer func() {
-		for _, c := range children {
-			c.Quit(ttl)
-		}
-	}()
-
-	leaders := make(chan lease.Leader, 16)
 	go func() {
 		for ld := range obs.Leaders() {
-			tl.Printf("observer", "leader is %s, token %d", ld.Value, ld.Token)
-			leaders <- ld
+			st.tl.Printf("observer", "leader is %s, token %d", ld.Value, ld.Token)
+			st.leaders <- ld
 		}
-		close(leaders)
+		close(st.leaders)
 	}()
-	next := func(match func(event) bool) (event, error) {
-		for {
-			select {
-			case ev := <-events:
-				if match(ev) {
-					return ev, nil
-				}
-			case <-ctx.Done():
-				return event{}, ctx.Err()
-			}
-		}
-	}
-	leaderAfter := func(token int64) (lease.Leader, error) {
-		for {
-			select {
-			case ld, ok := <-leaders:
-				if !ok {
-					return lease.Leader{}, errors.New("observer stopped")
-				}
-				if ld.Token > token {
-					return ld, nil
-				}
-			case <-ctx.Done():
-				return lease.Leader{}, ctx.Err()
-			}
-		}
-	}
-	wrote := func(who string, n int) (event, error) {
-		var ev event
-		for i := 0; i < n; i++ {
-			var err error
-			if ev, err = next(func(e event) bool { return e.who == who && e.kind == "WROTE" }); err != nil {
-				return ev, err
-			}
-		}
-		return ev, nil
-	}
+	return st, nil
+}
 
-	// Round 1: the first leader works; stop it in the middle of a step.
-	first, err := next(func(e event) bool { return e.kind == "LEADER" })
+// stop ends the children (a graceful quit, then a kill) and the observer.
+// It may be called more than once.
+func (st *stage) stop() {
+	for _, c := range st.children {
+		c.Quit(st.ttl)
+		c.Stop()
+	}
+	st.obs.Close()
+}
+
+// stopLeaderMidStep is round 1: the first leader works and is stopped with
+// SIGSTOP in the middle of a step; a new leader takes over and writes; the
+// first one resumes and its late write must be refused. It returns the
+// second leader.
+func (st *stage) stopLeaderMidStep(rep *report) (lease.Leader, error) {
+	first, err := st.next(func(e event) bool { return e.kind == "LEADER" })
 	if err != nil {
-		return rep, err
+		return lease.Leader{}, err
 	}
-	if _, err := wrote(first.who, 3); err != nil {
-		return rep, err
+	if _, err := st.wrote(first.who, 3); err != nil {
+		return lease.Leader{}, err
 	}
-	work, err := next(func(e event) bool { return e.who == first.who && e.kind == "WORK" })
+	work, err := st.next(func(e event) bool { return e.who == first.who && e.kind == "WORK" })
 	if err != nil {
-		return rep, err
+		return lease.Leader{}, err
 	}
-	children[first.who].Signal(syscall.SIGSTOP)
+	st.children[first.who].Signal(syscall.SIGSTOP)
 	stoppedAt := time.Now()
-	tl.Printf(first.who, "SIGSTOP in the middle of step %s (token %d)", work.rest, first.token)
-	second, err := leaderAfter(first.token)
+	st.tl.Printf(first.who, "SIGSTOP in the middle of step %s (token %d)", work.rest, first.token)
+	second, err := st.leaderAfter(first.token)
 	if err != nil {
-		return rep, err
+		return lease.Leader{}, err
 	}
 	rep.takeoverStop = time.Since(stoppedAt)
-	tl.Printf(second.Value, "took over %v after the stop (TTL %v)", rep.takeoverStop.Round(time.Millisecond), ttl)
-	if _, err := wrote(second.Value, 2); err != nil {
-		return rep, err
+	st.tl.Printf(second.Value, "took over %v after the stop (TTL %v)", rep.takeoverStop.Round(time.Millisecond), st.ttl)
+	if _, err := st.wrote(second.Value, 2); err != nil {
+		return lease.Leader{}, err
 	}
-	children[first.who].Signal(syscall.SIGCONT)
-	tl.Printf(first.who, "SIGCONT: resumes, finishes step %s and writes it with token %d", work.rest, first.token)
-	ref, err := next(func(e event) bool { return e.who == first.who && (e.kind == "REFUSED" || e.kind == "WROTE") })
+	st.children[first.who].Signal(syscall.SIGCONT)
+	st.tl.Printf(first.who, "SIGCONT: resumes, finishes step %s and writes it with token %d", work.rest, first.token)
+	ref, err := st.next(func(e event) bool { return e.who == first.who && (e.kind == "REFUSED" || e.kind == "WROTE") })
 	if err != nil {
-		return rep, err
+		return lease.Leader{}, err
 	}
 	rep.refused = ref.kind == "REFUSED"
 	if rep.refused {
-		tl.Printf(first.who, "late write REFUSED: %s", ref.rest)
+		st.tl.Printf(first.who, "late write REFUSED: %s", ref.rest)
 	} else {
-		tl.Printf(first.who, "late write ACCEPTED: the fence failed")
+		st.tl.Printf(first.who, "late write ACCEPTED: the fence failed")
 	}
+	return second, nil
+}
 
-	// Round 2: kill the new leader outright.
-	if _, err := wrote(second.Value, 2); err != nil {
-		return rep, err
+// killLeader is round 2: the leader is killed outright, and a third takes
+// over and writes.
+func (st *stage) killLeader(leader lease.Leader, rep *report) error {
+	if _, err := st.wrote(leader.Value, 2); err != nil {
+		return err
 	}
-	children[second.Value].Signal(syscall.SIGKILL)
+	st.children[leader.Value].Signal(syscall.SIGKILL)
 	killedAt := time.Now()
-	tl.Printf(second.Value, "SIGKILL")
-	third, err := leaderAfter(second.Token)
+	st.tl.Printf(leader.Value, "SIGKILL")
+	third, err := st.leaderAfter(leader.Token)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	rep.takeoverKill = time.Since(killedAt)
-	tl.Printf(third.Value, "took over %v after the kill (TTL %v)", rep.takeoverKill.Round(time.Millisecond), ttl)
-	if _, err := wrote(third.Value, 2); err != nil {
-		return rep, err
-	}
+	st.tl.Printf(third.Value, "took over %v after the kill (TTL %v)", rep.takeoverKill.Round(time.Millisecond), st.ttl)
+	_, err = st.wrote(third.Value, 2)
+	return err
+}
 
-	for _, c := range children {
-		c.Quit(ttl)
-	}
-	if rep.checkpoints, err = history(); err != nil {
-		return rep, err
-	}
+// verify prints the figures and checks the story's ending: the late write
+// refused, and every checkpoint step written once, in order.
+func verify(rep report, ttl time.Duration, out io.Writer) error {
 	fmt.Fprintf(out, "\ntakeover after SIGSTOP: %v, after SIGKILL: %v (TTL %v)\n",
 		rep.takeoverStop.Round(time.Millisecond), rep.takeoverKill.Round(time.Millisecond), ttl)
 	fmt.Fprintf(out, "checkpoints written, in commit order: %v\n", rep.checkpoints)
 	if !rep.refused {
-		return rep, errors.New("the resumed leader's late write was not refused")
+		return errors.New("the resumed leader's late write was not refused")
 	}
 	for i := 1; i < len(rep.checkpoints); i++ {
 		if rep.checkpoints[i] != rep.checkpoints[i-1]+1 {
-			return rep, fmt.Errorf("checkpoint went from %d to %d", rep.checkpoints[i-1], rep.checkpoints[i])
+			return fmt.Errorf("checkpoint went from %d to %d", rep.checkpoints[i-1], rep.checkpoints[i])
 		}
 	}
 	fmt.Fprintln(out, "every step written once, in order: SAFE")
-	return rep, nil
+	return nil
+}
+
+// next waits for the first event that match accepts.
+func (st *stage) next(match func(event) bool) (event, error) {
+	for {
+		select {
+		case ev := <-st.events:
+			if match(ev) {
+				return ev, nil
+			}
+		case <-st.ctx.Done():
+			return event{}, st.ctx.Err()
+		}
+	}
+}
+
+// leaderAfter waits for a leader with a token above token.
+func (st *stage) leaderAfter(token int64) (lease.Leader, error) {
+	for {
+		select {
+		case ld, ok := <-st.leaders:
+			if !ok {
+				return lease.Leader{}, errors.New("observer stopped")
+			}
+			if ld.Token > token {
+				return ld, nil
+			}
+		case <-st.ctx.Done():
+			return lease.Leader{}, st.ctx.Err()
+		}
+	}
+}
+
+// wrote waits for n writes by who, and returns the last.
+func (st *stage) wrote(who string, n int) (event, error) {
+	var ev event
+	for i := 0; i < n; i++ {
+		var err error
+		if ev, err = st.next(func(e event) bool { return e.who == who && e.kind == "WROTE" }); err != nil {
+			return ev, err
+		}
+	}
+	return ev, nil
 }
 
 // forward turns a child's lines into events until it exits.

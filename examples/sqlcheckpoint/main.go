@@ -28,6 +28,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
@@ -71,109 +72,172 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 		return res, err
 	}
 	defer cleanup()
-	tl := exampleenv.NewTimeline(out)
 	shard := fmt.Sprintf("shard-%x", time.Now().UnixNano()&0xffffff)
-	lockName := "sqlcheckpoint/" + shard
+	sh := &shardStory{ctx: ctx, cli: cli, db: db, f: f, dsn: dsn, ttl: ttl, shard: shard,
+		lockName: "sqlcheckpoint/" + shard, tl: exampleenv.NewTimeline(out)}
+	defer sh.closers.Run()
 
-	// Worker A reaches etcd through a proxy, so its network can fail.
-	p, cliA, closeA, err := exampleenv.ProxiedClient(cli.Endpoints()[0])
+	if err := sh.startA(&res); err != nil {
+		return res, err
+	}
+	if err := sh.cutA(); err != nil {
+		return res, err
+	}
+	from, err := sh.takeOverB(&res)
 	if err != nil {
 		return res, err
 	}
-	defer closeA()
-	sa, err := lease.NewSession(ctx, cliA, lease.WithTTL(ttl))
-	if err != nil {
+	if err := sh.lateCommitA(&res); err != nil {
 		return res, err
 	}
-	defer sa.Close()
-	la, err := sa.Lock(ctx, lockName)
-	if err != nil {
+	if err := sh.readRow(&res); err != nil {
 		return res, err
 	}
-	res.aToken = la.Token()
-	tl.Printf("A", "takes %s: token %d", shard, la.Token())
-	commit := func(who string, l *lease.Lock, offset int64) error {
-		err := f.Upsert(ctx, db, shard, l.Token(), sqlfence.Set("committed_offset", offset), sqlfence.Set("owner", who))
-		if err == nil {
-			tl.Printf(who, "commits offset %d with token %d", offset, l.Token())
-		}
-		return err
-	}
-	for _, off := range []int64{100, 200} {
-		if err := commit("A", la, off); err != nil {
-			return res, err
-		}
-	}
-	if la.Err() != nil {
-		return res, la.Err()
-	}
-	tl.Printf("A", "lock.Err() == nil: starts a long batch, records 201..300")
-
-	key, err := cli.Get(ctx, la.Key())
-	if err != nil {
-		return res, err
-	}
-	watch, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	wch := cli.Watch(watch, la.Key(), clientv3.WithRev(key.Header.Revision+1))
-	p.BlackholeTx()
-	p.BlackholeRx()
-	cutAt := time.Now()
-	tl.Printf("net", "A's connection to etcd fails (proxy blackholes both directions)")
-	<-la.Done()
-	tl.Printf("A", "(its early warning fires after %v: %v; A is deep in its batch and does not look)",
-		time.Since(cutAt).Round(10*time.Millisecond), la.Err())
-	if err := exampleenv.AwaitDelete(wch); err != nil {
-		return res, err
-	}
-	tl.Printf("etcd", "A's lease expired %v after the cut: its lock key is deleted", time.Since(cutAt).Round(10*time.Millisecond))
-
-	sb, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
-	if err != nil {
-		return res, err
-	}
-	defer sb.Close()
-	lb, err := sb.Lock(ctx, lockName)
-	if err != nil {
-		return res, err
-	}
-	defer lb.Unlock(ctx)
-	res.bToken = lb.Token()
-	var from int64
-	if err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT committed_offset FROM %s WHERE shard = %s`, table, placeholder(dsn)), shard).Scan(&from); err != nil {
-		return res, err
-	}
-	tl.Printf("B", "takes %s: token %d; resumes after offset %d", shard, lb.Token(), from)
-	for _, off := range []int64{from + 100, from + 200} {
-		if err := commit("B", lb, off); err != nil {
-			return res, err
-		}
-	}
-
-	p.UnblackholeTx()
-	p.UnblackholeRx()
-	tl.Printf("net", "A's network is back")
-	err = commit("A", la, 300)
-	var stale *fence.StaleError
-	switch {
-	case errors.As(err, &stale):
-		res.refused = true
-		tl.Printf("A", "commit of offset 300 REFUSED: %v", err)
-	case err != nil:
-		return res, err
-	default:
-		tl.Printf("A", "commit of offset 300 ACCEPTED: the offset moved back")
-	}
-
-	if err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT committed_offset, owner FROM %s WHERE shard = %s`, table, placeholder(dsn)), shard).Scan(&res.offset, &res.owner); err != nil {
-		return res, err
-	}
-	tl.Printf("row", "%s: offset %d, committed by %s", shard, res.offset, res.owner)
 	if !res.refused || res.owner != "B" || res.offset != from+200 {
 		return res, errors.New("worker A's stale commit was not refused")
 	}
 	fmt.Fprintf(out, "\nA plain UPDATE would have set the offset back from %d to 300, and records %d..%d would be processed twice.\n", res.offset, 301, res.offset)
 	return res, nil
+}
+
+// shardStory is one shard, its offsets row, and the two workers that take
+// it in turn: A, whose link to etcd goes through a fault proxy, then B.
+type shardStory struct {
+	ctx      context.Context
+	cli      *clientv3.Client
+	db       *sql.DB
+	f        *sqlfence.Fence
+	dsn      string
+	ttl      time.Duration
+	shard    string
+	lockName string
+	tl       *exampleenv.Timeline
+	closers  exampleenv.Cleanup
+
+	proxyA proxy.Server
+	la     *lease.Lock
+}
+
+// commit writes offset to the shard's row, fenced by l's token.
+func (sh *shardStory) commit(who string, l *lease.Lock, offset int64) error {
+	err := sh.f.Upsert(sh.ctx, sh.db, sh.shard, l.Token(), sqlfence.Set("committed_offset", offset), sqlfence.Set("owner", who))
+	if err == nil {
+		sh.tl.Printf(who, "commits offset %d with token %d", offset, l.Token())
+	}
+	return err
+}
+
+// startA takes the shard for A, through its proxy, and commits two
+// offsets; A then starts a long batch.
+func (sh *shardStory) startA(res *outcome) error {
+	p, cliA, closeA, err := exampleenv.ProxiedClient(sh.cli.Endpoints()[0])
+	if err != nil {
+		return err
+	}
+	sh.closers.Add(closeA)
+	sh.proxyA = p
+	sa, err := lease.NewSession(sh.ctx, cliA, lease.WithTTL(sh.ttl))
+	if err != nil {
+		return err
+	}
+	sh.closers.Add(func() { sa.Close() })
+	if sh.la, err = sa.Lock(sh.ctx, sh.lockName); err != nil {
+		return err
+	}
+	res.aToken = sh.la.Token()
+	sh.tl.Printf("A", "takes %s: token %d", sh.shard, sh.la.Token())
+	for _, off := range []int64{100, 200} {
+		if err := sh.commit("A", sh.la, off); err != nil {
+			return err
+		}
+	}
+	if err := sh.la.Err(); err != nil {
+		return err
+	}
+	sh.tl.Printf("A", "lock.Err() == nil: starts a long batch, records 201..300")
+	return nil
+}
+
+// cutA cuts A from etcd until etcd has expired A's lease and deleted its
+// lock key; A, deep in its batch, does not look at its early warning.
+func (sh *shardStory) cutA() error {
+	key, err := sh.cli.Get(sh.ctx, sh.la.Key())
+	if err != nil {
+		return err
+	}
+	watch, stopWatch := context.WithCancel(sh.ctx)
+	defer stopWatch()
+	wch := sh.cli.Watch(watch, sh.la.Key(), clientv3.WithRev(key.Header.Revision+1))
+	sh.proxyA.BlackholeTx()
+	sh.proxyA.BlackholeRx()
+	cutAt := time.Now()
+	sh.tl.Printf("net", "A's connection to etcd fails (proxy blackholes both directions)")
+	<-sh.la.Done()
+	sh.tl.Printf("A", "(its early warning fires after %v: %v; A is deep in its batch and does not look)",
+		time.Since(cutAt).Round(10*time.Millisecond), sh.la.Err())
+	if err := exampleenv.AwaitDelete(wch); err != nil {
+		return err
+	}
+	sh.tl.Printf("etcd", "A's lease expired %v after the cut: its lock key is deleted", time.Since(cutAt).Round(10*time.Millisecond))
+	return nil
+}
+
+// takeOverB takes the shard for B, which resumes from the committed offset
+// and commits two more. It returns the offset B resumed from.
+func (sh *shardStory) takeOverB(res *outcome) (int64, error) {
+	sb, err := lease.NewSession(sh.ctx, sh.cli, lease.WithTTL(sh.ttl))
+	if err != nil {
+		return 0, err
+	}
+	sh.closers.Add(func() { sb.Close() })
+	lb, err := sb.Lock(sh.ctx, sh.lockName)
+	if err != nil {
+		return 0, err
+	}
+	sh.closers.Add(func() { lb.Unlock(sh.ctx) })
+	res.bToken = lb.Token()
+	var from int64
+	q := fmt.Sprintf(`SELECT committed_offset FROM %s WHERE shard = %s`, table, placeholder(sh.dsn))
+	if err := sh.db.QueryRowContext(sh.ctx, q, sh.shard).Scan(&from); err != nil {
+		return 0, err
+	}
+	sh.tl.Printf("B", "takes %s: token %d; resumes after offset %d", sh.shard, lb.Token(), from)
+	for _, off := range []int64{from + 100, from + 200} {
+		if err := sh.commit("B", lb, off); err != nil {
+			return 0, err
+		}
+	}
+	return from, nil
+}
+
+// lateCommitA heals A's network; A finishes its batch and commits offset
+// 300 with its old token.
+func (sh *shardStory) lateCommitA(res *outcome) error {
+	sh.proxyA.UnblackholeTx()
+	sh.proxyA.UnblackholeRx()
+	sh.tl.Printf("net", "A's network is back")
+	err := sh.commit("A", sh.la, 300)
+	var stale *fence.StaleError
+	switch {
+	case errors.As(err, &stale):
+		res.refused = true
+		sh.tl.Printf("A", "commit of offset 300 REFUSED: %v", err)
+	case err != nil:
+		return err
+	default:
+		sh.tl.Printf("A", "commit of offset 300 ACCEPTED: the offset moved back")
+	}
+	return nil
+}
+
+// readRow reads the shard's row back.
+func (sh *shardStory) readRow(res *outcome) error {
+	q := fmt.Sprintf(`SELECT committed_offset, owner FROM %s WHERE shard = %s`, table, placeholder(sh.dsn))
+	if err := sh.db.QueryRowContext(sh.ctx, q, sh.shard).Scan(&res.offset, &res.owner); err != nil {
+		return err
+	}
+	sh.tl.Printf("row", "%s: offset %d, committed by %s", sh.shard, res.offset, res.owner)
+	return nil
 }
 
 // openTable opens the database and creates the offsets table with its

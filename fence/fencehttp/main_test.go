@@ -13,8 +13,4 @@ var etcd etcdtest.Env
 
 func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t testing.TB) context.Context { return etcdtest.Ctx(t, 30*time.Second) }

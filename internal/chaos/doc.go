@@ -10,7 +10,9 @@
 // SIGCONT and SIGKILL of child processes (this test binary run again),
 // stopped and killed members, a blackholed peer port, compaction with
 // defragmentation, and the library's local clock run at half or double
-// speed through a test seam (internal/seam). Every loop is bounded.
+// speed (lease.WithClockRate, which exists only under the build tag
+// leasefence_mutants; without the tag the clock fault kinds are left out).
+// Every loop is bounded.
 //
 // # What runs
 //
@@ -33,10 +35,12 @@
 //     write is counted invalid, not passed. The unfenced control then runs
 //     the same chaos with writes that skip the fence, and the checker must
 //     find violations.
-//   - TestMutantsAreCaught: deliberate bugs switched on through the seam
+//   - TestMutantsAreCaught (build tag leasefence_mutants): deliberate bugs
 //     (fence comparison removed, lease ID or header revision as token,
 //     unguarded Unlock, ownership from Session.Done alone, requested TTL
-//     instead of granted); each must be caught by a named scenario.
+//     instead of granted); each must be caught by a named scenario. The
+//     last two live in package lease under the tag (lease.WithMutant); the
+//     others are built around the library by internal/seam.
 //   - TestTLSAndAuth: the core against an etcd with TLS, client
 //     certificates and authentication.
 //

@@ -50,11 +50,7 @@ func repeat(t testing.TB, fast, long int) int {
 	return fast
 }
 
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t testing.TB, d time.Duration) context.Context { return etcdtest.Ctx(t, d) }
 
 func name(t testing.TB, base string, i int) string {
 	return fmt.Sprintf("%s/%d", etcdtest.Name(t, base), i)

@@ -175,3 +175,11 @@ func warmUp(endpoints []string) error {
 	_, err = cli.Get(ctx, "leasefence-warm-up")
 	return err
 }
+
+// Ctx is a context for one test's requests: it ends after d, or when the
+// test ends.
+func Ctx(tb testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	tb.Cleanup(cancel)
+	return ctx
+}

@@ -100,3 +100,18 @@ func AwaitDelete(wch clientv3.WatchChan) error {
 	}
 	return errors.New("watch ended before the key was deleted")
 }
+
+// Cleanup is a list of things to undo, run last first, as deferred calls
+// would: for examples whose phases each set something up.
+type Cleanup []func()
+
+// Add schedules f.
+func (c *Cleanup) Add(f func()) { *c = append(*c, f) }
+
+// Run undoes everything added, last first, and forgets it.
+func (c *Cleanup) Run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
+}
