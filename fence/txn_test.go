@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
 )
 
 func TestHeldGuard(t *testing.T) {
@@ -39,6 +40,9 @@ func TestHeldGuard(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), l.Key()) {
 			t.Errorf("error %q does not name the key", err)
+		}
+		if h == fence.Holder(l) && (!errors.Is(err, lease.ErrUnlocked) || !strings.Contains(err.Error(), "has ended")) {
+			t.Errorf("a holder known to have ended: %q, want it to say so, with the holder's reason", err)
 		}
 	}
 	// A fresh lock on the same name and session has the same key but a new

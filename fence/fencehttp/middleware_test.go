@@ -391,8 +391,13 @@ func TestNewMiddlewareBadInput(t *testing.T) {
 		{"empty method", store, []fencehttp.Option{fencehttp.WithLockName("x"), fencehttp.WithUncheckedMethods("")}},
 	}
 	for _, tc := range cases {
-		if _, err := fencehttp.NewMiddleware(tc.store, tc.opts...); !errors.Is(err, fence.ErrInvalidArgument) {
+		_, err := fencehttp.NewMiddleware(tc.store, tc.opts...)
+		if !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", tc.name, err)
+			continue
+		}
+		if strings.Count(err.Error(), "fencehttp:") != 1 || strings.Count(err.Error(), "fence:") != 1 {
+			t.Errorf("%s: %q names a package more than once", tc.name, err)
 		}
 	}
 	if _, err := fencehttp.NewEtcdStore(nil, "p/"); !errors.Is(err, fence.ErrInvalidArgument) {
