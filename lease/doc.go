@@ -30,6 +30,17 @@
 //     Lock removes its own key before it returns.
 //   - Locks of one name taken through one session exclude each other, and
 //     names nest: "jobs" and "jobs/7" are independent locks.
+//   - Only lock keys are places in a lock's queue: a key one level under
+//     name + "/" whose last segment is the lowercase hex ID of the lease it
+//     is attached to, the layout etcd's own lock and election write. Other
+//     keys under the name (a checkpoint, a fence record, a key with no
+//     lease) are ignored by Lock, TryLock, Campaign, CurrentLeader and
+//     Observe, so data may live beside its lock. etcd's own
+//     concurrency.Mutex, Election and etcdctl lock count every key under
+//     the name and would wait on such a key forever: when those share a
+//     name with this package, keep data under another prefix. The queue
+//     reads are not keys-only (etcd 3.7 leaves the lease out of keys-only
+//     reads), so keep data beside a lock small.
 //   - Waiting costs one commit (the predecessor's delete) and one watch
 //     event per handoff: the waiter's watch is opened at the current
 //     revision, which etcd serves at once, then the predecessor is read

@@ -213,8 +213,7 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 		resp, err := cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
 			Then(put).
-			Else(clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(queuePage))).
+			Else(oldestFirst(pfx)).
 			Commit()
 		if err != nil {
 			return false, err
@@ -224,7 +223,7 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 			return true, nil
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-			if isQueueKey(pfx, kv.Key) {
+			if isQueueKey(pfx, kv) {
 				return false, lockedBy(kv)
 			}
 		}
@@ -232,7 +231,7 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 	}
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(put, clientv3.OpGet(pfx, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)).
+		Then(put, oldestFirst(pfx)).
 		Commit()
 	if err != nil {
 		// Unless etcd refused it outright, the put may have been applied:
@@ -246,8 +245,21 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 		return false, fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
 	}
 	l.token = resp.Header.Revision
-	first := resp.Responses[1].GetResponseRange().Kvs
-	return len(first) == 1 && first[0].CreateRevision == l.token, nil
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if isQueueKey(pfx, kv) {
+			return kv.CreateRevision == l.token, nil
+		}
+	}
+	return false, nil // only other keys in the first page: wait reads on
+}
+
+// oldestFirst reads the first page of the keys under pfx, oldest first.
+// Not keys-only: the queue-key rule needs each key's lease, which etcd 3.7
+// leaves empty in a keys-only read. Lock keys have empty values, so this
+// costs only the values of other keys kept under the name.
+func oldestFirst(pfx string) clientv3.Op {
+	return clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithLimit(queuePage),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 }
 
 // wait blocks until every older key in the queue is gone, watching only the
@@ -296,7 +308,7 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 func (l *Lock) predecessor(ctx context.Context) (*mvccpb.KeyValue, error) {
 	cli, pfx := l.s.client, l.name+"/"
 	older := func(maxRev int64) clientv3.Op {
-		return clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		return clientv3.OpGet(pfx, clientv3.WithPrefix(), // not keys-only: see oldestFirst
 			clientv3.WithMaxCreateRev(maxRev), clientv3.WithLimit(queuePage),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
 	}
@@ -315,7 +327,7 @@ func (l *Lock) predecessor(ctx context.Context) (*mvccpb.KeyValue, error) {
 	page := resp.Responses[1].GetResponseRange()
 	for {
 		for _, kv := range page.Kvs {
-			if isQueueKey(pfx, kv.Key) {
+			if isQueueKey(pfx, kv) {
 				return kv, nil
 			}
 			maxRev = kv.CreateRevision - 1

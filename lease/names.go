@@ -2,9 +2,11 @@ package lease
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -33,9 +35,19 @@ func lockKey(name string, id clientv3.LeaseID) string {
 	return fmt.Sprintf("%s/%x", name, int64(id))
 }
 
-// isQueueKey tells whether key belongs to the queue of the lock whose prefix
-// is pfx (name + "/"), and not to a nested lock such as name/sub.
-func isQueueKey(pfx string, key []byte) bool {
-	rest, ok := strings.CutPrefix(string(key), pfx)
-	return ok && rest != "" && !strings.Contains(rest, "/")
+// isQueueKey tells whether kv is a place in the queue of the lock whose
+// prefix is pfx (name + "/"): one level under it (not a nested lock's key
+// such as name/sub/...), and named after the lease it is attached to, in
+// lowercase hex. That is the layout this package, concurrency.Mutex and
+// Election, etcd's Lock and Election RPCs and etcdctl lock all write; any
+// other key under the name (a user's data key, a key with no lease or a
+// lease that does not match its name) is not a place in the queue. kv must
+// come from a read that fills Lease: etcd 3.7 leaves it empty in keys-only
+// reads.
+func isQueueKey(pfx string, kv *mvccpb.KeyValue) bool {
+	rest, ok := strings.CutPrefix(string(kv.Key), pfx)
+	if !ok || rest == "" || strings.Contains(rest, "/") || kv.Lease == 0 {
+		return false
+	}
+	return rest == strconv.FormatInt(kv.Lease, 16)
 }

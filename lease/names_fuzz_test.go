@@ -1,10 +1,12 @@
 package lease
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"unicode"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,12 +29,37 @@ func FuzzLockNames(f *testing.F) {
 		if validateName(a) != nil || validateName(b) != nil {
 			return
 		}
+		if id <= 0 {
+			return // etcd's lease IDs are positive
+		}
 		key := lockKey(b, clientv3.LeaseID(id))
-		if !isQueueKey(b+"/", []byte(key)) {
+		own := &mvccpb.KeyValue{Key: []byte(key), Lease: id}
+		if !isQueueKey(b+"/", own) {
 			t.Fatalf("%q is not a queue key of its own name %q", key, b)
 		}
-		if a != b && isQueueKey(a+"/", []byte(key)) {
+		if a != b && isQueueKey(a+"/", own) {
 			t.Fatalf("%q, a key of %q, counts as a queue key of %q", key, b, a)
+		}
+		// The queue-key rule: the same key with no lease or with another
+		// lease, the name in uppercase hex, and a data key beside the lock
+		// (b + "/" + a, unless a happens to be the lease in hex) are not
+		// places in b's queue.
+		hex := strconv.FormatInt(id, 16)
+		foreign := []*mvccpb.KeyValue{
+			{Key: []byte(key)},
+			{Key: []byte(key), Lease: id + 1},
+			{Key: []byte(b + "/" + strings.ToUpper(hex)), Lease: id},
+		}
+		if a != hex {
+			foreign = append(foreign, &mvccpb.KeyValue{Key: []byte(b + "/" + a), Lease: id})
+		}
+		for _, kv := range foreign {
+			if strings.ToUpper(hex) == hex && string(kv.Key) == key && kv.Lease == id {
+				continue // all digits: upper and lower case are the same key
+			}
+			if isQueueKey(b+"/", kv) {
+				t.Fatalf("%q (lease %x) counts as a queue key of %q", kv.Key, kv.Lease, b)
+			}
 		}
 	})
 }

@@ -74,7 +74,7 @@ func readLeader(ctx context.Context, client *clientv3.Client, name string) (*Lea
 			rev = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			if isQueueKey(pfx, kv.Key) {
+			if isQueueKey(pfx, kv) {
 				return leaderOf(name, kv), rev, nil
 			}
 			minRev = kv.CreateRevision + 1
@@ -206,16 +206,17 @@ func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {
 			return
 		}
 		for _, ev := range wr.Events {
-			if !isQueueKey(pfx, ev.Kv.Key) {
-				continue
-			}
+			leaderKey := cur != nil && string(ev.Kv.Key) == cur.Key
+			queued := ev.Type == mvccpb.PUT && isQueueKey(pfx, ev.Kv)
 			switch {
+			case leaderKey && (!queued || ev.Kv.CreateRevision != cur.Token):
+				return // the leader went, or its key was replaced
+			case !queued:
+				continue // another key under the name, or a waiter leaving
 			case cur == nil:
 				return // a candidate appeared where there was no leader
-			case string(ev.Kv.Key) != cur.Key:
+			case !leaderKey:
 				continue // a candidate queued behind the leader
-			case ev.Type == mvccpb.DELETE || ev.Kv.CreateRevision != cur.Token:
-				return // the leader went
 			}
 			next := leaderOf(o.name, ev.Kv)
 			if next.newer(*last) {
