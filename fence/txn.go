@@ -72,6 +72,10 @@ func (t *Txn) Else(ops ...clientv3.Op) *Txn { t.els = append(t.els, ops...); ret
 //   - when etcd may have applied the transaction without the answer
 //     arriving (deadline, lost connection), an error matching
 //     ErrOutcomeUnknown: Commit never re-sends such a transaction;
+//   - a ctx that had already ended sends nothing, and the error wraps its
+//     cause (for a lock's context, the lock's Err). Fenced writes under a
+//     lock are best given lease.Lock.WriteContext, which does not end with
+//     the lock, so that a late write gets the fence's verdict;
 //   - bad input (no kv, an invalid guard, a caller operation that writes a
 //     fence record, too many operations) wraps ErrInvalidArgument, and
 //     nothing is sent.
@@ -89,6 +93,10 @@ func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
 	cmps, then, els := t.build()
 	if err := fits(cmps, then, els, MaxTxnOps); err != nil {
 		return nil, err
+	}
+	if t.ctx.Err() != nil {
+		// Known not applied: the client sends nothing on an ended context.
+		return nil, fmt.Errorf("fence: not sent: %w", context.Cause(t.ctx))
 	}
 	resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {

@@ -63,6 +63,12 @@ func (e *Leadership) Context(parent context.Context) (context.Context, context.C
 	return e.l.Context(parent)
 }
 
+// WriteContext is Lock.WriteContext: a context for a fenced write that
+// does not end with the leadership.
+func (e *Leadership) WriteContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return e.l.WriteContext(parent)
+}
+
 // Lock returns the lock underneath, for APIs that take a *Lock.
 func (e *Leadership) Lock() *Lock { return e.l }
 

@@ -86,6 +86,17 @@ func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel cont
 	return linkCause(parent, l.ctx)
 }
 
+// WriteContext returns a context for a fenced write made under the lock. It
+// carries parent's values but does not end when parent ends, nor when the
+// lock ends: a write under way when the lock is lost must still reach the
+// resource, whose fence says whether it counts (a stale token is refused
+// with a typed error), instead of being cancelled into an outcome nobody
+// knows. It ends after the session's TTL, so that no write outlives the
+// lease by much. Call cancel when the write is done.
+func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(parent), l.s.ttl)
+}
+
 // Lock takes the lock name, waiting until it is held or ctx ends. Locks of
 // the same name taken through the same session exclude each other.
 //

@@ -1,0 +1,238 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// keyGone tells whether key is absent.
+func keyGone(t *testing.T, cli *clientv3.Client, key string) bool {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Kvs) == 0
+}
+
+func TestRunReleasesWhenDone(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "run-done")
+	before := leaseCount(t)
+	var key string
+	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+		key = l.Key()
+		return nil
+	}, lease.WithTTL(shortTTL))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !keyGone(t, cli, key) {
+		t.Fatalf("lock key %s left behind", key)
+	}
+	if after := leaseCount(t); after != before {
+		t.Fatalf("leases %d -> %d: the session was not closed", before, after)
+	}
+}
+
+func TestRunReturnsFnError(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "run-err")
+	boom := errors.New("boom")
+	var key string
+	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+		key = l.Key()
+		return boom
+	}, lease.WithTTL(shortTTL))
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run: %v, want fn's error", err)
+	}
+	if !keyGone(t, cli, key) {
+		t.Fatalf("lock key %s left behind", key)
+	}
+}
+
+// A lost lock is taken again, with a larger token, on a new session when
+// the old one ended; fn's context ends with the loss.
+func TestRunRetakesAfterLoss(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	for _, how := range []string{"key deleted", "lease revoked"} {
+		t.Run(how, func(t *testing.T) {
+			name := etcdtest.Name(t, "run-loss")
+			var tokens []int64
+			var leases []string
+			err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+				tokens = append(tokens, l.Token())
+				leases = append(leases, l.Key())
+				if len(tokens) > 1 {
+					return nil
+				}
+				var err error
+				if how == "key deleted" {
+					_, err = cli.Delete(ctx, l.Key())
+				} else {
+					resp, gerr := cli.Get(ctx, l.Key())
+					if gerr != nil || len(resp.Kvs) != 1 {
+						return errors.New("own key unreadable")
+					}
+					_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+				}
+				if err != nil {
+					return err
+				}
+				<-ctx.Done()
+				if !errors.Is(context.Cause(ctx), lease.ErrLost) {
+					t.Errorf("fn's context ended with %v, want ErrLost", context.Cause(ctx))
+				}
+				return ctx.Err()
+			}, lease.WithTTL(shortTTL))
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if len(tokens) != 2 || tokens[1] <= tokens[0] {
+				t.Fatalf("tokens %v: want a second, larger one", tokens)
+			}
+			if how == "lease revoked" && leases[0] == leases[1] {
+				t.Fatalf("the second holding reused the revoked session's key %s", leases[0])
+			}
+		})
+	}
+}
+
+func TestRunStopsWithContext(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "run-ctx")
+	ctx, cancel := context.WithCancel(testCtx(t))
+	var key string
+	err := lease.Run(ctx, cli, name, func(fctx context.Context, l *lease.Lock) error {
+		key = l.Key()
+		cancel()
+		<-fctx.Done()
+		return fctx.Err()
+	}, lease.WithTTL(shortTTL))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want context.Canceled", err)
+	}
+	if !keyGone(t, cli, key) {
+		t.Fatalf("lock key %s left behind", key)
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	var called atomic.Bool
+	fn := func(context.Context, *lease.Lock) error { called.Store(true); return nil }
+	before := leaseCount(t)
+	for what, err := range map[string]error{
+		"nil client": lease.Run(testCtx(t), nil, "x", fn),
+		"nil fn":     lease.Run(testCtx(t), cli, "x", nil),
+		"bad name":   lease.Run(testCtx(t), cli, "x/", fn),
+		"bad option": lease.Run(testCtx(t), cli, "x", fn, lease.WithTTL(0)),
+		"nil option": lease.Run(testCtx(t), cli, "x", fn, nil),
+		"lead nil":   lease.Lead(testCtx(t), cli, "x", "v", nil),
+	} {
+		if !errors.Is(err, lease.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", what, err)
+		}
+	}
+	if called.Load() {
+		t.Error("fn was called on bad input")
+	}
+	if after := leaseCount(t); after != before {
+		t.Errorf("leases %d -> %d: bad input granted a lease", before, after)
+	}
+}
+
+// A fenced write under way inside fn when the lock is lost gets the
+// fence's verdict through WriteContext: stale, not an unknown outcome.
+func TestRunLateFencedWriteIsStale(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "run-late")
+	rec := name + "-fence"
+	write := func(ctx context.Context, token int64, v string) error {
+		_, err := fence.NewTxn(ctx, cli, fence.Resource(rec, token)).Then(clientv3.OpPut(name+"-data", v)).Commit()
+		return err
+	}
+	var lateErr, plainErr error
+	calls := 0
+	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+		calls++
+		if calls > 1 {
+			return write(ctx, l.Token(), "after") // the new holding's first write
+		}
+		wctx, cancel := l.WriteContext(ctx)
+		defer cancel()
+		if err := write(wctx, l.Token(), "first"); err != nil {
+			return err
+		}
+		// The lock is lost and a successor writes, while this fn still runs.
+		if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+			return err
+		}
+		succ := mustLock(t, newSession(t, cli), name)
+		if err := write(testCtx(t), succ.Token(), "successor"); err != nil {
+			return err
+		}
+		if err := succ.Unlock(testCtx(t)); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		lateErr = write(wctx, l.Token(), "late")
+		plainErr = write(ctx, l.Token(), "late")
+		return lateErr
+	}, lease.WithTTL(shortTTL))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var stale *fence.StaleError
+	if !errors.As(lateErr, &stale) {
+		t.Fatalf("late write through WriteContext: %v, want a *fence.StaleError", lateErr)
+	}
+	if errors.Is(plainErr, fence.ErrOutcomeUnknown) || !errors.Is(plainErr, lease.ErrLost) {
+		t.Fatalf("late write on fn's ended context: %v, want 'not sent' with the lock's loss", plainErr)
+	}
+	if calls != 2 {
+		t.Fatalf("fn called %d times, want 2", calls)
+	}
+}
+
+func TestLeadRetakesAfterLoss(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "lead")
+	var tokens []int64
+	err := lease.Lead(testCtx(t), cli, name, "me", func(ctx context.Context, l *lease.Leadership) error {
+		tokens = append(tokens, l.Token())
+		if ld, err := lease.CurrentLeader(ctx, cli, name); err != nil || ld.Token != l.Token() || ld.Value != "me" {
+			t.Errorf("CurrentLeader = %+v, %v; want token %d, value me", ld, err, l.Token())
+		}
+		if len(tokens) > 1 {
+			return nil
+		}
+		if _, err := cli.Delete(ctx, l.Key()); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return nil // fn says nothing of the loss: Lead sees it
+	}, lease.WithTTL(shortTTL))
+	if err != nil {
+		t.Fatalf("Lead: %v", err)
+	}
+	if len(tokens) != 2 || tokens[1] <= tokens[0] {
+		t.Fatalf("tokens %v: want a second, larger one", tokens)
+	}
+}
