@@ -1,0 +1,120 @@
+package leasetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+)
+
+// Server is one embedded etcd member for one test. Its methods are safe for
+// concurrent use; each takes the testing.TB it reports failures to.
+type Server struct {
+	cluster *etcdtest.Cluster
+}
+
+// Option configures NewServer.
+type Option func(*etcdtest.Config) error
+
+// WithElectionTimeout sets the member's election timeout (etcd's default
+// is 1 s), and its heartbeat to a tenth of it. etcd grants no lease shorter
+// than 1.5 × the election timeout, rounded up to a second: 500 ms allows
+// 1 s leases, for faster loss tests.
+func WithElectionTimeout(d time.Duration) Option {
+	return func(c *etcdtest.Config) error {
+		if d < 50*time.Millisecond || d > time.Minute {
+			return fmt.Errorf("leasetest: election timeout %v: want 50ms to 1m", d)
+		}
+		c.ElectionMs = uint(d / time.Millisecond)
+		c.TickMs = max(c.ElectionMs/10, 5)
+		return nil
+	}
+}
+
+// WithLogger sends the server's logs to l; by default they are discarded.
+func WithLogger(l *zap.Logger) Option {
+	return func(c *etcdtest.Config) error {
+		c.Logger = l
+		return nil
+	}
+}
+
+// NewServer starts an embedded etcd member on free loopback ports and stops
+// it, removing its data, when the test ends. It fails the test if the
+// server cannot start within 30 s or an option is bad. It ignores
+// ETCD_ENDPOINTS: the server is always the test's own.
+func NewServer(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	var cfg etcdtest.Config
+	for _, opt := range opts {
+		if opt == nil {
+			t.Fatal("leasetest: nil Option")
+		}
+		if err := opt(&cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &Server{cluster: etcdtest.StartT(t, cfg)}
+}
+
+// Endpoints are the server's client URLs.
+func (s *Server) Endpoints() []string { return s.cluster.Endpoints() }
+
+// Client opens a client of the server, closed when the test ends.
+func (s *Server) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	return s.cluster.ClientT(t)
+}
+
+// RevokeLease revokes a lease, as an operator or an expiry would end it:
+// every key attached to it goes at once, and the session that kept it
+// alive sees its lease gone (Session.Done closes, its locks report
+// lease.ErrLeaseExpired). A lease already gone is not an error.
+func (s *Server) RevokeLease(t testing.TB, id clientv3.LeaseID) {
+	t.Helper()
+	cli := s.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		t.Fatalf("leasetest: revoke lease %x: %v", int64(id), err)
+	}
+}
+
+// DeleteKey deletes a key, as an operator or a buggy client would: a lock
+// whose key it was ends with lease.ErrKeyDeleted.
+func (s *Server) DeleteKey(t testing.TB, key string) {
+	t.Helper()
+	cli := s.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Delete(ctx, key); err != nil {
+		t.Fatalf("leasetest: delete %q: %v", key, err)
+	}
+}
+
+// Stop stops the server, keeping its data: clients see it unreachable.
+// Stopping a stopped server does nothing.
+func (s *Server) Stop(t testing.TB) {
+	t.Helper()
+	s.cluster.Members[0].Stop()
+}
+
+// Restart starts a stopped server again on the same ports and data, and
+// waits until it serves. Leases survive a restart (etcd extends them by
+// the election timeout), so a session kept alive through the outage goes
+// on.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.cluster.Members[0].Restart(ctx); err != nil {
+		t.Fatalf("leasetest: restart: %v", err)
+	}
+}
