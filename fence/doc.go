@@ -16,6 +16,9 @@
 //   - Rows in a SQL database: package fence/sqlfence, the same rule in one
 //     UPDATE statement.
 //
+// A Holder is *lease.Lock or *lease.Leadership, or, for services that lock
+// with etcd's own concurrency package, FromMutex and FromElection.
+//
 // Guards combine: NewTxn(ctx, kv, Held(l), Resource(k1, t), Resource(k2, t))
 // checks them all, with the caller's own If/Then/Else, in one etcd
 // transaction and one round trip. A failed guard is an error (*NotHeldError
@@ -29,7 +32,12 @@
 // been accepted by that record. Records store tokens in a fixed-width,
 // order-preserving encoding (EncodeToken), because etcd compares values as
 // bytes. An answer that did not arrive is reported as ErrOutcomeUnknown, never
-// as a failure, and such a transaction is never re-sent by this package.
+// as a failure, and such a transaction is never re-sent by this package; a
+// transaction on a context that had already ended is not sent at all, and
+// says so. A transaction larger than etcd accepts at the depth the guards
+// put the caller's operations is refused before sending, with
+// ErrInvalidArgument. Every error matches a sentinel of this package or is
+// one of its typed errors.
 //
 // # What is not
 //

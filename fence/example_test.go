@@ -6,6 +6,7 @@ import (
 	"log"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/lease"
@@ -57,4 +58,28 @@ func ExampleTxn_If() {
 	if err == nil && !resp.Succeeded {
 		log.Print("the job was not ready; nothing written")
 	}
+}
+
+// A service that already locks with etcd's concurrency.Mutex fences its
+// writes with the mutex's token, without changing how it locks.
+func ExampleFromMutex() {
+	ctx := context.Background()
+	var cli *clientv3.Client
+	s, err := concurrency.NewSession(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	m := concurrency.NewMutex(s, "shards/7")
+	if err := m.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	holder := fence.FromMutex(m) // after Lock: the key's creation revision
+	_, err = fence.NewTxn(ctx, cli, fence.Held(holder), fence.Resource("shards/7-fence", holder.Token())).
+		Then(clientv3.OpPut("shards/7-checkpoint", "offset 42")).
+		Commit()
+	if errors.Is(err, fence.ErrNotHeld) || errors.Is(err, fence.ErrStale) {
+		log.Print("the mutex was lost: the write did not happen")
+	}
+	m.Unlock(ctx)
 }

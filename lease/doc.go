@@ -15,6 +15,12 @@
 // with concurrency.Election, etcd's Election RPC and etcdctl elect. A
 // Leadership ends, and shows it, exactly as a Lock does.
 //
+// Run and Lead hold a lock or a leadership under supervision: they create
+// the session, call the caller's function while held, release on return,
+// and take the holding again after a loss, so that the function resumes
+// from its fenced state. Package leasetest runs a real etcd, with faults,
+// for the tests of code built on this package.
+//
 // # What is guaranteed
 //
 //   - Lock.Token is the creation revision of the lock key: raft-committed,

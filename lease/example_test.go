@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -39,6 +40,32 @@ func Example() {
 	defer stop()
 	fmt.Println("holding", l.Key(), "with token", l.Token())
 	<-work.Done() // the work; it ends early if the lock is lost
+}
+
+// Hold a shard's lock for as long as the work runs, and take it again if
+// it is lost: each holding resumes from the fenced checkpoint, and every
+// write carries the holding's token.
+func ExampleRun() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+
+	err = lease.Run(ctx, cli, "shards/7", func(ctx context.Context, l *lease.Lock) error {
+		// ctx ends if the lock is lost; writes use WriteContext, so that a
+		// late one is refused by the fence rather than cut off unanswered.
+		wctx, cancel := l.WriteContext(ctx)
+		defer cancel()
+		_, err := fence.NewTxn(wctx, cli, fence.Resource("shards/7/fence", l.Token())).
+			Then(clientv3.OpPut("shards/7/checkpoint", "offset 42")).
+			Commit()
+		return err
+	}, lease.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
 }
 
 func ExampleSession_TryLock() {

@@ -25,7 +25,10 @@ import (
 //   - fn returns nil while the lock is still held: Run releases the lock,
 //     closes its session and returns nil.
 //   - fn returns an error while the lock is still held: Run releases the
-//     lock, closes its session and returns an error wrapping fn's.
+//     lock, closes its session and returns an error wrapping fn's. If the
+//     release finds the key gone (fn failed because the lock had been lost
+//     before this process noticed, say a write refused as stale), that is
+//     a loss, as below.
 //   - The lock is lost (its key deleted, its lease expired or revoked):
 //     whatever fn returned, Run waits a short jittered backoff (at most
 //     2 s), takes the lock again, on a new session if the old one ended,
@@ -157,10 +160,20 @@ func holdOnce[H holding](ctx context.Context, s *Session, take func(context.Cont
 	case h.Err() != nil:
 		return false, nil // lost: take it again, whatever fn said
 	case ferr != nil:
-		releaseAfter(s, h)
+		// fn may have failed because the holding was lost before this
+		// process noticed (a write refused as stale): the release finds
+		// the key gone, and it is a loss like any other.
+		if errors.Is(releaseAfter(s, h), ErrLost) {
+			return false, nil
+		}
 		return true, ferr
 	}
-	return true, releaseAfter(s, h)
+	// fn finished its work; a key found gone at release changes nothing
+	// of what it did under its fences.
+	if err := releaseAfter(s, h); err != nil && !errors.Is(err, ErrLost) {
+		return true, err
+	}
+	return true, nil
 }
 
 // releaseAfter releases h with a deadline of its own (ctx may be what
@@ -168,10 +181,7 @@ func holdOnce[H holding](ctx context.Context, s *Session, take func(context.Cont
 func releaseAfter(s *Session, h holding) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.TTL())
 	defer cancel()
-	if err := h.release(ctx); err != nil && !errors.Is(err, ErrLost) {
-		return err
-	}
-	return nil
+	return h.release(ctx)
 }
 
 // retryable tells whether a failed session or acquisition is worth trying

@@ -236,3 +236,25 @@ func TestLeadRetakesAfterLoss(t *testing.T) {
 		t.Fatalf("tokens %v: want a second, larger one", tokens)
 	}
 }
+
+// fn fails because its lock was lost before the lock noticed (here: the key
+// is deleted and fn returns at once): Run counts the loss, not the error.
+func TestRunErrorAfterUnnoticedLoss(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "run-unnoticed")
+	calls := 0
+	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+		calls++
+		if calls > 1 {
+			return nil
+		}
+		if _, err := cli.Delete(ctx, l.Key()); err != nil {
+			return err
+		}
+		return errors.New("write refused: stale")
+	}, lease.WithTTL(shortTTL))
+	if err != nil || calls != 2 {
+		t.Fatalf("Run: %v after %d calls, want nil after 2", err, calls)
+	}
+}

@@ -344,31 +344,26 @@ func scheduler(in io.Reader, out io.Writer) error {
 	}
 	defer cli.Close()
 	prefix, id := os.Getenv(envPrefix), os.Getenv(envID)
-	for ctx.Err() == nil {
-		if err := lead(ctx, cli, prefix, id, ttl, out); err != nil && ctx.Err() == nil {
-			return err
-		}
+	// lease.Lead campaigns, calls schedule while leading, and campaigns
+	// again whenever the leadership is lost.
+	err = lease.Lead(ctx, cli, prefix+"/leader", id, func(ctx context.Context, l *lease.Leadership) error {
+		return schedule(ctx, cli, prefix, l, out)
+	}, lease.WithTTL(ttl))
+	if ctx.Err() != nil {
+		return nil // stdin closed: asked to stop
 	}
-	return nil
+	return err
 }
 
-func lead(ctx context.Context, cli *clientv3.Client, prefix, id string, ttl time.Duration, out io.Writer) error {
-	s, err := lease.NewSession(ctx, cli, lease.WithTTL(ttl))
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	l, err := s.Campaign(ctx, prefix+"/leader", id)
-	if err != nil {
-		if errors.Is(err, lease.ErrLost) {
-			return nil // campaign again on a new session
-		}
-		return err
-	}
+// schedule runs job steps while leading: each step reads the checkpoint,
+// works, and writes the next step fenced by the leadership's token. It
+// returns when the leadership ends (its ctx ends), or when a write is
+// refused as stale (the leadership has ended even if this process has not
+// noticed yet); lease.Lead then campaigns again.
+func schedule(ctx context.Context, cli *clientv3.Client, prefix string, l *lease.Leadership, out io.Writer) error {
 	tok := l.Token()
 	fmt.Fprintln(out, "LEADER", tok)
-	defer l.Resign(context.Background())
-	for l.Err() == nil && ctx.Err() == nil {
+	for ctx.Err() == nil {
 		g, err := cli.Get(ctx, prefix+"/checkpoint")
 		if err != nil {
 			continue
@@ -380,20 +375,24 @@ func lead(ctx context.Context, cli *clientv3.Client, prefix, id string, ttl time
 		}
 		step := cp + 1
 		fmt.Fprintln(out, "WORK", tok, step)
-		time.Sleep(workTime) // the job step itself
-		resp, err := fence.NewTxn(ctx, cli, fence.Resource(prefix+"/checkpoint-fence", tok)).
+		time.Sleep(workTime) // the job step itself, which does not look at ctx
+		// WriteContext: a write begun as leader gets the fence's verdict
+		// even if the leadership ended meanwhile.
+		wctx, cancel := l.WriteContext(ctx)
+		resp, err := fence.NewTxn(wctx, cli, fence.Resource(prefix+"/checkpoint-fence", tok)).
 			If(clientv3.Compare(clientv3.ModRevision(prefix+"/checkpoint"), "=", modRev)).
 			Then(clientv3.OpPut(prefix+"/checkpoint", strconv.FormatInt(step, 10))).
 			Commit()
+		cancel()
 		switch {
 		case errors.Is(err, fence.ErrStale):
 			fmt.Fprintln(out, "REFUSED", tok, err)
-			return nil
+			return err
 		case err != nil, !resp.Succeeded:
 			continue // etcd unreachable, or the checkpoint moved: read again
 		}
 		fmt.Fprintln(out, "WROTE", tok, step)
 	}
-	fmt.Fprintln(out, "LOST", tok, l.Err())
+	fmt.Fprintln(out, "LOST", tok, context.Cause(ctx))
 	return nil
 }

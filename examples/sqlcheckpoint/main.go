@@ -2,17 +2,19 @@
 // to a SQL table through fence/sqlfence while a competing worker takes the
 // shard over.
 //
-// Worker A holds the shard's lock and commits offsets. During a long batch
-// its connection to etcd fails (a real network partition, made with etcd's
-// fault proxy), its lease expires, and worker B takes the shard with a
-// larger token, resumes from the committed offset and commits further. The
-// partition heals and A commits the end of its batch: the row's fence
-// token refuses it, so the offset never moves back.
+// Each worker holds the shard's lock through lease.Run. Worker A commits
+// offsets. During a long batch its connection to etcd fails (a real network
+// partition, made with etcd's fault proxy), its lease expires, and worker B
+// takes the shard with a larger token, resumes from the committed offset,
+// commits further and releases it. The partition heals and A commits the
+// end of its batch: the row's fence token refuses it, so the offset never
+// moves back. lease.Run then takes the shard for A again, with a new token,
+// and A resumes from the row, not from its memory.
 //
 // The table lives in a SQLite file in a temporary directory by default, or
 // in PostgreSQL with -dsn. With neither -endpoints nor ETCD_ENDPOINTS it
 // starts an embedded etcd. The exit status is 0 only if A's late commit was
-// refused and the row holds B's offset.
+// refused and A resumed after B's offset.
 package main
 
 import (
@@ -52,10 +54,11 @@ func main() {
 
 // outcome is what a run ended with.
 type outcome struct {
-	aToken, bToken int64
-	refused        bool
-	offset         int64
-	owner          string
+	aToken, bToken, resumeToken int64 // A's first holding, B's, A's second
+	refused                     bool  // A's late commit was refused
+	bOffset                     int64 // the last offset B committed
+	offset                      int64 // the row at the end
+	owner                       string
 }
 
 func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, error) {
@@ -73,108 +76,158 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	}
 	defer cleanup()
 	shard := fmt.Sprintf("shard-%x", time.Now().UnixNano()&0xffffff)
-	sh := &shardStory{ctx: ctx, cli: cli, db: db, f: f, dsn: dsn, ttl: ttl, shard: shard,
-		lockName: "sqlcheckpoint/" + shard, tl: exampleenv.NewTimeline(out)}
-	defer sh.closers.Run()
+	sh := &shardStory{db: db, f: f, dsn: dsn, shard: shard, tl: exampleenv.NewTimeline(out),
+		started: make(chan *lease.Lock, 1), finish: make(chan struct{}), late: make(chan error, 1)}
+	lockName := "sqlcheckpoint/" + shard
 
-	if err := sh.startA(&res); err != nil {
-		return res, err
-	}
-	if err := sh.cutA(); err != nil {
-		return res, err
-	}
-	from, err := sh.takeOverB(&res)
+	// Worker A reaches etcd through a proxy, so its network can fail.
+	p, cliA, closeA, err := exampleenv.ProxiedClient(cli.Endpoints()[0])
 	if err != nil {
 		return res, err
 	}
-	if err := sh.lateCommitA(&res); err != nil {
+	defer closeA()
+	aDone := make(chan error, 1)
+	aStopped := make(chan struct{})
+	go func() {
+		defer close(aStopped)
+		aDone <- lease.Run(ctx, cliA, lockName, sh.workerA, lease.WithTTL(ttl))
+	}()
+	defer func() { // if the story stops early, so does A
+		cancel()
+		<-aStopped
+	}()
+
+	var la *lease.Lock
+	select {
+	case la = <-sh.started:
+	case err := <-aDone:
+		return res, fmt.Errorf("worker A stopped: %v", err)
+	}
+	res.aToken = la.Token()
+	if err := sh.cutUntilExpired(ctx, cli, p, la); err != nil {
 		return res, err
 	}
-	if err := sh.readRow(&res); err != nil {
+	if err := lease.Run(ctx, cli, lockName, func(ctx context.Context, l *lease.Lock) error {
+		res.bToken = l.Token()
+		res.bOffset, err = sh.workerB(ctx, l)
+		return err
+	}, lease.WithTTL(ttl)); err != nil {
+		return res, fmt.Errorf("worker B: %w", err)
+	}
+	sh.tl.Printf("B", "done: releases %s", shard)
+
+	p.UnblackholeTx()
+	p.UnblackholeRx()
+	sh.tl.Printf("net", "A's network is back; A finishes its batch")
+	close(sh.finish)
+	var stale *fence.StaleError
+	res.refused = errors.As(<-sh.late, &stale)
+	if err := <-aDone; err != nil {
+		return res, fmt.Errorf("worker A: %w", err)
+	}
+	res.resumeToken = sh.resumeToken
+	if err := sh.readRow(ctx, &res); err != nil {
 		return res, err
 	}
-	if !res.refused || res.owner != "B" || res.offset != from+200 {
-		return res, errors.New("worker A's stale commit was not refused")
+	if !res.refused || res.bOffset != 400 || res.owner != "A" || res.offset != 500 || res.resumeToken <= res.bToken {
+		return res, errors.New("worker A's stale commit was not refused, or A did not resume from B's offset")
 	}
-	fmt.Fprintf(out, "\nA plain UPDATE would have set the offset back from %d to 300, and records %d..%d would be processed twice.\n", res.offset, 301, res.offset)
+	fmt.Fprintf(out, "\nA plain UPDATE would have set the offset back from %d to 300, and records 301..%d would be processed twice.\n", res.bOffset, res.bOffset)
 	return res, nil
 }
 
 // shardStory is one shard, its offsets row, and the two workers that take
-// it in turn: A, whose link to etcd goes through a fault proxy, then B.
+// it in turn through lease.Run: A, whose link to etcd goes through a fault
+// proxy, then B, then A again.
 type shardStory struct {
-	ctx      context.Context
-	cli      *clientv3.Client
-	db       *sql.DB
-	f        *sqlfence.Fence
-	dsn      string
-	ttl      time.Duration
-	shard    string
-	lockName string
-	tl       *exampleenv.Timeline
-	closers  exampleenv.Cleanup
+	db    *sql.DB
+	f     *sqlfence.Fence
+	dsn   string
+	shard string
+	tl    *exampleenv.Timeline
 
-	proxyA proxy.Server
-	la     *lease.Lock
+	started     chan *lease.Lock // A's first holding, once its batch is under way
+	finish      chan struct{}    // closed when A's long batch may end
+	late        chan error       // the result of A's late commit
+	calls       int              // holdings of A so far (only A's goroutine)
+	resumeToken int64            // A's second holding
 }
 
-// commit writes offset to the shard's row, fenced by l's token.
-func (sh *shardStory) commit(who string, l *lease.Lock, offset int64) error {
-	err := sh.f.Upsert(sh.ctx, sh.db, sh.shard, l.Token(), sqlfence.Set("committed_offset", offset), sqlfence.Set("owner", who))
+// commit writes offset to the shard's row, fenced by l's token. It uses
+// l.WriteContext: a commit under way when the lock is lost still reaches
+// the database and gets the fence's verdict.
+func (sh *shardStory) commit(ctx context.Context, who string, l *lease.Lock, offset int64) error {
+	wctx, cancel := l.WriteContext(ctx)
+	defer cancel()
+	err := sh.f.Upsert(wctx, sh.db, sh.shard, l.Token(), sqlfence.Set("committed_offset", offset), sqlfence.Set("owner", who))
 	if err == nil {
 		sh.tl.Printf(who, "commits offset %d with token %d", offset, l.Token())
 	}
 	return err
 }
 
-// startA takes the shard for A, through its proxy, and commits two
-// offsets; A then starts a long batch.
-func (sh *shardStory) startA(res *outcome) error {
-	p, cliA, closeA, err := exampleenv.ProxiedClient(sh.cli.Endpoints()[0])
-	if err != nil {
-		return err
+// committed reads the offset the row holds, 0 if there is no row yet.
+func (sh *shardStory) committed(ctx context.Context) (int64, error) {
+	var from int64
+	q := fmt.Sprintf(`SELECT committed_offset FROM %s WHERE shard = %s`, table, placeholder(sh.dsn))
+	err := sh.db.QueryRowContext(ctx, q, sh.shard).Scan(&from)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
 	}
-	sh.closers.Add(closeA)
-	sh.proxyA = p
-	sa, err := lease.NewSession(sh.ctx, cliA, lease.WithTTL(sh.ttl))
-	if err != nil {
-		return err
+	return from, err
+}
+
+// workerA is A's work under the lock, called by lease.Run for each
+// holding. The first holding commits two offsets, then starts a long batch
+// that does not look at its context; the batch's commit comes late. The
+// second holding resumes from what the row says, as every holding must.
+func (sh *shardStory) workerA(ctx context.Context, l *lease.Lock) error {
+	sh.calls++
+	if sh.calls > 1 {
+		sh.resumeToken = l.Token()
+		from, err := sh.committed(ctx)
+		if err != nil {
+			return err
+		}
+		sh.tl.Printf("A", "lease.Run takes %s again: token %d; resumes after offset %d", sh.shard, l.Token(), from)
+		return sh.commit(ctx, "A", l, from+100)
 	}
-	sh.closers.Add(func() { sa.Close() })
-	if sh.la, err = sa.Lock(sh.ctx, sh.lockName); err != nil {
-		return err
-	}
-	res.aToken = sh.la.Token()
-	sh.tl.Printf("A", "takes %s: token %d", sh.shard, sh.la.Token())
+	sh.tl.Printf("A", "lease.Run takes %s: token %d", sh.shard, l.Token())
 	for _, off := range []int64{100, 200} {
-		if err := sh.commit("A", sh.la, off); err != nil {
+		if err := sh.commit(ctx, "A", l, off); err != nil {
 			return err
 		}
 	}
-	if err := sh.la.Err(); err != nil {
-		return err
+	sh.tl.Printf("A", "starts a long batch, records 201..300")
+	sh.started <- l
+	<-sh.finish // deep in the batch: A does not look at ctx
+	err := sh.commit(ctx, "A", l, 300)
+	if err != nil {
+		sh.tl.Printf("A", "commit of offset 300 REFUSED: %v", err)
+	} else {
+		sh.tl.Printf("A", "commit of offset 300 ACCEPTED: the offset moved back")
 	}
-	sh.tl.Printf("A", "lock.Err() == nil: starts a long batch, records 201..300")
-	return nil
+	sh.late <- err
+	return err
 }
 
-// cutA cuts A from etcd until etcd has expired A's lease and deleted its
-// lock key; A, deep in its batch, does not look at its early warning.
-func (sh *shardStory) cutA() error {
-	key, err := sh.cli.Get(sh.ctx, sh.la.Key())
+// cutUntilExpired cuts A from etcd until etcd has expired A's lease and
+// deleted its lock key.
+func (sh *shardStory) cutUntilExpired(ctx context.Context, cli *clientv3.Client, p proxy.Server, la *lease.Lock) error {
+	key, err := cli.Get(ctx, la.Key())
 	if err != nil {
 		return err
 	}
-	watch, stopWatch := context.WithCancel(sh.ctx)
+	watch, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	wch := sh.cli.Watch(watch, sh.la.Key(), clientv3.WithRev(key.Header.Revision+1))
-	sh.proxyA.BlackholeTx()
-	sh.proxyA.BlackholeRx()
+	wch := cli.Watch(watch, la.Key(), clientv3.WithRev(key.Header.Revision+1))
+	p.BlackholeTx()
+	p.BlackholeRx()
 	cutAt := time.Now()
 	sh.tl.Printf("net", "A's connection to etcd fails (proxy blackholes both directions)")
-	<-sh.la.Done()
+	<-la.Done()
 	sh.tl.Printf("A", "(its early warning fires after %v: %v; A is deep in its batch and does not look)",
-		time.Since(cutAt).Round(10*time.Millisecond), sh.la.Err())
+		time.Since(cutAt).Round(10*time.Millisecond), la.Err())
 	if err := exampleenv.AwaitDelete(wch); err != nil {
 		return err
 	}
@@ -182,58 +235,26 @@ func (sh *shardStory) cutA() error {
 	return nil
 }
 
-// takeOverB takes the shard for B, which resumes from the committed offset
-// and commits two more. It returns the offset B resumed from.
-func (sh *shardStory) takeOverB(res *outcome) (int64, error) {
-	sb, err := lease.NewSession(sh.ctx, sh.cli, lease.WithTTL(sh.ttl))
+// workerB is B's work under the lock: resume from the row, commit two
+// batches, release. It returns the last offset it committed.
+func (sh *shardStory) workerB(ctx context.Context, l *lease.Lock) (int64, error) {
+	from, err := sh.committed(ctx)
 	if err != nil {
 		return 0, err
 	}
-	sh.closers.Add(func() { sb.Close() })
-	lb, err := sb.Lock(sh.ctx, sh.lockName)
-	if err != nil {
-		return 0, err
-	}
-	sh.closers.Add(func() { lb.Unlock(sh.ctx) })
-	res.bToken = lb.Token()
-	var from int64
-	q := fmt.Sprintf(`SELECT committed_offset FROM %s WHERE shard = %s`, table, placeholder(sh.dsn))
-	if err := sh.db.QueryRowContext(sh.ctx, q, sh.shard).Scan(&from); err != nil {
-		return 0, err
-	}
-	sh.tl.Printf("B", "takes %s: token %d; resumes after offset %d", sh.shard, lb.Token(), from)
+	sh.tl.Printf("B", "lease.Run takes %s: token %d; resumes after offset %d", sh.shard, l.Token(), from)
 	for _, off := range []int64{from + 100, from + 200} {
-		if err := sh.commit("B", lb, off); err != nil {
+		if err := sh.commit(ctx, "B", l, off); err != nil {
 			return 0, err
 		}
 	}
-	return from, nil
+	return from + 200, nil
 }
 
-// lateCommitA heals A's network; A finishes its batch and commits offset
-// 300 with its old token.
-func (sh *shardStory) lateCommitA(res *outcome) error {
-	sh.proxyA.UnblackholeTx()
-	sh.proxyA.UnblackholeRx()
-	sh.tl.Printf("net", "A's network is back")
-	err := sh.commit("A", sh.la, 300)
-	var stale *fence.StaleError
-	switch {
-	case errors.As(err, &stale):
-		res.refused = true
-		sh.tl.Printf("A", "commit of offset 300 REFUSED: %v", err)
-	case err != nil:
-		return err
-	default:
-		sh.tl.Printf("A", "commit of offset 300 ACCEPTED: the offset moved back")
-	}
-	return nil
-}
-
-// readRow reads the shard's row back.
-func (sh *shardStory) readRow(res *outcome) error {
+// readRow reads the shard's row at the end.
+func (sh *shardStory) readRow(ctx context.Context, res *outcome) error {
 	q := fmt.Sprintf(`SELECT committed_offset, owner FROM %s WHERE shard = %s`, table, placeholder(sh.dsn))
-	if err := sh.db.QueryRowContext(sh.ctx, q, sh.shard).Scan(&res.offset, &res.owner); err != nil {
+	if err := sh.db.QueryRowContext(ctx, q, sh.shard).Scan(&res.offset, &res.owner); err != nil {
 		return err
 	}
 	sh.tl.Printf("row", "%s: offset %d, committed by %s", sh.shard, res.offset, res.owner)

@@ -22,11 +22,11 @@ func TestSQLCheckpoint(t *testing.T) {
 			if err != nil {
 				t.Fatalf("run: %v", err)
 			}
-			if !res.refused || res.owner != "B" || res.offset != 400 {
-				t.Errorf("outcome %+v: want A refused, row at B's offset 400", res)
+			if !res.refused || res.bOffset != 400 || res.owner != "A" || res.offset != 500 {
+				t.Errorf("outcome %+v: want A's late commit refused, B at 400, A resumed to 500", res)
 			}
-			if res.bToken <= res.aToken {
-				t.Errorf("B's token %d not above A's %d", res.bToken, res.aToken)
+			if res.bToken <= res.aToken || res.resumeToken <= res.bToken {
+				t.Errorf("tokens A %d, B %d, A again %d: want them increasing", res.aToken, res.bToken, res.resumeToken)
 			}
 		})
 	}
