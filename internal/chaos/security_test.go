@@ -155,6 +155,25 @@ func TestTLSAndAuth(t *testing.T) {
 		}
 	})
 
+	t.Run("lease.Run ends at once on a refusal, without calling fn", func(t *testing.T) {
+		cli, err := connect("nobody", "nobody", "nobody-pw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		called := false
+		err = lease.Run(ctx, cli, "locks/job", func(context.Context, *lease.Lock) error {
+			called = true
+			return nil
+		}, lease.WithTTL(ttl))
+		if !errors.Is(err, rpctypes.ErrPermissionDenied) || called {
+			t.Errorf("Run without permission: %v (fn called: %v), want permission denied", err, called)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("refusal took %v", d)
+		}
+	})
+
 	t.Run("a user who may lock but not write fence records cannot move a fence", func(t *testing.T) {
 		cli, err := connect("nofence", "nofence", "nofence-pw")
 		if err != nil {
