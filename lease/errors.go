@@ -45,6 +45,13 @@ var (
 	// the lock would make two holders, so the library refuses.
 	ErrKeyInUse = errors.New("lease: lock key already in use on this lease")
 
+	// ErrRevisionRegressed reports that etcd's store revision went
+	// backwards under a live session: etcd was restored from a snapshot
+	// without bumping the revision (etcdutl snapshot restore
+	// --bump-revision N --mark-compacted), so tokens can repeat and fences
+	// can no longer tell old holders from new ones. It wraps ErrLost.
+	ErrRevisionRegressed = fmt.Errorf("%w: store revision went backwards", ErrLost)
+
 	// ErrNoLeader is returned by CurrentLeader when nobody holds the
 	// election.
 	ErrNoLeader = errors.New("lease: no leader")

@@ -133,6 +133,7 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
@@ -154,7 +155,7 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 			return nil, err
 		}
 	}
-	s.lg.Debug("lock acquired", zap.String("key", l.key), zap.Int64("token", l.token))
+	l.reportGranted(time.Since(start))
 	return l, nil
 }
 
@@ -198,6 +199,8 @@ func (l *Lock) await(ctx context.Context, try bool) error {
 		}
 		return err
 	}
+	l.s.hooks.waiting(l.name, +1)
+	defer l.s.hooks.waiting(l.name, -1)
 	wctx, stop := l.Context(ctx)
 	err := l.wait(wctx)
 	stop()
@@ -256,6 +259,8 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 		return false, fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
 	}
 	l.token = resp.Header.Revision
+	l.s.probeKey.Store(l.key)
+	l.s.sawRevision(resp.Header.Revision)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		if isQueueKey(pfx, kv) {
 			return kv.CreateRevision == l.token, nil
@@ -473,8 +478,7 @@ func (l *Lock) keyGone() {
 		return
 	}
 	l.mu.Unlock()
-	l.s.lg.Warn("lock key deleted", zap.String("key", l.key), zap.Int64("token", l.token))
-	l.cancel(ErrKeyDeleted)
+	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
 }
 
 // leave hands the name's local gate on, once.

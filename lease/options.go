@@ -19,6 +19,7 @@ type options struct {
 	logger *zap.Logger
 	clock  clock     // realClock unless the fault suite scales it
 	seam   faultSeam // empty in release builds
+	hooks  Hooks
 }
 
 // WithTTL sets the lease TTL the session asks for. It is rounded up to whole

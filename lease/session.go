@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -31,7 +32,8 @@ type Session struct {
 	ttl    time.Duration
 	lg     *zap.Logger
 	clock  clock
-	seam   faultSeam // empty in release builds; see mutants_off.go
+	seam   faultSeam // empty in release builds; see ownership.go
+	hooks  Hooks
 
 	// ctx ends, with the reason as its cause, when the lease is lost or the
 	// session is closed. Every lock's own context derives from it.
@@ -45,6 +47,12 @@ type Session struct {
 	gates gates // makes locks of one name on this session take turns
 
 	wg sync.WaitGroup // the keep-alive loop and every lock monitor
+
+	// highest is the highest store revision seen in any response header,
+	// and probeKey the last lock key taken: what a suspected regression is
+	// checked with.
+	highest  atomic.Int64
+	probeKey atomic.Value // string
 }
 
 // NewSession grants a lease with the configured TTL and keeps it alive until
@@ -74,12 +82,13 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		lg:       o.logger.With(zap.String("lease", fmt.Sprintf("%x", int64(resp.ID)))),
 		clock:    o.clock,
 		seam:     o.seam,
+		hooks:    o.hooks,
 		deadline: sent.Add(granted),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.wg.Add(1)
 	go s.keepAlive()
-	s.lg.Debug("session started", zap.Duration("ttl", granted))
+	s.lg.Info("session started", zap.Duration("ttl", granted))
 	return s, nil
 }
 
@@ -136,7 +145,7 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	s.cancel(ErrSessionClosed)
 	s.wg.Wait()
-	if cause := context.Cause(s.ctx); cause != ErrSessionClosed {
+	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))
 	}
 
@@ -144,6 +153,9 @@ func (s *Session) Close() error {
 	defer cancel()
 	if _, err := s.client.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return failed("revoke", err)
+	}
+	if cause := context.Cause(s.ctx); cause != ErrSessionClosed {
+		return failed("close", fmt.Errorf("session had already ended: %w", cause))
 	}
 	return nil
 }
@@ -153,8 +165,12 @@ func (s *Session) lose(reason string) {
 	if s.ctx.Err() != nil {
 		return
 	}
+	why := fmt.Errorf("%w: %s", ErrLeaseExpired, reason)
 	s.lg.Warn("lease lost", zap.String("reason", reason))
-	s.cancel(fmt.Errorf("%w: %s", ErrLeaseExpired, reason))
+	s.cancel(why)
+	if s.hooks.SessionLost != nil {
+		s.hooks.SessionLost(why)
+	}
 }
 
 // keepAlive renews the lease over one LeaseKeepAlive stream, every third of
@@ -259,6 +275,7 @@ func (s *Session) renew(stream pb.Lease_LeaseKeepAliveClient, results <-chan kee
 				return nil
 			}
 			s.extend(at.Add(s.renewedTTL(r.resp.TTL)), expiry)
+			s.sawRevision(r.resp.Header.GetRevision())
 		case <-expiry.C():
 			s.lose("not renewed before the local deadline")
 			return nil
@@ -274,7 +291,43 @@ func (s *Session) extend(deadline time.Time, expiry timer) {
 		s.deadline = deadline
 	}
 	s.mu.Unlock()
-	expiry.Reset(s.untilDeadline())
+	margin := s.untilDeadline()
+	expiry.Reset(margin)
+	if s.hooks.Renewed != nil {
+		s.hooks.Renewed(margin)
+	}
+}
+
+// sawRevision records a response header's store revision. One lower than
+// the highest seen may be a member that lags (headers are not
+// linearizable), so it is checked with a linearizable read, whose revision
+// covers every write acknowledged so far; only if that one is lower too has
+// the store gone backwards.
+func (s *Session) sawRevision(rev int64) {
+	highest := s.highest.Load()
+	for rev >= highest {
+		if s.highest.CompareAndSwap(highest, rev) {
+			return
+		}
+		highest = s.highest.Load()
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.ttl/3)
+	defer cancel()
+	key, _ := s.probeKey.Load().(string)
+	if key == "" {
+		key = lockKey("leasefence-revision-probe", s.id)
+	}
+	resp, err := s.client.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil || resp.Header.Revision >= highest {
+		return
+	}
+	s.lg.Error("etcd's store revision went backwards: fencing tokens can repeat; restore etcd with etcdutl snapshot restore --bump-revision N --mark-compacted",
+		zap.Int64("highest_seen", highest), zap.Int64("now", resp.Header.Revision))
+	why := fmt.Errorf("%w: highest seen %d, now %d", ErrRevisionRegressed, highest, resp.Header.Revision)
+	s.cancel(why)
+	if s.hooks.SessionLost != nil {
+		s.hooks.SessionLost(why)
+	}
 }
 
 func (s *Session) untilDeadline() time.Duration {
