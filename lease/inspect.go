@@ -1,0 +1,80 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// QueueEntry is one place in a lock's queue, as etcd has it.
+type QueueEntry struct {
+	Key   string           // the lock key: name + "/" + the lease ID in hex
+	Token int64            // its creation revision: the holder's fencing token
+	Lease clientv3.LeaseID // the lease it is attached to
+	// TTL is the time the lease has left, as etcd counts it (whole
+	// seconds); 0 if the lease was gone by the time it was asked.
+	TTL   time.Duration
+	Value string // empty for a lock; the candidate's value in an election
+}
+
+// Inspect reads the queue of the lock (or election) name: the holder
+// first, then the waiters in the order they will be granted. Keys under the
+// name that are not places in the queue (data keys, nested names) are
+// left out. It makes two round trips whatever the queue's length: one read
+// of the queue, then the TTLs of its leases, asked all at once. The read is
+// one snapshot; the TTLs come a moment later. It is safe for concurrent
+// use and writes nothing.
+func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
+	op := fmt.Sprintf("inspect %q", name)
+	if client == nil {
+		return nil, failed(op, errNilClient)
+	}
+	if err := validateName(name); err != nil {
+		return nil, failed(op, err)
+	}
+	pfx := name + "/"
+	resp, err := client.Get(ctx, pfx, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, failed(op, err)
+	}
+	var entries []QueueEntry
+	for _, kv := range resp.Kvs {
+		if isQueueKey(pfx, kv) {
+			entries = append(entries, QueueEntry{Key: string(kv.Key), Token: kv.CreateRevision,
+				Lease: clientv3.LeaseID(kv.Lease), Value: string(kv.Value)})
+		}
+	}
+	if err := fillTTLs(ctx, client, entries); err != nil {
+		return nil, failed(op, err)
+	}
+	return entries, nil
+}
+
+// fillTTLs asks etcd for the TTL of every entry's lease at once.
+func fillTTLs(ctx context.Context, client *clientv3.Client, entries []QueueEntry) error {
+	errs := make([]error, len(entries))
+	var wg sync.WaitGroup
+	for i := range entries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.TimeToLive(ctx, entries[i].Lease)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			entries[i].TTL = max(time.Duration(resp.TTL)*time.Second, 0)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
