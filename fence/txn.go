@@ -42,12 +42,18 @@ type Txn struct {
 	cmps   []clientv3.Cmp
 	then   []clientv3.Op
 	els    []clientv3.Op
+	hooks  *Hooks
 }
 
 // NewTxn starts a transaction guarded by guards. ctx bounds Commit.
 func NewTxn(ctx context.Context, kv clientv3.KV, guards ...Guard) *Txn {
 	return &Txn{ctx: ctx, kv: kv, guards: guards}
 }
+
+// WithHooks reports the transaction's verdict to h: a refusal by a Held
+// guard as "held", by a Resource guard as "resource", and an unknown
+// outcome. Bad input is not reported.
+func (t *Txn) WithHooks(h *Hooks) *Txn { t.hooks = h; return t }
 
 // If adds comparisons of the caller's own. When they fail (and the guards
 // hold), Else runs instead of Then, and Commit returns no error, as etcd
@@ -80,6 +86,12 @@ func (t *Txn) Else(ops ...clientv3.Op) *Txn { t.els = append(t.els, ops...); ret
 //     fence record, too many operations) wraps ErrInvalidArgument, and
 //     nothing is sent.
 func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.commit()
+	t.hooks.Report("resource", err)
+	return resp, err
+}
+
+func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 	if err := t.validate(); err != nil {
 		return nil, err
 	}

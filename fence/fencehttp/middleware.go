@@ -75,6 +75,9 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 }
 
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c Claim, err error) {
+	if _, stale := isStale(err); stale {
+		m.opts.hooks.Report("http", err)
+	}
 	status := WriteError(w, c, err)
 	lg := m.opts.lg.With(zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", status), zap.Error(err))
 	if status == http.StatusServiceUnavailable {

@@ -18,6 +18,7 @@ type options struct {
 	unchecked map[string]bool
 	inHandler bool
 	lg        *zap.Logger
+	hooks     *fence.Hooks
 }
 
 // WithLockName makes every checked request carry tokens of the lock name.
@@ -81,6 +82,14 @@ func WithCheckInHandler() Option {
 func WithLogger(lg *zap.Logger) Option {
 	return func(o *options) error {
 		o.lg = lg
+		return nil
+	}
+}
+
+// WithHooks reports requests refused for a stale token ("http") to h.
+func WithHooks(h *fence.Hooks) Option {
+	return func(o *options) error {
+		o.hooks = h
 		return nil
 	}
 }

@@ -64,6 +64,7 @@ type Fence struct {
 	rawTable    string
 	idColumn    string
 	tokenColumn string
+	hooks       *fence.Hooks
 }
 
 // Option configures a Fence. New refuses a nil one.
@@ -77,6 +78,14 @@ func WithTokenColumn(name string) Option {
 			return err
 		}
 		f.token, f.tokenColumn = q, name
+		return nil
+	}
+}
+
+// WithHooks reports refused writes ("sql") and unknown outcomes to h.
+func WithHooks(h *fence.Hooks) Option {
+	return func(f *Fence) error {
+		f.hooks = h
 		return nil
 	}
 }
@@ -263,6 +272,12 @@ func (f *Fence) check(token int64, cols []Col) error {
 // result runs the fenced statement and tells a refused write apart: stale
 // (with the highest token, read after the fact) or missing.
 func (f *Fence) result(ctx context.Context, db Execer, q string, args []any, id any, token int64, mayBeMissing bool) error {
+	err := f.exec(ctx, db, q, args, id, token, mayBeMissing)
+	f.hooks.Report("sql", err)
+	return err
+}
+
+func (f *Fence) exec(ctx context.Context, db Execer, q string, args []any, id any, token int64, mayBeMissing bool) error {
 	res, err := db.ExecContext(ctx, q, args...)
 	if err != nil {
 		if stale := f.TriggerRefusal(err, id); stale != nil {

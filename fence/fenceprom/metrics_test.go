@@ -1,0 +1,225 @@
+package fenceprom_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	_ "modernc.org/sqlite"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fenceprom"
+	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/sqlfence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+var etcd etcdtest.Env
+
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+
+// value reads one series from the registry: a counter's or gauge's value,
+// or a histogram's sample count.
+func value(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if matches(m, labels) {
+				switch {
+				case m.Counter != nil:
+					return m.Counter.GetValue()
+				case m.Gauge != nil:
+					return m.Gauge.GetValue()
+				case m.Histogram != nil:
+					return float64(m.Histogram.GetSampleCount())
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func matches(m *dto.Metric, labels []string) bool {
+	for i := 0; i+1 < len(labels); i += 2 {
+		found := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func TestMetricsFromRealEvents(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	reg := prometheus.NewRegistry()
+	m, err := fenceprom.New(fenceprom.WithNameLabel(func(n string) string { return n[:strings.LastIndex(n, "/")] }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(m)
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base := etcdtest.Name(t, "prom")
+	name, label := base+"/7", base // mapped to the prefix
+	session := func() *lease.Session {
+		s, err := lease.NewSession(ctx, cli, lease.WithTTL(2*time.Second), lease.WithHooks(m.LeaseHooks()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+
+	// A handoff: A holds, B waits, A releases, B holds.
+	a, b := session(), session()
+	la, err := a.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lease.Lock, 1)
+	go func() {
+		l, err := b.Lock(ctx, name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	for start := time.Now(); value(t, reg, "leasefence_lock_waiting", "name", label) != 1; {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("B never counted as waiting")
+		}
+		time.Sleep(5 * time.Millisecond) // B is about to queue: read the registry again
+	}
+	if v := value(t, reg, "leasefence_lock_held", "name", label); v != 1 {
+		t.Fatalf("held = %v while A holds", v)
+	}
+	if err := la.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := <-got
+	if lb == nil {
+		t.FailNow()
+	}
+	if v := value(t, reg, "leasefence_lock_waiting", "name", label); v != 0 {
+		t.Fatalf("waiting = %v after the handoff", v)
+	}
+	if v := value(t, reg, "leasefence_lock_acquire_seconds", "name", label); v != 2 {
+		t.Fatalf("acquire observations = %v, want 2", v)
+	}
+
+	// A loss: B's key is deleted by someone else.
+	if _, err := cli.Delete(ctx, lb.Key()); err != nil {
+		t.Fatal(err)
+	}
+	<-lb.Done()
+	if v := value(t, reg, "leasefence_lock_lost_total", "name", label, "cause", "key_deleted"); v != 1 {
+		t.Fatalf("lost{key_deleted} = %v", v)
+	}
+	if v := value(t, reg, "leasefence_lock_held", "name", label); v != 0 {
+		t.Fatalf("held = %v after the loss", v)
+	}
+	if v := value(t, reg, "leasefence_lock_hold_seconds", "name", label); v != 2 {
+		t.Fatalf("hold observations = %v, want 2", v)
+	}
+
+	// Refusals: etcd Held and Resource guards, a SQL row, an HTTP request.
+	rec := base + "-fence"
+	if _, err := fence.NewTxn(ctx, cli, fence.Held(lb)).WithHooks(m.FenceHooks()).Then(clientv3.OpPut(base+"-data", "x")).Commit(); !errors.Is(err, fence.ErrNotHeld) {
+		t.Fatalf("Held after loss: %v", err)
+	}
+	if _, err := fence.NewTxn(ctx, cli, fence.Resource(rec, 10)).WithHooks(m.FenceHooks()).Then(clientv3.OpPut(base+"-data", "x")).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fence.NewTxn(ctx, cli, fence.Resource(rec, 9)).WithHooks(m.FenceHooks()).Then(clientv3.OpPut(base+"-data", "y")).Commit(); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("stale Resource write: %v", err)
+	}
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "m.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	f, err := sqlfence.New(sqlfence.SQLite, "rows", "id", sqlfence.WithHooks(m.FenceHooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE rows (id TEXT PRIMARY KEY, v TEXT, ` + f.ColumnDDL() + `)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Upsert(ctx, db, "r", 5, sqlfence.Set("v", "five")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Upsert(ctx, db, "r", 4, sqlfence.Set("v", "four")); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("stale SQL write: %v", err)
+	}
+	store := fencehttp.NewMemoryStore()
+	mw, err := fencehttp.NewMiddleware(store, fencehttp.WithLockName("files"), fencehttp.WithHooks(m.FenceHooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })))
+	defer srv.Close()
+	for _, tok := range []string{"8", "3"} {
+		req, _ := http.NewRequest(http.MethodPut, srv.URL, nil)
+		req.Header.Set(fencehttp.HeaderLock, "files")
+		req.Header.Set(fencehttp.HeaderToken, tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	for guard, want := range map[string]float64{"held": 1, "resource": 1, "sql": 1, "http": 1} {
+		if v := value(t, reg, "leasefence_fence_refused_total", "guard", guard); v != want {
+			t.Errorf("refused{%s} = %v, want %v", guard, v, want)
+		}
+	}
+
+	// A lost session: its lease is revoked.
+	c := session()
+	lc, err := c.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, c.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	<-lc.Done()
+	<-c.Done()
+	if v := value(t, reg, "leasefence_sessions_lost_total"); v != 1 {
+		t.Errorf("sessions lost = %v, want 1", v)
+	}
+	// A revoke deletes the lock key and ends the lease at once: the lock
+	// hears of whichever comes first.
+	expired := value(t, reg, "leasefence_lock_lost_total", "name", label, "cause", "expired")
+	deleted := value(t, reg, "leasefence_lock_lost_total", "name", label, "cause", "key_deleted")
+	if expired+deleted != 2 {
+		t.Errorf("lost{expired} = %v, lost{key_deleted} = %v, want 2 losses in all", expired, deleted)
+	}
+	if v := value(t, reg, "leasefence_session_keepalive_margin_seconds"); v < 3 {
+		t.Errorf("keep-alive margin observations = %v, want one per session at least", v)
+	}
+}
