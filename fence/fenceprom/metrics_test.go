@@ -18,8 +18,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/fence/fenceprom"
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fenceprom"
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
