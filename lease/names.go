@@ -35,6 +35,20 @@ func lockKey(name string, id clientv3.LeaseID) string {
 	return fmt.Sprintf("%s/%x", name, int64(id))
 }
 
+// QueueName tells whether a key attached to lease leaseID is a place in a
+// lock's (or election's) queue, and if so the lock's name: the key is the
+// name, "/", and the lease ID in lowercase hex, the layout of this package
+// and of etcd's own lock and election. Operator tools use it to find the
+// locks under a prefix; it reads no value and sends nothing.
+func QueueName(key []byte, leaseID clientv3.LeaseID) (name string, ok bool) {
+	i := strings.LastIndexByte(string(key), '/')
+	if i <= 0 {
+		return "", false
+	}
+	name = string(key[:i])
+	return name, isQueueKey(name+"/", &mvccpb.KeyValue{Key: key, Lease: int64(leaseID)})
+}
+
 // isQueueKey tells whether kv is a place in the queue of the lock whose
 // prefix is pfx (name + "/"): one level under it (not a nested lock's key
 // such as name/sub/...), and named after the lease it is attached to, in

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+var etcd etcdtest.Env
+
+// lockedBuffer is a bytes.Buffer that watch may write while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+
+// lockctl runs the command in-process against the test's etcd and returns
+// its output.
+func lockctl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	all := append([]string{"-endpoints", strings.Join(etcd.Endpoints(), ",")}, args...)
+	err := run(ctx, all, &out, "alice@ops-1")
+	t.Logf("$ lockctl %s\n%s", strings.Join(args, " "), out.String())
+	return out.String(), err
+}
+
+func session(t *testing.T, cli *clientv3.Client) *lease.Session {
+	t.Helper()
+	s, err := lease.NewSession(context.Background(), cli, lease.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestLockctl(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pfx := etcdtest.Name(t, "ops")
+	shard, sched := pfx+"/shards/7", pfx+"/scheduler"
+	holder, err := session(t, cli).Lock(ctx, shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	waiter := session(t, cli)
+	go func() {
+		l, err := waiter.Lock(ctx, shard)
+		if err == nil {
+			<-ctx.Done() // hold until the test ends
+			err = l.Unlock(context.Background())
+		}
+		waiting <- err
+	}()
+	if _, err := session(t, cli).Campaign(ctx, sched, "10.0.0.7:8080"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, shard+"/checkpoint", "offset 42"); err != nil { // data, not a lock
+		t.Fatal(err)
+	}
+	for _, tok := range []int64{holder.Token()} {
+		if _, err := fence.NewTxn(ctx, cli, fence.Resource(pfx+"/fences/shard-7", tok)).Then(clientv3.OpPut(pfx+"/data", "x")).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) { // the waiter queues
+		if e, _ := lease.Inspect(ctx, cli, shard); len(e) == 2 {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the waiter never queued")
+		}
+	}
+
+	out, err := lockctl(t, "list", pfx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{shard, sched, fmt.Sprint(holder.Token()), holder.Key(), `"10.0.0.7:8080"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list: no %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "checkpoint") {
+		t.Errorf("list shows a data key as a lock:\n%s", out)
+	}
+	out, err = lockctl(t, "-json", "list", pfx)
+	var locks []lockInfo
+	if err != nil || json.Unmarshal([]byte(out), &locks) != nil || len(locks) != 2 {
+		t.Fatalf("list -json: %v %q", err, out)
+	}
+	for _, l := range locks {
+		if l.Name == shard && (l.Waiters != 1 || l.Holder.Token != holder.Token() || l.Holder.TTLSeconds <= 0) {
+			t.Errorf("list -json for %s: %+v", shard, l)
+		}
+	}
+
+	out, err = lockctl(t, "show", shard)
+	if err != nil || !strings.Contains(out, "holder") || strings.Count(out, pfx) != 2 {
+		t.Fatalf("show: %v\n%s", err, out)
+	}
+	out, err = lockctl(t, "records", pfx+"/fences/")
+	if err != nil || !strings.Contains(out, fmt.Sprint(holder.Token())) {
+		t.Fatalf("records: %v\n%s", err, out)
+	}
+
+	// release: refused with a wrong token, and nothing deleted.
+	if _, err := lockctl(t, "release", "-token", fmt.Sprint(holder.Token()+1000), shard); err == nil || !strings.Contains(err.Error(), "not the holder's") {
+		t.Fatalf("release with a wrong token: %v", err)
+	}
+	if holder.Err() != nil {
+		t.Fatalf("a refused release ended the lock: %v", holder.Err())
+	}
+	if _, err := lockctl(t, "release", shard); err == nil {
+		t.Fatal("release without -token ran")
+	}
+	// watch the handoff that release causes.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var watchOut lockedBuffer
+	watched := make(chan error, 1)
+	go func() {
+		watched <- run(watchCtx, []string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "-json", "watch", shard}, &watchOut, "alice@ops-1")
+	}()
+	waitLines(t, &watchOut, 1) // watch has shown the current holder
+	out, err = lockctl(t, "release", "-token", fmt.Sprint(holder.Token()), shard)
+	if err != nil || !strings.HasPrefix(out, "audit: ") || !strings.Contains(out, "operator=alice@ops-1") || !strings.Contains(out, holder.Key()) {
+		t.Fatalf("release: %v\n%s", err, out)
+	}
+	<-holder.Done()
+	if !errors.Is(holder.Err(), lease.ErrKeyDeleted) {
+		t.Fatalf("released holder ended with %v", holder.Err())
+	}
+	waitLines(t, &watchOut, 2) // and the handoff
+
+	stopWatch()
+	if err := <-watched; err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(watchOut.String()), "\n")
+	var first, second handoff
+	if json.Unmarshal([]byte(lines[0]), &first) != nil || json.Unmarshal([]byte(lines[1]), &second) != nil ||
+		first.Token != holder.Token() || second.Token <= first.Token || second.Lease != fmt.Sprintf("%x", int64(waiter.Lease())) {
+		t.Fatalf("watch lines %q", lines)
+	}
+	t.Logf("$ lockctl -json watch %s\n%s", shard, watchOut.String())
+	cancel()
+	if err := <-waiting; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLines waits until out has n lines, reading it again every 10 ms.
+func waitLines(t *testing.T, out *lockedBuffer, n int) {
+	t.Helper()
+	for start := time.Now(); strings.Count(out.String(), "\n") < n; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("watch printed %q, want %d lines", out.String(), n)
+		}
+	}
+}
