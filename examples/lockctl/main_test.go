@@ -191,3 +191,61 @@ func waitLines(t *testing.T, out *lockedBuffer, n int) {
 		}
 	}
 }
+
+// lockctl speaks TLS with client certificates and etcd's authentication,
+// with etcdctl's flags.
+func TestLockctlTLSAndAuth(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	certs, err := etcdtest.GenerateCerts(t.TempDir(), "root", "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := certs.Server
+	c := etcdtest.StartT(t, etcdtest.Config{ClientTLS: &server})
+	eps := strings.Join(c.Endpoints(), ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Set up a user with read-write on "ops/" and switch auth on, as root.
+	rootTLS, err := certs.Clients["root"].ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), TLS: rootTLS, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for _, step := range []func() error{
+		func() error { _, err := root.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := root.UserAdd(ctx, "root", "root-pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := root.RoleAdd(ctx, "ops"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "ops", "ops/", clientv3.GetPrefixRangeEnd("ops/"), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := root.UserAdd(ctx, "ops", "ops-pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "ops", "ops"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opsTLS := certs.Clients["ops"]
+	tlsArgs := []string{"-endpoints", eps, "-cacert", certs.CAFile, "-cert", opsTLS.CertFile, "-key", opsTLS.KeyFile}
+	var out bytes.Buffer
+	if err := run(ctx, append(tlsArgs, "-user", "ops:ops-pw", "list", "ops/"), &out, "alice@ops-1"); err != nil {
+		t.Fatalf("list over TLS as ops: %v", err)
+	}
+	if !strings.Contains(out.String(), "NAME") {
+		t.Fatalf("list printed %q", out.String())
+	}
+	out.Reset()
+	err = run(ctx, append(tlsArgs, "-user", "ops", "-password", "wrong", "list", "ops/"), &out, "alice@ops-1")
+	if err == nil {
+		t.Fatal("a wrong password was accepted")
+	}
+	t.Logf("wrong password: %v", err)
+}
