@@ -16,6 +16,9 @@
 //   - Rows in a SQL database: package fence/sqlfence, the same rule in one
 //     UPDATE statement.
 //
+// ReadRecord and ReadRecords decode fence records for inspection; Hooks
+// report refusals and unknown outcomes to metrics (package fenceprom).
+//
 // A Holder is *lease.Lock or *lease.Leadership, or, for services that lock
 // with etcd's own concurrency package, FromMutex and FromElection.
 //

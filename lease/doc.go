@@ -21,6 +21,13 @@
 // from its fenced state. Package leasetest runs a real etcd, with faults,
 // for the tests of code built on this package.
 //
+// For operators: Inspect reads a lock's queue (holder, waiters, tokens,
+// leases, TTLs), Health is a readiness check, Hooks feed metrics (package
+// fence/fenceprom), and every state change of a lock is logged once
+// through the session's logger. A session that sees etcd's store revision
+// go backwards (a snapshot restore without --bump-revision) ends its locks
+// with ErrRevisionRegressed.
+//
 // # What is guaranteed
 //
 //   - Lock.Token is the creation revision of the lock key: raft-committed,
