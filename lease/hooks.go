@@ -72,28 +72,50 @@ func (h *Hooks) waiting(name string, delta int) {
 	}
 }
 
-// reportGranted logs and reports a grant, and arranges for the lock's end
-// to be logged and reported once, whatever ends it.
+// reportGranted logs and reports a grant. The lock's end is reported by
+// reportEnd, once: by the monitor as it stops (so that Session.Close waits
+// for it), or here if the monitor stopped before the grant was recorded.
 func (l *Lock) reportGranted(waited time.Duration) {
 	s := l.s
-	grantedAt := time.Now()
-	fields := []zap.Field{zap.String("key", l.key), zap.Int64("token", l.token)}
-	s.lg.Info("lock granted", append(fields, zap.Duration("waited", waited))...)
+	s.lg.Info("lock granted", zap.String("key", l.key), zap.Int64("token", l.token), zap.Duration("waited", waited))
 	if s.hooks.Acquired != nil {
 		s.hooks.Acquired(l.name, l.token, waited)
 	}
-	// The lock's context ends exactly once, with the reason as its cause.
-	context.AfterFunc(l.ctx, func() {
-		why, held := context.Cause(l.ctx), time.Since(grantedAt)
-		fields := append(fields, zap.Duration("held", held), zap.String("cause", Cause(why)))
-		switch Cause(why) {
-		case "released", "session_closed":
-			s.lg.Info("lock released", fields...)
-		default:
-			s.lg.Warn("lock lost", append(fields, zap.Error(why))...)
-		}
-		if s.hooks.Ended != nil {
-			s.hooks.Ended(l.name, l.token, held, why)
-		}
-	})
+	l.mu.Lock()
+	l.grantedAt = time.Now()
+	stopped := l.monitorStopped
+	l.mu.Unlock()
+	if stopped {
+		l.reportEnd()
+	}
+}
+
+// monitorStops records that the monitor is stopping, and reports the
+// lock's end if it was granted.
+func (l *Lock) monitorStops() {
+	l.mu.Lock()
+	l.monitorStopped = true
+	granted := !l.grantedAt.IsZero()
+	l.mu.Unlock()
+	if granted {
+		l.reportEnd()
+	}
+}
+
+// reportEnd logs and reports how a granted lock ended. Its context has
+// ended, with the reason as its cause.
+func (l *Lock) reportEnd() {
+	s := l.s
+	why, held := context.Cause(l.ctx), time.Since(l.grantedAt)
+	fields := []zap.Field{zap.String("key", l.key), zap.Int64("token", l.token),
+		zap.Duration("held", held), zap.String("cause", Cause(why))}
+	switch Cause(why) {
+	case "released", "session_closed":
+		s.lg.Info("lock released", fields...)
+	default:
+		s.lg.Warn("lock lost", append(fields, zap.Error(why))...)
+	}
+	if s.hooks.Ended != nil {
+		s.hooks.Ended(l.name, l.token, held, why)
+	}
 }

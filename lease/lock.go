@@ -38,10 +38,15 @@ type Lock struct {
 
 	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
 
-	mu    sync.Mutex // guards phase, gate and value
+	mu    sync.Mutex // guards the fields below
 	phase phase
 	gate  func() // gives the name's local gate back; nil once given back
 	value string // the key's value: empty for a lock, the leader's for a campaign
+	// grantedAt is when the lock was handed to the caller (zero before);
+	// monitorStopped is set as the monitor stops. Whichever of the two
+	// comes second reports the lock's end (reportGranted, monitorStops).
+	grantedAt      time.Time
+	monitorStopped bool
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -411,6 +416,7 @@ func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (bool, error
 func (l *Lock) monitor(fromRev int64) {
 	defer l.s.wg.Done()
 	defer close(l.monitorDone)
+	defer l.monitorStops()
 	defer l.leave()
 	rev := fromRev
 	retry := newBackoff(50*time.Millisecond, time.Second)
