@@ -117,6 +117,7 @@ type stage struct {
 	children map[string]*exampleenv.Child
 	events   chan event
 	leaders  chan lease.Leader
+	followed chan struct{} // closed when the observer's leaders are all printed
 }
 
 // startSchedulers starts three scheduler processes that campaign for the
@@ -127,7 +128,19 @@ func startSchedulers(ctx context.Context, cli *clientv3.Client, prefix string, t
 		return nil, err
 	}
 	st := &stage{ctx: ctx, ttl: ttl, tl: exampleenv.NewTimeline(out), obs: obs,
-		children: map[string]*exampleenv.Child{}, events: make(chan event, 256), leaders: make(chan lease.Leader, 16)}
+		children: map[string]*exampleenv.Child{}, events: make(chan event, 256), leaders: make(chan lease.Leader, 16),
+		followed: make(chan struct{})}
+	go func() {
+		defer close(st.followed)
+		defer close(st.leaders)
+		for ld := range obs.Leaders() {
+			st.tl.Printf("observer", "leader is %s, token %d", ld.Value, ld.Token)
+			select {
+			case st.leaders <- ld:
+			default: // nobody waits for more leaders than the story has
+			}
+		}
+	}()
 	for i := 1; i <= 3; i++ {
 		id := fmt.Sprintf("sched-%d", i)
 		c, err := exampleenv.StartChild(ctx, id, "scheduler",
@@ -141,24 +154,19 @@ func startSchedulers(ctx context.Context, cli *clientv3.Client, prefix string, t
 		go forward(c, st.events)
 		st.tl.Printf(id, "started as process %d, campaigning", c.Pid())
 	}
-	go func() {
-		for ld := range obs.Leaders() {
-			st.tl.Printf("observer", "leader is %s, token %d", ld.Value, ld.Token)
-			st.leaders <- ld
-		}
-		close(st.leaders)
-	}()
 	return st, nil
 }
 
-// stop ends the children (a graceful quit, then a kill) and the observer.
-// It may be called more than once.
+// stop ends the children (a graceful quit, then a kill) and the observer,
+// and waits until the observer's last leader is printed. It may be called
+// more than once.
 func (st *stage) stop() {
 	for _, c := range st.children {
 		c.Quit(st.ttl)
 		c.Stop()
 	}
 	st.obs.Close()
+	<-st.followed
 }
 
 // stopLeaderMidStep is round 1: the first leader works and is stopped with
