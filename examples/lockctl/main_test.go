@@ -75,15 +75,15 @@ func TestLockctl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiting := make(chan error, 1)
+	type grant struct {
+		l   *lease.Lock
+		err error
+	}
+	granted := make(chan grant, 1)
 	waiter := session(t, cli)
 	go func() {
 		l, err := waiter.Lock(ctx, shard)
-		if err == nil {
-			<-ctx.Done() // hold until the test ends
-			err = l.Unlock(context.Background())
-		}
-		waiting <- err
+		granted <- grant{l, err}
 	}()
 	if _, err := session(t, cli).Campaign(ctx, sched, "10.0.0.7:8080"); err != nil {
 		t.Fatal(err)
@@ -176,8 +176,11 @@ func TestLockctl(t *testing.T) {
 		t.Fatalf("watch lines %q", lines)
 	}
 	t.Logf("$ lockctl -json watch %s\n%s", shard, watchOut.String())
-	cancel()
-	if err := <-waiting; err != nil {
+	g := <-granted // the waiter's Lock returns once it has read its grant
+	if g.err != nil {
+		t.Fatalf("the waiter: %v", g.err)
+	}
+	if err := g.l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
