@@ -96,14 +96,7 @@ func TestLockctl(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) { // the waiter queues
-		if e, _ := lease.Inspect(ctx, cli, shard); len(e) == 2 {
-			break
-		}
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("the waiter never queued")
-		}
-	}
+	waitEntries(ctx, t, cli, shard, 2) // the waiter queues
 
 	out, err := lockctl(t, "list", pfx)
 	if err != nil {
@@ -251,4 +244,22 @@ func TestLockctlTLSAndAuth(t *testing.T) {
 		t.Fatal("a wrong password was accepted")
 	}
 	t.Logf("wrong password: %v", err)
+}
+
+// waitEntries waits until Inspect finds n entries under name, looking
+// again at each change under the name.
+func waitEntries(ctx context.Context, t *testing.T, cli *clientv3.Client, name string, n int) {
+	t.Helper()
+	wch := cli.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	<-wch
+	for {
+		if e, err := lease.Inspect(ctx, cli, name); err == nil && len(e) >= n {
+			return
+		}
+		select {
+		case <-wch:
+		case <-ctx.Done():
+			t.Fatalf("%d entries never queued under %s", n, name)
+		}
+	}
 }

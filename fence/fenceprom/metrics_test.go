@@ -85,8 +85,19 @@ func TestMetricsFromRealEvents(t *testing.T) {
 	defer cancel()
 	base := etcdtest.Name(t, "prom")
 	name, label := base+"/7", base // mapped to the prefix
+	// The registry is read after events the test awaits: a waiter counted
+	// in is one of them, so the hooks also say when one arrives.
+	hooks := m.LeaseHooks()
+	queued := make(chan struct{}, 8)
+	count := hooks.Waiting
+	hooks.Waiting = func(name string, delta int) {
+		count(name, delta)
+		if delta > 0 {
+			queued <- struct{}{}
+		}
+	}
 	session := func() *lease.Session {
-		s, err := lease.NewSession(ctx, cli, lease.WithTTL(2*time.Second), lease.WithHooks(m.LeaseHooks()))
+		s, err := lease.NewSession(ctx, cli, lease.WithTTL(2*time.Second), lease.WithHooks(hooks))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,11 +119,13 @@ func TestMetricsFromRealEvents(t *testing.T) {
 		}
 		got <- l
 	}()
-	for start := time.Now(); value(t, reg, "leasefence_lock_waiting", "name", label) != 1; {
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("B never counted as waiting")
-		}
-		time.Sleep(5 * time.Millisecond) // B is about to queue: read the registry again
+	select {
+	case <-queued:
+	case <-ctx.Done():
+		t.Fatal("B never waited")
+	}
+	if v := value(t, reg, "leasefence_lock_waiting", "name", label); v != 1 {
+		t.Fatalf("waiting = %v while B waits", v)
 	}
 	if v := value(t, reg, "leasefence_lock_held", "name", label); v != 1 {
 		t.Fatalf("held = %v while A holds", v)
