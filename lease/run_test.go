@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -23,42 +24,30 @@ func keyGone(t *testing.T, cli *clientv3.Client, key string) bool {
 	return len(resp.Kvs) == 0
 }
 
-func TestRunReleasesWhenDone(t *testing.T) {
+// fn returns while the lock is held: Run releases the lock, closes its
+// session, and returns fn's result.
+func TestRunReleasesWhenFnReturns(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "run-done")
-	before := leaseCount(t)
-	var key string
-	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
-		key = l.Key()
-		return nil
-	}, lease.WithTTL(shortTTL))
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if !keyGone(t, cli, key) {
-		t.Fatalf("lock key %s left behind", key)
-	}
-	if after := leaseCount(t); after != before {
-		t.Fatalf("leases %d -> %d: the session was not closed", before, after)
-	}
-}
-
-func TestRunReturnsFnError(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "run-err")
 	boom := errors.New("boom")
-	var key string
-	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
-		key = l.Key()
-		return boom
-	}, lease.WithTTL(shortTTL))
-	if !errors.Is(err, boom) {
-		t.Fatalf("Run: %v, want fn's error", err)
-	}
-	if !keyGone(t, cli, key) {
-		t.Fatalf("lock key %s left behind", key)
+	for _, fnErr := range []error{nil, boom} {
+		t.Run(fmt.Sprint(fnErr), func(t *testing.T) {
+			before := leaseCount(t)
+			var key string
+			err := lease.Run(testCtx(t), cli, etcdtest.Name(t, "run-returns"), func(ctx context.Context, l *lease.Lock) error {
+				key = l.Key()
+				return fnErr
+			}, lease.WithTTL(shortTTL))
+			if fnErr == nil && err != nil || fnErr != nil && !errors.Is(err, fnErr) {
+				t.Fatalf("Run: %v, want %v", err, fnErr)
+			}
+			if !keyGone(t, cli, key) {
+				t.Fatalf("lock key %s left behind", key)
+			}
+			if after := leaseCount(t); after != before {
+				t.Fatalf("leases %d -> %d: the session was not closed", before, after)
+			}
+		})
 	}
 }
 

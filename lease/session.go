@@ -311,7 +311,9 @@ func (s *Session) sawRevision(rev int64) {
 		}
 		highest = s.highest.Load()
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.ttl/3)
+	// Bounded by the local deadline too: on the keep-alive goroutine this
+	// read must never hold up the deadline's own loss signal.
+	ctx, cancel := context.WithTimeout(s.ctx, min(s.ttl/3, s.untilDeadline()))
 	defer cancel()
 	key, _ := s.probeKey.Load().(string)
 	if key == "" {
