@@ -30,11 +30,14 @@ type Lock struct {
 	token int64
 
 	// ctx ends, with the reason as its cause, when ownership ends: it is
-	// the lock's whole public state (Done, Err, Context). monitorDone is
-	// closed once the monitor goroutine has stopped.
-	ctx         context.Context
-	cancel      context.CancelCauseFunc
-	monitorDone chan struct{}
+	// the lock's whole public state (Done, Err, Context). finished is
+	// closed once the lock has finished after that (finish).
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	finished chan struct{}
+
+	w       *queueWatch   // the name's queue watch, which delivers deletions
+	changed chan struct{} // poked when the keys ahead may have changed
 
 	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
 
@@ -47,6 +50,17 @@ type Lock struct {
 	// comes second reports the lock's end (reportGranted, monitorStops).
 	grantedAt      time.Time
 	monitorStopped bool
+
+	// The lock's view of the queue ahead of it, kept by the queue watch's
+	// deletions: the keys ahead, whether older ones may lie past the page
+	// read, the watch epoch the view follows, and deletions held back
+	// while the view is being read (synced false).
+	ahead   map[string]ahead
+	beyond  bool
+	epoch   uint64
+	synced  bool
+	pending []deletion
+	holding bool // nothing was left ahead: the lock is (or was) held
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -142,19 +156,19 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	release, err := s.gates.enter(ctx, s.ctx, name, try)
+	w, release, err := s.gates.enter(ctx, s, name, try)
 	if err != nil {
 		return nil, err
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, gate: release}
-	held, err := l.queue(ctx, try)
-	if err != nil {
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, gate: release, w: w}
+	if err := l.start(ctx); err != nil {
 		return nil, err
 	}
-	if err := l.start(); err != nil {
+	if err := l.queue(ctx, try); err != nil {
+		l.end(ErrUnlocked) // nothing of it is left in etcd: see create
 		return nil, err
 	}
-	if !held {
+	if held, _ := l.look(); !held {
 		if err := l.await(ctx, try); err != nil {
 			l.abandon()
 			return nil, err
@@ -164,50 +178,62 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 	return l, nil
 }
 
-// queue puts the lock's key, with requests that end with the session too:
-// a waiter whose lease is gone must not sit in a request until ctx ends.
-func (l *Lock) queue(ctx context.Context, try bool) (held bool, err error) {
-	cctx, stop := l.s.bound(ctx)
-	held, err = l.create(cctx, try)
-	stop()
-	if err != nil {
-		l.leave()
-		if l.s.ctx.Err() != nil {
-			err = context.Cause(l.s.ctx)
-		}
-		return false, err
-	}
-	return held, nil
-}
-
-// start gives the queued lock its own context and its monitor, registered
-// with the session so that Close waits for it.
-func (l *Lock) start() error {
+// start gives the lock its own context, registered with the session so
+// that Close waits for the lock to finish, and makes it the subscriber of
+// its name's queue watch once the watch is up.
+func (l *Lock) start(ctx context.Context) error {
 	l.ctx, l.cancel = context.WithCancelCause(l.s.ctx)
+	l.changed = make(chan struct{}, 1)
+	l.finished = make(chan struct{})
 	if err := l.s.track(); err != nil {
-		l.abandon()
+		l.cancel(err)
+		l.leave()
 		return err
 	}
-	l.monitorDone = make(chan struct{})
-	go l.monitor(l.token + 1)
+	context.AfterFunc(l.ctx, l.finish)
+	epoch, err := l.w.subscribe(ctx, l)
+	if err != nil {
+		l.end(ErrUnlocked)
+		return err
+	}
+	l.mu.Lock()
+	l.epoch = epoch
+	l.mu.Unlock()
 	return nil
 }
 
-// await waits for the lock's turn; with try set, it only looks again
-// whether the queue ahead is empty (reached when nested locks' keys hid
-// the queue from create's first read).
-func (l *Lock) await(ctx context.Context, try bool) error {
-	if try {
-		pred, err := l.predecessor(ctx)
-		if err == nil && pred != nil {
-			err = lockedBy(pred)
-		}
-		return err
+// finish runs once the lock has ended: its events stop, the name's gate is
+// handed on, and the end is reported.
+func (l *Lock) finish() {
+	defer l.s.wg.Done()
+	defer close(l.finished)
+	l.w.unsubscribe(l)
+	l.leave()
+	l.monitorStops()
+}
+
+// queue puts the lock's key, with requests that end with the session too:
+// a waiter whose lease is gone must not sit in a request until ctx ends.
+func (l *Lock) queue(ctx context.Context, try bool) error {
+	cctx, stop := l.s.bound(ctx)
+	err := l.create(cctx, try)
+	stop()
+	if err != nil && l.s.ctx.Err() != nil {
+		err = context.Cause(l.s.ctx)
 	}
-	l.s.hooks.waiting(l.name, +1)
-	defer l.s.hooks.waiting(l.name, -1)
+	return err
+}
+
+// await waits for the lock's turn; with try set, it only looks whether the
+// queue ahead is empty (reached when nested locks' keys hid the queue from
+// create's first read).
+func (l *Lock) await(ctx context.Context, try bool) error {
+	if !try {
+		l.s.hooks.waiting(l.name, +1)
+		defer l.s.hooks.waiting(l.name, -1)
+	}
 	wctx, stop := l.Context(ctx)
-	err := l.wait(wctx)
+	err := l.wait(wctx, try)
 	stop()
 	if err != nil && l.ctx.Err() != nil {
 		err = context.Cause(l.ctx)
@@ -220,12 +246,14 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 	return fmt.Errorf("%w: %s (token %d)", ErrLocked, kv.Key, kv.CreateRevision)
 }
 
+// queuePage is how many keys one read of a queue returns: the oldest, for
+// TryLock's holder, or the ones just older than a waiter's own key.
 const queuePage = 16
 
-// create puts the lock key and tells whether it is already the holder. With
+// create puts the lock key and reads the keys queued just ahead of it. With
 // try set it first tries to take the lock only if no key at all exists under
 // the name, so that a held lock costs TryLock no write.
-func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
+func (l *Lock) create(ctx context.Context, try bool) error {
 	cli, pfx := l.s.client, l.name+"/"
 	put := clientv3.OpPut(l.key, l.value, clientv3.WithLease(l.s.id))
 	if try {
@@ -235,22 +263,23 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 			Else(oldestFirst(pfx)).
 			Commit()
 		if err != nil {
-			return false, err
+			return err
 		}
 		if resp.Succeeded {
 			l.token = resp.Header.Revision
-			return true, nil
+			l.setAhead(resp.Header.Revision, nil)
+			return nil
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			if isQueueKey(pfx, kv) {
-				return false, lockedBy(kv)
+				return lockedBy(kv)
 			}
 		}
 		// Only keys of nested locks were seen: queue up, then look again.
 	}
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(put, oldestFirst(pfx)).
+		Then(put, newestFirst(pfx, 0, queuePage+1)).
 		Commit()
 	if err != nil {
 		// Unless etcd refused it outright, the put may have been applied:
@@ -258,20 +287,16 @@ func (l *Lock) create(ctx context.Context, try bool) (held bool, err error) {
 		if !rpcerr.Definite(err) {
 			l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
 		}
-		return false, err
+		return err
 	}
 	if !resp.Succeeded {
-		return false, fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
+		return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
 	}
 	l.token = resp.Header.Revision
 	l.s.probeKey.Store(l.key)
 	l.s.sawRevision(resp.Header.Revision)
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if isQueueKey(pfx, kv) {
-			return kv.CreateRevision == l.token, nil
-		}
-	}
-	return false, nil // only other keys in the first page: wait reads on
+	l.setAhead(resp.Header.Revision, resp.Responses[1].GetResponseRange())
+	return nil
 }
 
 // oldestFirst reads the first page of the keys under pfx, oldest first.
@@ -283,35 +308,181 @@ func oldestFirst(pfx string) clientv3.Op {
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 }
 
-// wait blocks until every older key in the queue is gone, watching only the
-// nearest older one, as etcd's Mutex does, but with a watch that etcd
-// serves at once rather than one it catches up on a 100 ms timer. If ctx
-// ends, the error names the key it was waiting behind.
-func (l *Lock) wait(ctx context.Context) error {
+// newestFirst reads up to limit keys under pfx created before maxRev (any,
+// if maxRev is 0), newest first; not keys-only, as for oldestFirst.
+func newestFirst(pfx string, maxRev int64, limit int64) clientv3.Op {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithLimit(limit),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)}
+	if maxRev > 0 {
+		opts = append(opts, clientv3.WithMaxCreateRev(maxRev))
+	}
+	return clientv3.OpGet(pfx, opts...)
+}
+
+// ahead is a queue key older than the lock's own, as last read.
+type ahead struct {
+	token  int64 // its creation revision
+	seenAt int64 // the store revision it was read at: only a later delete removes it
+}
+
+// setAhead makes page, read at store revision rev, the lock's view of the
+// keys ahead of it, and applies the deletions the watch delivered while the
+// read was under way. page may hold the lock's own key and keys of nested
+// locks, which are skipped.
+func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
+	pfx := l.name + "/"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ahead = make(map[string]ahead)
+	l.beyond = false
+	if page != nil {
+		older := 0
+		for _, kv := range page.Kvs {
+			if kv.CreateRevision >= l.token {
+				continue
+			}
+			older++
+			if isQueueKey(pfx, kv) {
+				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev}
+			}
+		}
+		// The page ended before the oldest key: older ones may be past it.
+		l.beyond = page.More && older > 0
+	}
+	l.synced = true
+	for _, d := range l.pending {
+		l.applyDelete(d.key, d.rev)
+	}
+	l.pending = nil
+}
+
+// deletion is a delete event held back while the lock's view is read.
+type deletion struct {
+	key string
+	rev int64
+}
+
+// deleted is called by the queue watch for each key deleted under the name,
+// in revision order. epoch is the watch's epoch when it delivered it.
+func (l *Lock) deleted(key string, rev int64, epoch uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if epoch != l.epoch {
+		return // the lock reads the queue again before it relies on its view
+	}
+	if !l.synced {
+		l.pending = append(l.pending, deletion{key, rev})
+		return
+	}
+	l.applyDelete(key, rev)
+}
+
+// applyDelete applies a deletion at revision rev to the lock's view. l.mu
+// is held.
+func (l *Lock) applyDelete(key string, rev int64) {
+	if key == l.key {
+		// A delete event's key has no creation revision or lease: not ours
+		// (unless a mutant says so). Deletes of earlier holdings of the same
+		// key came before the token.
+		if rev > l.token && !l.owns(nil) {
+			l.keyGoneLocked()
+		}
+		return
+	}
+	if a, ok := l.ahead[key]; ok && rev > a.seenAt {
+		delete(l.ahead, key)
+		if len(l.ahead) == 0 {
+			l.poke()
+		}
+	}
+}
+
+// poke wakes the waiter, if any, to look at the lock's view again.
+func (l *Lock) poke() {
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+}
+
+// keyGoneLocked records that the lock's key was deleted. If an Unlock is
+// in flight, its own outcome decides how the lock ended. l.mu is held.
+func (l *Lock) keyGoneLocked() {
+	if l.phase != steady {
+		l.phase = releasedOrTaken
+		return
+	}
+	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
+}
+
+// wait blocks until no queue key older than the lock's own is left, as
+// seen through the name's queue watch: the deletions it delivers shrink the
+// keys ahead, and the lock's view is read again only when the watch went
+// down or the keys ahead were more than one page. With try set it looks
+// once and returns ErrLocked if a key is ahead. If ctx ends, the error
+// names the key it was waiting behind.
+func (l *Lock) wait(ctx context.Context, try bool) error {
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
-		pred, err := l.predecessor(ctx)
-		if err == nil && pred == nil {
+		held, pred := l.look()
+		switch {
+		case held:
 			return nil
+		case pred != nil && try:
+			return lockedBy(pred)
+		case pred != nil:
+			select {
+			case <-l.changed:
+				continue
+			case <-ctx.Done():
+				return behind(pred, context.Cause(ctx))
+			}
 		}
-		gone := false
+		// The watch went down or the keys ahead ran out with older ones
+		// past the page: read the queue again.
+		err := l.reread(ctx)
 		if err == nil {
-			gone, err = l.waitGone(ctx, pred)
-		}
-		if err != nil && !rpcerr.Transient(ctx, err) {
-			return behind(pred, err)
-		}
-		if gone {
 			retry.reset()
 			continue
 		}
-		// The watch broke without seeing the key go, or etcd could not be
-		// reached for a moment: look again shortly. The waiter's key stays
+		if !rpcerr.Transient(ctx, err) {
+			return behind(pred, err)
+		}
+		// etcd could not be reached for a moment: the waiter's key stays
 		// queued, and the session's deadline bounds how long this goes on.
 		if err := retry.wait(ctx); err != nil {
 			return behind(pred, err)
 		}
 	}
+}
+
+// look tells whether the lock is held: nothing is ahead of it, in a view
+// that the queue watch has kept current since it was read. From then on
+// the lock counts as held, for recheck. Otherwise it returns the nearest
+// key ahead, or nil if the view must be read again.
+func (l *Lock) look() (held bool, pred *mvccpb.KeyValue) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.epoch != l.w.epoch.Load() || !l.synced {
+		return false, nil
+	}
+	if len(l.ahead) == 0 && !l.beyond {
+		l.holding = true
+		return true, nil
+	}
+	return false, l.nearestAhead()
+}
+
+// nearestAhead is the newest key ahead, the one a waiter names. l.mu is
+// held.
+func (l *Lock) nearestAhead() *mvccpb.KeyValue {
+	var kv *mvccpb.KeyValue
+	for k, a := range l.ahead {
+		if kv == nil || a.token > kv.CreateRevision {
+			kv = &mvccpb.KeyValue{Key: []byte(k), CreateRevision: a.token}
+		}
+	}
+	return kv
 }
 
 // behind says which key a waiter was waiting behind when err ended it.
@@ -322,146 +493,73 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
-// predecessor returns the newest queue key older than the lock's own, or nil
-// if there is none and the lock is held. In the same read it checks that the
-// lock's own key is still there with its token: a waiter whose key vanished
-// must never be told it holds the lock.
-func (l *Lock) predecessor(ctx context.Context) (*mvccpb.KeyValue, error) {
+// reread reads the lock's view of the queue again, once the watch is up:
+// its own key, which must still be this holding (a waiter whose key
+// vanished must never be told it holds the lock), and the keys just older
+// than it. Deletions the watch delivers during the read are held back and
+// applied after it.
+func (l *Lock) reread(ctx context.Context) error {
+	epoch, err := l.w.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.epoch, l.synced, l.pending = epoch, false, nil
+	l.mu.Unlock()
 	cli, pfx := l.s.client, l.name+"/"
-	older := func(maxRev int64) clientv3.Op {
-		return clientv3.OpGet(pfx, clientv3.WithPrefix(), // not keys-only: see oldestFirst
-			clientv3.WithMaxCreateRev(maxRev), clientv3.WithLimit(queuePage),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
-	}
 	maxRev := l.token - 1
-	if maxRev <= 0 { // WithMaxCreateRev(0) means no bound
-		return nil, nil
-	}
-	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(l.key), older(maxRev)).Commit()
-	if err != nil {
-		return nil, err
-	}
-	own := resp.Responses[0].GetResponseRange().Kvs
-	if !l.ownsFirst(own) {
-		return nil, ErrKeyDeleted
-	}
-	page := resp.Responses[1].GetResponseRange()
 	for {
-		for _, kv := range page.Kvs {
-			if isQueueKey(pfx, kv) {
-				return kv, nil
-			}
-			maxRev = kv.CreateRevision - 1
-		}
-		if !page.More || maxRev <= 0 {
-			return nil, nil
-		}
-		// Only nested locks' keys so far: read on, older.
-		r, err := cli.Do(ctx, older(maxRev))
+		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(l.key), newestFirst(pfx, maxRev, queuePage)).Commit()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		page = (*pb.RangeResponse)(r.Get())
+		if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+			return ErrKeyDeleted
+		}
+		page := resp.Responses[1].GetResponseRange()
+		l.setAhead(resp.Header.Revision, page)
+		l.mu.Lock()
+		onlyNested := len(l.ahead) == 0 && page.More
+		l.mu.Unlock()
+		if !onlyNested || len(page.Kvs) == 0 {
+			return nil
+		}
+		// A whole page of nested locks' keys: read on, older. Keys past
+		// the page that are deleted meanwhile are read as gone.
+		maxRev = page.Kvs[len(page.Kvs)-1].CreateRevision - 1
+		if maxRev <= 0 {
+			l.mu.Lock()
+			l.beyond = false
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Lock()
+		l.synced, l.pending = false, nil
+		l.mu.Unlock()
 	}
 }
 
-// waitGone waits until pred is deleted. It opens the watch at the current
-// revision (served at once), waits for etcd to confirm it, and only then
-// reads pred again, so a deletion between the first read and the watch is
-// never missed. It reports false if the watch ended without seeing pred go.
-func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (bool, error) {
-	cli := l.s.client
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := cli.Watch(wctx, string(pred.Key), clientv3.WithCreatedNotify())
-	select {
-	case wr, ok := <-wch:
-		if !ok || wr.Err() != nil || !wr.Created {
-			return false, ctx.Err()
-		}
-	case <-l.ctx.Done():
-		return false, context.Cause(l.ctx)
-	case <-ctx.Done():
-		return false, ctx.Err()
+// recheck reads the key of a held lock again after its watch was down, in
+// which time a deletion may have gone unseen.
+func (l *Lock) recheck(ctx context.Context) error {
+	l.mu.Lock()
+	held := l.holding
+	l.mu.Unlock()
+	if !held {
+		return nil // a waiter reads its view again itself
 	}
-	g, err := cli.Get(ctx, string(pred.Key), clientv3.WithKeysOnly())
+	rctx, cancel := context.WithTimeout(ctx, l.s.ttl)
+	defer cancel()
+	g, err := l.s.client.Get(rctx, l.key)
 	if err != nil {
-		return false, err
+		return err
 	}
-	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != pred.CreateRevision {
-		return true, nil
+	if !l.ownsFirst(g.Kvs) {
+		l.mu.Lock()
+		l.keyGoneLocked()
+		l.mu.Unlock()
 	}
-	for {
-		select {
-		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
-				return false, ctx.Err()
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					return true, nil
-				}
-			}
-		case <-l.ctx.Done():
-			return false, context.Cause(l.ctx)
-		case <-ctx.Done():
-			return false, ctx.Err()
-		}
-	}
-}
-
-// monitor watches the lock's own key from fromRev on, and ends the lock if
-// the key is deleted or replaced. Together with the session's lease
-// deadline it is what closes Done.
-func (l *Lock) monitor(fromRev int64) {
-	defer l.s.wg.Done()
-	defer close(l.monitorDone)
-	defer l.monitorStops()
-	defer l.leave()
-	rev := fromRev
-	retry := newBackoff(50*time.Millisecond, time.Second)
-	for l.ctx.Err() == nil {
-		next, lost := l.watchOwn(rev)
-		if lost {
-			l.keyGone()
-			return
-		}
-		rev = next
-		// The watch ended (compaction, no leader, lost connection): read
-		// the key afresh and watch on from that read.
-		if retry.wait(l.ctx) != nil {
-			return
-		}
-		g, err := l.s.client.Get(l.ctx, l.key)
-		if err != nil {
-			continue
-		}
-		if !l.ownsFirst(g.Kvs) {
-			l.keyGone()
-			return
-		}
-		rev = g.Header.Revision + 1
-	}
-}
-
-// watchOwn watches the lock's key from rev until the watch ends or an
-// event shows that the key is no longer this holding's. It returns the
-// revision to watch on from.
-func (l *Lock) watchOwn(rev int64) (next int64, lost bool) {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(l.ctx))
-	defer cancel()
-	for wr := range l.s.client.Watch(wctx, l.key, clientv3.WithRev(rev)) {
-		if wr.Err() != nil {
-			break
-		}
-		for _, ev := range wr.Events {
-			rev = ev.Kv.ModRevision + 1
-			if !l.owns(ev.Kv) { // a delete event's key has no creation revision
-				return rev, true
-			}
-		}
-	}
-	return rev, false
+	return nil
 }
 
 // ownsFirst is owns for the result of a read of the lock's key.
@@ -471,20 +569,6 @@ func (l *Lock) ownsFirst(kvs []*mvccpb.KeyValue) bool {
 		kv = kvs[0]
 	}
 	return l.owns(kv)
-}
-
-// keyGone records that the key went away. If an Unlock is in flight, its
-// own outcome decides how the lock ended; the monitor only waits for it.
-func (l *Lock) keyGone() {
-	l.mu.Lock()
-	if l.phase != steady {
-		l.phase = releasedOrTaken
-		l.mu.Unlock()
-		<-l.ctx.Done()
-		return
-	}
-	l.mu.Unlock()
-	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
 }
 
 // leave hands the name's local gate on, once.
@@ -499,15 +583,10 @@ func (l *Lock) leave() {
 }
 
 // abandon gives up a lock that was never handed to the caller: its key is
-// removed if it still carries the token, and its monitor is stopped.
+// removed if it still carries the token, and the lock is ended.
 func (l *Lock) abandon() {
 	l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
-	l.cancel(ErrUnlocked)
-	if l.monitorDone != nil {
-		<-l.monitorDone
-	} else {
-		l.leave()
-	}
+	l.end(ErrUnlocked)
 }
 
 // cleanup deletes the lock key if cmp holds, with its own deadline of one
@@ -617,8 +696,8 @@ func (l *Lock) setPhase(p phase) {
 	l.mu.Unlock()
 }
 
-// end ends the lock with cause and waits for its monitor.
+// end ends the lock with cause and waits for it to finish.
 func (l *Lock) end(cause error) {
 	l.cancel(cause)
-	<-l.monitorDone
+	<-l.finished
 }

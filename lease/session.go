@@ -144,6 +144,7 @@ func (s *Session) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel(ErrSessionClosed)
+	s.gates.stopIdle()
 	s.wg.Wait()
 	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))

@@ -3,8 +3,8 @@
 // ETCD_ENDPOINTS environment variable.
 //
 // Nothing here is mocked: the servers are etcd's own server package, run in
-// process, with fsync on. Every server this package starts is stopped by
-// Cluster.Close, and every data directory is removed.
+// process, with fsync on (unless Config.NoFsync). Every server this package
+// starts is stopped by Cluster.Close, and every data directory is removed.
 package etcdtest
 
 import (
@@ -52,6 +52,10 @@ type Config struct {
 	// port (the members reach each other only through them), so that a
 	// member can be cut off from the others with Member.PeerProxy.
 	PeerProxies bool
+	// NoFsync turns off etcd's fsync of its log and database
+	// (--unsafe-no-fsync): what benchmarks use to measure the protocol's
+	// own cost, without the disk's noise. Never for data that matters.
+	NoFsync bool
 }
 
 // Member is one embedded etcd server.
@@ -181,6 +185,7 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 		if cfg.ClientTLS != nil {
 			ec.ClientTLSInfo = *cfg.ClientTLS
 		}
+		ec.UnsafeNoFsync = cfg.NoFsync
 		if cfg.TickMs > 0 {
 			ec.TickMs = cfg.TickMs
 		}

@@ -1,0 +1,220 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// locker is one contender: it takes a holding and gives back its key and
+// token and a way to release it.
+type locker interface {
+	lock(ctx context.Context) (key string, token int64, unlock func(context.Context) error, err error)
+}
+
+type ourLocker struct {
+	s    *lease.Session
+	name string
+}
+
+func (o ourLocker) lock(ctx context.Context) (string, int64, func(context.Context) error, error) {
+	l, err := o.s.Lock(ctx, o.name)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	return l.Key(), l.Token(), l.Unlock, nil
+}
+
+type mutexLocker struct{ m *concurrency.Mutex }
+
+func (m mutexLocker) lock(ctx context.Context) (string, int64, func(context.Context) error, error) {
+	if err := m.m.Lock(ctx); err != nil {
+		return "", 0, nil, err
+	}
+	// IsOwner carries the key's creation revision: the right token, where
+	// Mutex's header revision is not when it was contended.
+	cmp := m.m.IsOwner()
+	return m.m.Key(), cmp.GetCompare().GetCreateRevision(), m.m.Unlock, nil
+}
+
+// impl makes a contender on a client: a session of its own and a lock of
+// the given name.
+type impl struct {
+	name string
+	make func(b *testing.B, cli *clientv3.Client, name string) locker
+}
+
+var impls = []impl{
+	{"leasefence", func(b *testing.B, cli *clientv3.Client, name string) locker {
+		s, err := lease.NewSession(context.Background(), cli)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		return ourLocker{s, name}
+	}},
+	{"concurrency.Mutex", func(b *testing.B, cli *clientv3.Client, name string) locker {
+		s, err := concurrency.NewSession(cli)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		return mutexLocker{concurrency.NewMutex(s, name)}
+	}},
+}
+
+// shapes are the two ways contenders reach etcd: one client for the whole
+// process, as a service has, or a client connection each.
+var shapes = []string{"shared", "each"}
+
+// contenders builds n contenders of im in the given shape, their requests
+// counted into r.
+func contenders(b *testing.B, im impl, shape string, n int, endpoint, name string, r *requests) []locker {
+	b.Helper()
+	var shared *clientv3.Client
+	if shape == "shared" {
+		shared = newClient(b, endpoint, r)
+	}
+	lockers := make([]locker, n)
+	for i := range lockers {
+		cli := shared
+		if cli == nil {
+			cli = newClient(b, endpoint, r)
+		}
+		lockers[i] = im.make(b, cli, name)
+	}
+	return lockers
+}
+
+// BenchmarkCommitBound is the commit bound itself: sequential plain puts,
+// reported as 1 / the median latency.
+func BenchmarkCommitBound(b *testing.B) {
+	for _, fs := range fsyncModes {
+		b.Run("fsync="+fs.name, func(b *testing.B) {
+			c := cluster(b, 1, fs.off)
+			cli := newClient(b, c.Endpoints()[0], &requests{})
+			key := etcdtest.Name(b, "bound")
+			b.ResetTimer()
+			var bound float64
+			for i := 0; i < b.N; i++ {
+				bound = commitBound(b, cli, key)
+			}
+			b.ReportMetric(bound, "puts/s")
+		})
+	}
+}
+
+// BenchmarkHandoff measures critical sections per second on one lock name:
+// each contender in turn takes the lock and releases it at once, so the
+// figure is the lock's own throughput. It reports the share of the commit
+// bound measured just before, the requests per handoff and the acquire
+// latency.
+func BenchmarkHandoff(b *testing.B) {
+	for _, fs := range fsyncModes {
+		for _, shape := range shapes {
+			for _, n := range []int{1, 4, 16, 256} {
+				if n == 256 && shape == "each" {
+					continue // 256 connections measure the machine, not the lock
+				}
+				for _, im := range impls {
+					b.Run(fmt.Sprintf("fsync=%s/shape=%s/contenders=%d/impl=%s", fs.name, shape, n, im.name), func(b *testing.B) {
+						c := cluster(b, 1, fs.off)
+						handoffBench(b, im, shape, n, c.Endpoints()[0])
+					})
+				}
+			}
+		}
+	}
+}
+
+func handoffBench(b *testing.B, im impl, shape string, n int, endpoint string) {
+	var r requests
+	name := etcdtest.Name(b, "handoff")
+	lockers := contenders(b, im, shape, n, endpoint, name, &r)
+	bound := commitBound(b, newClient(b, endpoint, &requests{}), name+"-bound")
+	before := r.read()
+	var lat latencies
+	b.ResetTimer()
+	rate := handoffs(b, lockers, &lat)
+	b.StopTimer()
+	r.report(b, before, b.N)
+	lat.report(b)
+	b.ReportMetric(rate, "sections/s")
+	b.ReportMetric(100*rate/bound, "%bound")
+}
+
+// handoffs runs b.N critical sections spread over lockers, all contending
+// for one name, and returns them per second.
+func handoffs(b *testing.B, lockers []locker, lat *latencies) float64 {
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, lk := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				t := time.Now()
+				_, _, unlock, err := lk.lock(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				lat.add(time.Since(t))
+				if err := unlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(b.N) / time.Since(start).Seconds()
+}
+
+// BenchmarkUncontended is one Lock, one put guarded by the lock's token, and
+// Unlock, with nobody else around.
+func BenchmarkUncontended(b *testing.B) {
+	for _, fs := range fsyncModes {
+		for _, im := range impls {
+			b.Run(fmt.Sprintf("fsync=%s/impl=%s", fs.name, im.name), func(b *testing.B) {
+				c := cluster(b, 1, fs.off)
+				var r requests
+				cli := newClient(b, c.Endpoints()[0], &r)
+				name := etcdtest.Name(b, "uncontended")
+				lk := im.make(b, cli, name)
+				ctx := context.Background()
+				before := r.read()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					key, token, unlock, err := lk.lock(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					resp, err := cli.Txn(ctx).
+						If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
+						Then(clientv3.OpPut(name+"-data", "v")).Commit()
+					if err != nil || !resp.Succeeded {
+						b.Fatalf("guarded put: %v", err)
+					}
+					if err := unlock(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				r.report(b, before, b.N)
+			})
+		}
+	}
+}
