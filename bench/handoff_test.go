@@ -141,11 +141,12 @@ func handoffBench(b *testing.B, im impl, shape string, n int, endpoint string) {
 	name := etcdtest.Name(b, "handoff")
 	lockers := contenders(b, im, shape, n, endpoint, name, &r)
 	bound := commitBound(b, newClient(b, endpoint, &requests{}), name+"-bound")
-	before := r.read()
+	before, cpu := r.read(), cpuTime()
 	var lat latencies
 	b.ResetTimer()
 	rate := handoffs(b, lockers, &lat)
 	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
 	r.report(b, before, b.N)
 	lat.report(b)
 	b.ReportMetric(rate, "sections/s")

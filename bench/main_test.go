@@ -14,6 +14,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,7 +150,7 @@ func newClient(b *testing.B, endpoint string, r *requests) *clientv3.Client {
 // sequential plain puts, in puts per second.
 func commitBound(b *testing.B, cli *clientv3.Client, key string) float64 {
 	b.Helper()
-	const n = 200
+	const n = 500
 	lat := make([]time.Duration, n)
 	for i := range lat {
 		start := time.Now()
@@ -160,6 +161,16 @@ func commitBound(b *testing.B, cli *clientv3.Client, key string) float64 {
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return float64(time.Second) / float64(lat[n/2])
+}
+
+// cpuTime is the CPU time the process (client and embedded server alike)
+// has used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // latencies collects durations from many goroutines.

@@ -17,22 +17,32 @@ type gates struct {
 }
 
 // gate is one name's turn: a one-place channel, and the number of callers
-// holding or waiting for it. It also keeps the name's queue watch, which
-// outlives the last caller by idleWatch before the gate is dropped.
+// holding or waiting for it. It also keeps the name's watches, which
+// outlive the last caller by idleWatch before the gate is dropped.
 type gate struct {
-	ch    chan struct{}
-	refs  int
-	watch *queueWatch
-	idle  *time.Timer // set while refs is 0: drops the gate when it fires
+	ch   chan struct{}
+	refs int
+	w    watches
+	idle *time.Timer // set while refs is 0: drops the gate when it fires
+}
+
+// watches are a name's two long-lived watches on a session (see keyWatch).
+type watches struct {
+	own, queue *keyWatch
+}
+
+func (w watches) stop() {
+	w.own.stop()
+	w.queue.stop()
 }
 
 // enter takes the gate of name, waiting for it unless try is set, until ctx
-// or the session ends. It returns the name's queue watch, started if need
-// be, and a function that gives the gate back.
-func (gs *gates) enter(ctx context.Context, s *Session, name string, try bool) (*queueWatch, func(), error) {
+// or the session ends. It returns the name's watches, started if need be,
+// and a function that gives the gate back.
+func (gs *gates) enter(ctx context.Context, s *Session, name string, try bool) (watches, func(), error) {
 	g, err := gs.join(s, name)
 	if err != nil {
-		return nil, nil, err
+		return watches{}, nil, err
 	}
 	release := func() {
 		<-g.ch
@@ -41,21 +51,21 @@ func (gs *gates) enter(ctx context.Context, s *Session, name string, try bool) (
 	if try {
 		select {
 		case g.ch <- struct{}{}:
-			return g.watch, release, nil
+			return g.w, release, nil
 		default:
 			gs.leave(name, g)
-			return nil, nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
+			return watches{}, nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
 		}
 	}
 	select {
 	case g.ch <- struct{}{}:
-		return g.watch, release, nil
+		return g.w, release, nil
 	case <-ctx.Done():
 		gs.leave(name, g)
-		return nil, nil, ctx.Err()
+		return watches{}, nil, ctx.Err()
 	case <-s.ctx.Done():
 		gs.leave(name, g)
-		return nil, nil, context.Cause(s.ctx)
+		return watches{}, nil, context.Cause(s.ctx)
 	}
 }
 
@@ -69,11 +79,16 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 	}
 	g := gs.m[name]
 	if g == nil {
-		w, err := s.startQueueWatch(name)
+		own, err := s.startWatch(lockKey(name, s.id), false, false)
 		if err != nil {
 			return nil, err
 		}
-		g = &gate{ch: make(chan struct{}, 1), watch: w}
+		queue, err := s.startWatch(name+"/", true, true)
+		if err != nil {
+			own.stop()
+			return nil, err
+		}
+		g = &gate{ch: make(chan struct{}, 1), w: watches{own, queue}}
 		gs.m[name] = g
 	}
 	if g.idle != nil {
@@ -94,7 +109,7 @@ func (gs *gates) leave(name string, g *gate) {
 	}
 }
 
-// expire drops an idle gate and stops its watch.
+// expire drops an idle gate and stops its watches.
 func (gs *gates) expire(name string, g *gate) {
 	gs.mu.Lock()
 	if g.refs > 0 || gs.m[name] != g {
@@ -103,10 +118,10 @@ func (gs *gates) expire(name string, g *gate) {
 	}
 	delete(gs.m, name)
 	gs.mu.Unlock()
-	g.watch.stop()
+	g.w.stop()
 }
 
-// stopIdle stops the idle timers, as the session closes: its watches stop
+// stopIdle stops the idle timers, as the session closes: the watches stop
 // with it.
 func (gs *gates) stopIdle() {
 	gs.mu.Lock()

@@ -36,7 +36,7 @@ type Lock struct {
 	cancel   context.CancelCauseFunc
 	finished chan struct{}
 
-	w       *queueWatch   // the name's queue watch, which delivers deletions
+	w       watches       // the name's watches, which deliver deletions
 	changed chan struct{} // poked when the keys ahead may have changed
 
 	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
@@ -51,16 +51,17 @@ type Lock struct {
 	grantedAt      time.Time
 	monitorStopped bool
 
-	// The lock's view of the queue ahead of it, kept by the queue watch's
+	// The lock's view of the queue ahead of it, kept by the watches'
 	// deletions: the keys ahead, whether older ones may lie past the page
-	// read, the watch epoch the view follows, and deletions held back
+	// read, the watch epochs the view follows, and deletions held back
 	// while the view is being read (synced false).
-	ahead   map[string]ahead
-	beyond  bool
-	epoch   uint64
-	synced  bool
-	pending []deletion
-	holding bool // nothing was left ahead: the lock is (or was) held
+	ahead    map[string]ahead
+	beyond   bool
+	epoch    uint64 // of the queue watch
+	ownEpoch uint64 // of the own-key watch
+	synced   bool
+	pending  []deletion
+	holding  bool // nothing was left ahead: the lock is (or was) held
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -168,11 +169,9 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 		l.end(ErrUnlocked) // nothing of it is left in etcd: see create
 		return nil, err
 	}
-	if held, _ := l.look(); !held {
-		if err := l.await(ctx, try); err != nil {
-			l.abandon()
-			return nil, err
-		}
+	if err := l.await(ctx, try); err != nil {
+		l.abandon()
+		return nil, err
 	}
 	l.reportGranted(time.Since(start))
 	return l, nil
@@ -180,7 +179,7 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 
 // start gives the lock its own context, registered with the session so
 // that Close waits for the lock to finish, and makes it the subscriber of
-// its name's queue watch once the watch is up.
+// its name's watches, once the own-key watch is up.
 func (l *Lock) start(ctx context.Context) error {
 	l.ctx, l.cancel = context.WithCancelCause(l.s.ctx)
 	l.changed = make(chan struct{}, 1)
@@ -191,13 +190,15 @@ func (l *Lock) start(ctx context.Context) error {
 		return err
 	}
 	context.AfterFunc(l.ctx, l.finish)
-	epoch, err := l.w.subscribe(ctx, l)
+	l.w.own.subscribe(l)
+	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
 		l.end(ErrUnlocked)
 		return err
 	}
+	epoch := l.w.queue.subscribe(l)
 	l.mu.Lock()
-	l.epoch = epoch
+	l.ownEpoch, l.epoch = ownEpoch, epoch
 	l.mu.Unlock()
 	return nil
 }
@@ -207,7 +208,8 @@ func (l *Lock) start(ctx context.Context) error {
 func (l *Lock) finish() {
 	defer l.s.wg.Done()
 	defer close(l.finished)
-	l.w.unsubscribe(l)
+	l.w.own.unsubscribe(l)
+	l.w.queue.unsubscribe(l)
 	l.leave()
 	l.monitorStops()
 }
@@ -228,6 +230,9 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // queue ahead is empty (reached when nested locks' keys hid the queue from
 // create's first read).
 func (l *Lock) await(ctx context.Context, try bool) error {
+	if v := l.look(); v.held {
+		return nil
+	}
 	if !try {
 		l.s.hooks.waiting(l.name, +1)
 		defer l.s.hooks.waiting(l.name, -1)
@@ -249,6 +254,12 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 // queuePage is how many keys one read of a queue returns: the oldest, for
 // TryLock's holder, or the ones just older than a waiter's own key.
 const queuePage = 16
+
+// nearAhead is how many keys ahead a waiter may have and still follow
+// every deletion in the queue through the queue watch. Further back it
+// watches only the key just ahead (waitFar): otherwise every deletion
+// would reach every waiter of a long queue.
+const nearAhead = 3
 
 // create puts the lock key and reads the keys queued just ahead of it. With
 // try set it first tries to take the lock only if no key at all exists under
@@ -310,9 +321,9 @@ func oldestFirst(pfx string) clientv3.Op {
 
 // newestFirst reads up to limit keys under pfx created before maxRev (any,
 // if maxRev is 0), newest first; not keys-only, as for oldestFirst.
-func newestFirst(pfx string, maxRev int64, limit int64) clientv3.Op {
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithLimit(limit),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)}
+func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOption) clientv3.Op {
+	opts = append(opts, clientv3.WithPrefix(), clientv3.WithLimit(limit),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
 	if maxRev > 0 {
 		opts = append(opts, clientv3.WithMaxCreateRev(maxRev))
 	}
@@ -326,9 +337,9 @@ type ahead struct {
 }
 
 // setAhead makes page, read at store revision rev, the lock's view of the
-// keys ahead of it, and applies the deletions the watch delivered while the
-// read was under way. page may hold the lock's own key and keys of nested
-// locks, which are skipped.
+// keys ahead of it, and applies the deletions the watches delivered while
+// the read was under way. page may hold the lock's own key and keys of
+// nested locks, which are skipped.
 func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	pfx := l.name + "/"
 	l.mu.Lock()
@@ -362,13 +373,13 @@ type deletion struct {
 	rev int64
 }
 
-// deleted is called by the queue watch for each key deleted under the name,
-// in revision order. epoch is the watch's epoch when it delivered it.
-func (l *Lock) deleted(key string, rev int64, epoch uint64) {
+// deleted is called by the name's watches for each deletion, in revision
+// order. fromQueue tells that it came from the queue watch, in epoch.
+func (l *Lock) deleted(key string, rev int64, fromQueue bool, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if epoch != l.epoch {
-		return // the lock reads the queue again before it relies on its view
+	if fromQueue && (epoch != l.epoch || key == l.key) {
+		return // the view is read again before it is relied on; the own-key watch reports the key
 	}
 	if !l.synced {
 		l.pending = append(l.pending, deletion{key, rev})
@@ -415,62 +426,84 @@ func (l *Lock) keyGoneLocked() {
 	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
 }
 
-// wait blocks until no queue key older than the lock's own is left, as
-// seen through the name's queue watch: the deletions it delivers shrink the
-// keys ahead, and the lock's view is read again only when the watch went
-// down or the keys ahead were more than one page. With try set it looks
-// once and returns ErrLocked if a key is ahead. If ctx ends, the error
-// names the key it was waiting behind.
+// view is what a waiter knows of the queue ahead of it.
+type view struct {
+	held    bool             // nothing ahead: the lock is held
+	stale   bool             // the own-key watch went down since the last read
+	near    bool             // few enough ahead to follow every deletion
+	current bool             // the queue watch has kept the view current since it was read
+	pred    *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
+}
+
+// look reads the lock's view. Once it finds nothing ahead, the lock counts
+// as held from then on, for recheck: no key older than the lock's own can
+// appear later, and the own-key watch (current since the view was read)
+// would have reported the lock's own key gone.
+func (l *Lock) look() view {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := view{
+		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
+		near:    !l.beyond && len(l.ahead) <= nearAhead,
+		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load(),
+		pred:    l.nearestAhead(),
+	}
+	if !v.stale && len(l.ahead) == 0 && !l.beyond {
+		v.held = true
+		l.holding = true
+	}
+	return v
+}
+
+// wait blocks until no queue key older than the lock's own is left. Near
+// the head of the queue it follows the queue watch's deletions, and the
+// last one ahead grants the lock with no read; further back it waits for
+// the key just ahead to go, and then reads its view again. With try set it
+// looks once and returns ErrLocked if a key is ahead. If ctx ends, the
+// error names the key it was waiting behind.
 func (l *Lock) wait(ctx context.Context, try bool) error {
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
-		held, pred := l.look()
+		v := l.look()
+		var err error
 		switch {
-		case held:
+		case v.held:
 			return nil
-		case pred != nil && try:
-			return lockedBy(pred)
-		case pred != nil:
+		case v.stale || v.pred == nil:
+			// The own-key watch went down, or the page read held no
+			// queue key but older keys lie past it: read again.
+			err = l.reread(ctx, 0)
+		case try:
+			return lockedBy(v.pred)
+		case v.near && v.current:
 			select {
 			case <-l.changed:
-				continue
 			case <-ctx.Done():
-				return behind(pred, context.Cause(ctx))
+				err = ctx.Err()
+			}
+		case v.near:
+			l.w.queue.resume()
+			err = l.rereadNear(ctx)
+		default:
+			l.w.queue.pause()
+			var gone int64
+			if gone, err = l.waitGone(ctx, v.pred); err == nil {
+				err = l.reread(ctx, gone)
 			}
 		}
-		// The watch went down or the keys ahead ran out with older ones
-		// past the page: read the queue again.
-		err := l.reread(ctx)
 		if err == nil {
 			retry.reset()
 			continue
 		}
-		if !rpcerr.Transient(ctx, err) {
-			return behind(pred, err)
+		if ctx.Err() != nil || !rpcerr.Transient(ctx, err) {
+			return behind(v.pred, err)
 		}
 		// etcd could not be reached for a moment: the waiter's key stays
 		// queued, and the session's deadline bounds how long this goes on.
 		if err := retry.wait(ctx); err != nil {
-			return behind(pred, err)
+			return behind(v.pred, err)
 		}
 	}
-}
-
-// look tells whether the lock is held: nothing is ahead of it, in a view
-// that the queue watch has kept current since it was read. From then on
-// the lock counts as held, for recheck. Otherwise it returns the nearest
-// key ahead, or nil if the view must be read again.
-func (l *Lock) look() (held bool, pred *mvccpb.KeyValue) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.epoch != l.w.epoch.Load() || !l.synced {
-		return false, nil
-	}
-	if len(l.ahead) == 0 && !l.beyond {
-		l.holding = true
-		return true, nil
-	}
-	return false, l.nearestAhead()
 }
 
 // nearestAhead is the newest key ahead, the one a waiter names. l.mu is
@@ -493,23 +526,112 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
-// reread reads the lock's view of the queue again, once the watch is up:
-// its own key, which must still be this holding (a waiter whose key
-// vanished must never be told it holds the lock), and the keys just older
-// than it. Deletions the watch delivers during the read are held back and
-// applied after it.
-func (l *Lock) reread(ctx context.Context) error {
-	epoch, err := l.w.upEpoch(ctx, l)
+// waitGone waits until pred is deleted, through a watch of that one key,
+// and returns a store revision at which it is known gone. The watch is
+// opened at the current revision (served at once), and pred is read again
+// once etcd confirms the watch, so a deletion in between is never missed.
+func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (int64, error) {
+	cli := l.s.client
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := cli.Watch(wctx, string(pred.Key), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	var created int64
+	select {
+	case wr, ok := <-wch:
+		if !ok || wr.Err() != nil || !wr.Created {
+			return 0, errWatchEnded(ctx)
+		}
+		created = wr.Header.Revision
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	g, err := readAtLeast(ctx, cli, created, func(opts ...clientv3.OpOption) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(string(pred.Key), opts...)}
+	})
+	if err != nil {
+		return 0, err
+	}
+	if kvs := g.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != pred.CreateRevision {
+		return g.Header.Revision, nil
+	}
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				return 0, errWatchEnded(ctx)
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return ev.Kv.ModRevision, nil
+				}
+			}
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// errWatchEnded is the error of a watch that ended while ctx lives: etcd
+// lost its leader or the connection, for a moment.
+func errWatchEnded(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return rpcerr.ErrWatchEnded
+}
+
+// readAtLeast runs the read-only ops built by ops, serializable (answered
+// by the member the client talks to, without a quorum round), and again
+// linearizably if that member had not yet applied store revision minRev.
+// Either way the answer is the state at one revision no lower than minRev.
+func readAtLeast(ctx context.Context, cli *clientv3.Client, minRev int64, ops func(...clientv3.OpOption) []clientv3.Op) (*clientv3.TxnResponse, error) {
+	resp, err := cli.Txn(ctx).Then(ops(clientv3.WithSerializable())...).Commit()
+	if err != nil || resp.Header.Revision >= minRev {
+		return resp, err
+	}
+	return cli.Txn(ctx).Then(ops()...).Commit()
+}
+
+// reread reads the lock's view of the queue again, in a state no older
+// than minRev, once the own-key watch is up: its own key, which must still
+// be this holding (a waiter whose key vanished must never be told it holds
+// the lock), and the keys just older than it. Deletions the watches
+// deliver during the read are held back and applied after it.
+func (l *Lock) reread(ctx context.Context, minRev int64) error {
+	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	l.epoch, l.synced, l.pending = epoch, false, nil
-	l.mu.Unlock()
+	return l.readView(ctx, ownEpoch, l.w.queue.epoch.Load(), minRev)
+}
+
+// rereadNear reads the view again once the queue watch is up too, so that
+// the watch keeps it current from then on.
+func (l *Lock) rereadNear(ctx context.Context) error {
+	epoch, err := l.w.queue.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
+	ownEpoch, err := l.w.own.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
+	return l.readView(ctx, ownEpoch, epoch, 0)
+}
+
+// readView reads the view, recording the watch epochs it was read under.
+// Keys of nested locks are skipped, reading on, older, past a page full of
+// them.
+func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
 	cli, pfx := l.s.client, l.name+"/"
 	maxRev := l.token - 1
 	for {
-		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(l.key), newestFirst(pfx, maxRev, queuePage)).Commit()
+		l.mu.Lock()
+		l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
+		l.mu.Unlock()
+		resp, err := readAtLeast(ctx, cli, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+			return []clientv3.Op{clientv3.OpGet(l.key, opts...), newestFirst(pfx, maxRev, queuePage, opts...)}
+		})
 		if err != nil {
 			return err
 		}
@@ -518,24 +640,21 @@ func (l *Lock) reread(ctx context.Context) error {
 		}
 		page := resp.Responses[1].GetResponseRange()
 		l.setAhead(resp.Header.Revision, page)
-		l.mu.Lock()
-		onlyNested := len(l.ahead) == 0 && page.More
-		l.mu.Unlock()
-		if !onlyNested || len(page.Kvs) == 0 {
+		if len(page.Kvs) == 0 || !page.More {
 			return nil
 		}
-		// A whole page of nested locks' keys: read on, older. Keys past
-		// the page that are deleted meanwhile are read as gone.
-		maxRev = page.Kvs[len(page.Kvs)-1].CreateRevision - 1
-		if maxRev <= 0 {
+		l.mu.Lock()
+		onlyNested := len(l.ahead) == 0
+		l.mu.Unlock()
+		if !onlyNested {
+			return nil
+		}
+		if maxRev = page.Kvs[len(page.Kvs)-1].CreateRevision - 1; maxRev <= 0 {
 			l.mu.Lock()
 			l.beyond = false
 			l.mu.Unlock()
 			return nil
 		}
-		l.mu.Lock()
-		l.synced, l.pending = false, nil
-		l.mu.Unlock()
 	}
 }
 

@@ -44,3 +44,8 @@ func Definite(err error) bool {
 func Transient(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && code(err) == codes.Unavailable
 }
+
+// ErrWatchEnded stands for a watch that etcd or the connection ended
+// (no leader, a reconnect) while the caller still wanted it: transient, as
+// an unavailable member is.
+var ErrWatchEnded = status.Error(codes.Unavailable, "etcd watch ended")

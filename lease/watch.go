@@ -1,0 +1,259 @@
+package lease
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// idleWatch is how long a name's watches outlive the last lock of that name
+// on the session, so that a service that takes the same lock again and
+// again opens them once.
+const idleWatch = 30 * time.Second
+
+// keyWatch is one long-lived watch of deletions, of the session's own key
+// for a name or of the whole queue under the name, serving every lock of
+// that name taken through the session, one after the other (the name's
+// gate makes them take turns).
+//
+// Because it outlives each lock, a lock opens no watch of its own in the
+// common cases: the watch already delivers events when the lock's key is
+// put, so no deletion after that put can be missed and nothing has to be
+// read again to close a gap. It carries deletions only (etcd filters the
+// puts out), so waiters queueing up cost the watchers nothing.
+//
+//   - The own-key watch (one key: name/lease) is always on while the name
+//     is in use. It tells a holder, or a waiter, that its key was deleted.
+//   - The queue watch (the prefix name/) is on only while a lock of the
+//     session is near the head of the queue (nearAhead): there, every
+//     deletion ahead shrinks the waiter's view of the queue, and the last
+//     one grants it the lock with no read at all. Further back, a waiter
+//     pauses it and watches only the key just ahead of it (waitFar), so
+//     that a long queue does not send every deletion to every waiter.
+type keyWatch struct {
+	s      *Session
+	key    string
+	prefix bool
+	ctx    context.Context
+	stop   context.CancelFunc
+
+	// epoch grows by one whenever the watch comes up or goes down: it is
+	// odd exactly while the watch is up. A lock whose view was read under
+	// another epoch may have missed a deletion and reads it again.
+	epoch atomic.Uint64
+
+	mu       sync.Mutex
+	up       chan struct{}      // closed while the watch is up; replaced when it goes down
+	sub      *Lock              // the lock of this name now waiting or held, if any
+	paused   bool               // the watch is off until resume
+	resumed  chan struct{}      // poked by resume
+	endServe context.CancelFunc // ends the current watch, for pause
+}
+
+// startWatch starts a watch of key (of everything under it if prefix is
+// set), owned by the session: it stops when the session ends or when stop
+// is called. A paused watch opens nothing until resume.
+func (s *Session) startWatch(key string, prefix, paused bool) (*keyWatch, error) {
+	if err := s.track(); err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(s.ctx)
+	w := &keyWatch{s: s, key: key, prefix: prefix, ctx: ctx, stop: stop,
+		up: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
+	go w.run()
+	return w, nil
+}
+
+// run keeps the watch open until the session ends or the watch is stopped,
+// opening it again, after a pause, whenever it ends while wanted.
+func (w *keyWatch) run() {
+	defer w.s.wg.Done()
+	retry := newBackoff(50*time.Millisecond, time.Second)
+	for {
+		ctx, ok := w.wanted()
+		if !ok {
+			return
+		}
+		if w.serve(ctx) {
+			retry.reset()
+		}
+		w.down()
+		if w.isPaused() {
+			continue
+		}
+		if retry.wait(w.ctx) != nil {
+			return
+		}
+	}
+}
+
+// wanted waits while the watch is paused, and returns the context of its
+// next opening; false once the watch is stopped.
+func (w *keyWatch) wanted() (context.Context, bool) {
+	for {
+		w.mu.Lock()
+		if !w.paused {
+			ctx, cancel := context.WithCancel(w.ctx)
+			w.endServe = cancel
+			w.mu.Unlock()
+			return ctx, w.ctx.Err() == nil
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.resumed:
+		case <-w.ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// serve runs one watch until it ends, and reports whether it came up. It
+// is opened with no start revision, so etcd serves it at once (a start
+// revision already in the past would wait for etcd's 100 ms catch-up loop).
+// It requires a leader: a member cut off from the quorum ends it rather
+// than leaving it silent.
+func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	opts := []clientv3.OpOption{clientv3.WithFilterPut(), clientv3.WithCreatedNotify()}
+	if w.prefix {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	for wr := range w.s.client.Watch(ctx, w.key, opts...) {
+		if wr.Err() != nil {
+			return cameUp
+		}
+		if wr.Created {
+			cameUp = true
+			if !w.isUp(ctx) {
+				return cameUp
+			}
+			continue
+		}
+		epoch := w.epoch.Load()
+		sub := w.subscriber()
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE && sub != nil {
+				sub.deleted(string(ev.Kv.Key), ev.Kv.ModRevision, w.prefix, epoch)
+			}
+		}
+	}
+	return cameUp
+}
+
+// isUp records that the watch is up. A lock's own key is read again: its
+// deletion while the watch was down went unseen. It reports false if that
+// read failed, and the watch should start over.
+func (w *keyWatch) isUp(ctx context.Context) bool {
+	w.mu.Lock()
+	if w.epoch.Load()%2 == 0 {
+		w.epoch.Add(1)
+		close(w.up)
+	}
+	sub := w.sub
+	w.mu.Unlock()
+	if sub == nil {
+		return true
+	}
+	if w.prefix {
+		sub.poke()
+		return true
+	}
+	return sub.recheck(ctx) == nil
+}
+
+// down records that the watch is down.
+func (w *keyWatch) down() {
+	w.mu.Lock()
+	if w.epoch.Load()%2 == 1 {
+		w.epoch.Add(1)
+		w.up = make(chan struct{})
+	}
+	sub := w.sub
+	w.mu.Unlock()
+	if sub != nil {
+		sub.poke()
+	}
+}
+
+// pause closes the watch until resume.
+func (w *keyWatch) pause() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.paused {
+		return
+	}
+	w.paused = true
+	if w.endServe != nil {
+		w.endServe()
+	}
+}
+
+// resume opens a paused watch again.
+func (w *keyWatch) resume() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.paused {
+		return
+	}
+	w.paused = false
+	select {
+	case w.resumed <- struct{}{}:
+	default:
+	}
+}
+
+func (w *keyWatch) isPaused() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.paused
+}
+
+func (w *keyWatch) subscriber() *Lock {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sub
+}
+
+// subscribe makes l the lock that the watch's events go to, and returns the
+// epoch l's view starts in: an even one (never current) if the watch is not
+// up.
+func (w *keyWatch) subscribe(l *Lock) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sub = l
+	return w.epoch.Load()
+}
+
+// upEpoch waits until the watch is up and returns its epoch, until ctx or
+// the lock ends.
+func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
+	for {
+		w.mu.Lock()
+		up := w.up
+		w.mu.Unlock()
+		select {
+		case <-up:
+		case <-l.ctx.Done():
+			return 0, context.Cause(l.ctx)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if epoch := w.epoch.Load(); epoch%2 == 1 {
+			return epoch, nil
+		}
+	}
+}
+
+// unsubscribe stops the watch's events going to l.
+func (w *keyWatch) unsubscribe(l *Lock) {
+	w.mu.Lock()
+	if w.sub == l {
+		w.sub = nil
+	}
+	w.mu.Unlock()
+}
