@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/rpcerr"
 )
 
 // idleWatch is how long a name's watches outlive the last lock of that name
@@ -47,7 +49,9 @@ type keyWatch struct {
 	epoch atomic.Uint64
 
 	mu       sync.Mutex
-	up       chan struct{}      // closed while the watch is up; replaced when it goes down
+	up       chan struct{} // closed while the watch is up; replaced when it goes down
+	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
+	refusal  error
 	sub      *Lock              // the lock of this name now waiting or held, if any
 	paused   bool               // the watch is off until resume
 	resumed  chan struct{}      // poked by resume
@@ -63,7 +67,7 @@ func (s *Session) startWatch(key string, prefix, paused bool) (*keyWatch, error)
 	}
 	ctx, stop := context.WithCancel(s.ctx)
 	w := &keyWatch{s: s, key: key, prefix: prefix, ctx: ctx, stop: stop,
-		up: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
+		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
 	go w.run()
 	return w, nil
 }
@@ -125,6 +129,9 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	}
 	for wr := range w.s.client.Watch(ctx, w.key, opts...) {
 		if wr.Err() != nil {
+			if err := rpcerr.WatchRefusal(wr.Err()); err != nil && !cameUp {
+				w.refuse(err)
+			}
 			return cameUp
 		}
 		if wr.Created {
@@ -164,6 +171,17 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 		return true
 	}
 	return sub.recheck(ctx) == nil
+}
+
+// refuse records that etcd refused the watch outright (no permission,
+// say): callers waiting for it to come up get err instead of waiting on.
+func (w *keyWatch) refuse(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.refusal == nil {
+		w.refusal = err
+		close(w.refused)
+	}
 }
 
 // down records that the watch is down.
@@ -238,6 +256,8 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 		w.mu.Unlock()
 		select {
 		case <-up:
+		case <-w.refused:
+			return 0, w.refusal
 		case <-l.ctx.Done():
 			return 0, context.Cause(l.ctx)
 		case <-ctx.Done():

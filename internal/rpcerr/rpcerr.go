@@ -49,3 +49,25 @@ func Transient(ctx context.Context, err error) bool {
 // (no leader, a reconnect) while the caller still wanted it: transient, as
 // an unavailable member is.
 var ErrWatchEnded = status.Error(codes.Unavailable, "etcd watch ended")
+
+// WatchRefusal is the error of a watch that etcd cancelled for a reason
+// that sending it again will not change (no permission, a bad token), or
+// nil. The client hands such a cancellation on as a plain error carrying
+// the text of etcd's gRPC error; it is matched back to etcd's error here.
+func WatchRefusal(err error) error {
+	if err == nil {
+		return nil
+	}
+	for grpcErr, etcdErr := range map[error]error{
+		rpctypes.ErrGRPCPermissionDenied: rpctypes.ErrPermissionDenied,
+		rpctypes.ErrGRPCInvalidAuthToken: rpctypes.ErrInvalidAuthToken,
+		rpctypes.ErrGRPCUserEmpty:        rpctypes.ErrUserEmpty,
+		rpctypes.ErrGRPCAuthNotEnabled:   rpctypes.ErrAuthNotEnabled,
+		rpctypes.ErrGRPCInvalidAuthMgmt:  rpctypes.ErrInvalidAuthMgmt,
+	} {
+		if err.Error() == grpcErr.Error() || errors.Is(err, etcdErr) {
+			return etcdErr
+		}
+	}
+	return nil
+}
