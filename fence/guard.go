@@ -54,6 +54,7 @@ type Guard struct {
 	key    string
 	token  int64
 	holder Holder
+	rec    *Recorder // set for a Recorder's guards
 }
 
 // Held is the lock-service check: the lock key still exists with the

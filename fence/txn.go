@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -28,8 +29,8 @@ const MaxResourceGuards = 16
 //
 // The guards use part of etcd's allowance of MaxTxnOps operations. With h
 // Held and r > 0 Resource guards, and no If or Else of the caller's, Then
-// takes up to MaxTxnOps + 1 - max(h, 1) - 2r operations (125 for one Held
-// and one Resource guard); with Held guards alone, MaxTxnOps. Commit
+// takes up to MaxTxnOps - max(h, 1) - 2r operations (124 for one Held and
+// one Resource guard); with Held guards alone, MaxTxnOps. Commit
 // computes the exact allowance of the shape it builds, the caller's own
 // nested transactions included, and refuses a larger transaction before
 // sending it.
@@ -110,6 +111,11 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 		// Known not applied: the client sends nothing on an ended context.
 		return nil, fmt.Errorf("fence: not sent: %w", context.Cause(t.ctx))
 	}
+	if t.steady() {
+		if resp, done, err := t.commitSteady(); done {
+			return resp, err
+		}
+	}
 	resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
 		return nil, classify(err)
@@ -117,7 +123,15 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 	if !resp.Succeeded {
 		return nil, t.notHeld(resp)
 	}
-	return t.walk(resp)
+	resp, err = t.walk(resp)
+	if err == nil {
+		for _, g := range t.resources() {
+			if g.rec != nil {
+				g.rec.note(g.token)
+			}
+		}
+	}
+	return resp, err
 }
 
 // nested tells whether the caller's part needs a transaction of its own.
@@ -129,10 +143,12 @@ func (t *Txn) nested() bool { return len(t.cmps) > 0 || len(t.els) > 0 }
 // is refused; otherwise (the record is not above the token, or missing:
 // etcd fails every value comparison on a missing key) its Else leads on to
 // the next record. The innermost level, reached only when every record
-// passed, raises the records and runs the caller's part. etcd evaluates
-// every comparison of a transaction against the same revision before
-// applying anything, so a refused write changes nothing. Each record costs
-// one level, so the shape grows linearly with the guards.
+// passed, raises the records that are below the token (raise) and runs the
+// caller's part. etcd evaluates every comparison of a transaction against
+// the same revision before applying anything, so a refused write changes
+// nothing. Each record costs one level, so the shape grows linearly with
+// the guards. (Recorder's guards, once their token is recorded, are sent
+// in a flat shape instead: buildSteady.)
 func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 	for _, g := range t.guards {
 		if g.kind == heldGuard {
@@ -143,16 +159,32 @@ func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 	return cmps, t.level(t.resources()), els
 }
 
+// caller is the caller's part of the transaction: its Then, or its whole
+// If/Then/Else as a transaction of its own.
+func (t *Txn) caller() []clientv3.Op {
+	if t.nested() {
+		return []clientv3.Op{clientv3.OpTxn(t.cmps, t.then, t.els)}
+	}
+	return t.then
+}
+
+// callerPart is the answer to the caller's part, from its responses.
+func (t *Txn) callerPart(header *pb.ResponseHeader, rs []*pb.ResponseOp) *clientv3.TxnResponse {
+	if !t.nested() {
+		return &clientv3.TxnResponse{Header: header, Succeeded: true, Responses: rs}
+	}
+	inner := (*clientv3.TxnResponse)(rs[0].GetResponseTxn())
+	inner.Header = header
+	return inner
+}
+
 func (t *Txn) level(recs []Guard) []clientv3.Op {
 	if len(recs) == 0 {
 		var ops []clientv3.Op
 		for _, g := range t.resources() {
-			ops = append(ops, clientv3.OpPut(g.key, EncodeToken(g.token)))
+			ops = append(ops, raise(g))
 		}
-		if t.nested() {
-			return append(ops, clientv3.OpTxn(t.cmps, t.then, t.els))
-		}
-		return append(ops, t.then...)
+		return append(ops, t.caller()...)
 	}
 	g := recs[0]
 	// Tokens are encoded at one width, so byte order is numeric order.
@@ -160,6 +192,19 @@ func (t *Txn) level(recs []Guard) []clientv3.Op {
 		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(g.key), ">", EncodeToken(g.token))},
 		[]clientv3.Op{clientv3.OpGet(g.key)},
 		t.level(recs[1:]))}
+}
+
+// raise sets a record to the guard's token unless it already holds it:
+// in the steady state (a holder's every write after its first) the
+// transaction writes the caller's keys and nothing else. Its comparison,
+// like every one in the transaction, is evaluated before anything is
+// applied.
+func raise(g Guard) clientv3.Op {
+	enc := EncodeToken(g.token)
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(g.key), "=", enc)},
+		nil,
+		[]clientv3.Op{clientv3.OpPut(g.key, enc)})
 }
 
 func (t *Txn) resources() []Guard {
@@ -192,13 +237,7 @@ func (t *Txn) walk(resp *clientv3.TxnResponse) (*clientv3.TxnResponse, error) {
 		}
 		return nil, &StaleError{Key: g.key, Token: g.token, Highest: highest}
 	}
-	rs = rs[len(t.resources()):]
-	if !t.nested() {
-		return &clientv3.TxnResponse{Header: header, Succeeded: true, Responses: rs}, nil
-	}
-	inner := (*clientv3.TxnResponse)(rs[0].GetResponseTxn())
-	inner.Header = header
-	return inner, nil
+	return t.callerPart(header, rs[len(t.resources()):]), nil
 }
 
 // fits checks a transaction's shape against etcd's limit as etcd does
@@ -226,6 +265,15 @@ func fits(cmps []clientv3.Cmp, then, els []clientv3.Op, allowance int) error {
 // notHeld reads the lock keys returned by a transaction whose Held guards
 // failed.
 func (t *Txn) notHeld(resp *clientv3.TxnResponse) error {
+	if err := t.heldFailures(resp); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: a Held guard failed, yet every lock key reads as held", ErrNotHeld)
+}
+
+// heldFailures reads the lock keys at the head of resp's responses and
+// says which Held guards no longer hold; nil if all do.
+func (t *Txn) heldFailures(resp *clientv3.TxnResponse) error {
 	var errs []error
 	i := 0
 	for _, g := range t.guards {
@@ -240,9 +288,6 @@ func (t *Txn) notHeld(resp *clientv3.TxnResponse) error {
 		case kvs[0].CreateRevision != g.token:
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: kvs[0].CreateRevision})
 		}
-	}
-	if len(errs) == 0 {
-		return fmt.Errorf("%w: a Held guard failed, yet every lock key reads as held", ErrNotHeld)
 	}
 	return errors.Join(errs...)
 }

@@ -50,7 +50,7 @@ func TestTxnSizeBoundary(t *testing.T) {
 				}
 				limit := fence.MaxTxnOps
 				if res > 0 {
-					limit = fence.MaxTxnOps + 1 - max(held, 1) - 2*res
+					limit = fence.MaxTxnOps - max(held, 1) - 2*res
 				}
 				puts := func(n int) []clientv3.Op {
 					ops := make([]clientv3.Op, n)

@@ -87,7 +87,8 @@ func (l *Lock) Token() int64 { return l.token }
 
 // Done is closed when ownership ends, for whatever reason: Unlock, Close of
 // the session, expiry of the lease, or deletion or replacement of the key.
-func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
+// By then the end has been logged and reported to the session's Hooks.
+func (l *Lock) Done() <-chan struct{} { return l.finished }
 
 // Err is nil while the lock is held. After Done is closed it says why:
 // ErrUnlocked, ErrSessionClosed, or an error wrapping ErrLost
