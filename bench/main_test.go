@@ -77,7 +77,7 @@ func cluster(b *testing.B, members int, noFsync bool) *etcdtest.Cluster {
 // requests counts what clients send and receive: unary calls, and messages
 // on streams (watch and keep-alive) in each direction.
 type requests struct {
-	unary, sent, received atomic.Int64
+	unary, sent, received, streams atomic.Int64
 }
 
 func (r *requests) dialOptions() []grpc.DialOption {
@@ -90,6 +90,7 @@ func (r *requests) dialOptions() []grpc.DialOption {
 		if err != nil {
 			return nil, err
 		}
+		r.streams.Add(1)
 		return countedStream{s, r}, nil
 	}
 	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)}

@@ -49,6 +49,7 @@ type keyWatch struct {
 	epoch atomic.Uint64
 
 	mu       sync.Mutex
+	running  bool          // run has started (a paused watch starts it on resume)
 	up       chan struct{} // closed while the watch is up; replaced when it goes down
 	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
 	refusal  error
@@ -60,16 +61,34 @@ type keyWatch struct {
 
 // startWatch starts a watch of key (of everything under it if prefix is
 // set), owned by the session: it stops when the session ends or when stop
-// is called. A paused watch opens nothing until resume.
+// is called. A paused watch opens nothing, and has no goroutine, until
+// resume.
 func (s *Session) startWatch(key string, prefix, paused bool) (*keyWatch, error) {
-	if err := s.track(); err != nil {
-		return nil, err
-	}
 	ctx, stop := context.WithCancel(s.ctx)
 	w := &keyWatch{s: s, key: key, prefix: prefix, ctx: ctx, stop: stop,
 		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
-	go w.run()
+	if !paused {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if err := w.launch(); err != nil {
+			stop()
+			return nil, err
+		}
+	}
 	return w, nil
+}
+
+// launch starts run, once, registered with the session. w.mu is held.
+func (w *keyWatch) launch() error {
+	if w.running {
+		return nil
+	}
+	if err := w.s.track(); err != nil {
+		return err
+	}
+	w.running = true
+	go w.run()
+	return nil
 }
 
 // run keeps the watch open until the session ends or the watch is stopped,
@@ -211,11 +230,15 @@ func (w *keyWatch) pause() {
 	}
 }
 
-// resume opens a paused watch again.
+// resume opens a paused watch again. If the session has ended it does
+// nothing: the watch's waiters end with the session.
 func (w *keyWatch) resume() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.paused {
+		return
+	}
+	if w.launch() != nil {
 		return
 	}
 	w.paused = false
