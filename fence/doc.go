@@ -12,7 +12,10 @@
 //     paths, or whose protection must outlive the lock (the lock key is
 //     gone once released, so Held can no longer say anything): Resource. A
 //     fence record in etcd keeps the highest token accepted; a write passes
-//     only with a token at least that high, and raises it.
+//     only with a token at least that high, and raises it. A writer that
+//     writes many times through one record keeps a Recorder for it: its
+//     guards are Resource guards, sent after the first write as one flat
+//     comparison (the record already holds the token), as cheap as Held.
 //   - Rows in a SQL database: package fence/sqlfence, the same rule in one
 //     UPDATE statement.
 //

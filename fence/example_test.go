@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,6 +43,25 @@ func ExampleResource() {
 	var stale *fence.StaleError
 	if errors.As(err, &stale) {
 		log.Printf("token %d refused: %d already wrote", stale.Token, stale.Highest)
+	}
+}
+
+// A writer that writes many times through one fence record keeps a
+// Recorder: after its first write with a token, each write is one flat
+// comparison, as cheap as a Held guard.
+func ExampleRecorder() {
+	ctx := context.Background()
+	var cli *clientv3.Client
+	var l *lease.Lock
+	rec := fence.NewRecorder("shards/7/fence") // one per record, for the life of the process
+	for offset := 0; offset < 3; offset++ {
+		_, err := fence.NewTxn(ctx, cli, rec.Guard(l.Token())).
+			Then(clientv3.OpPut("shards/7/offset", fmt.Sprint(offset))).
+			Commit()
+		if err != nil {
+			log.Print(err) // a *StaleError once a newer holder has written
+			return
+		}
 	}
 }
 

@@ -35,9 +35,11 @@
 //     name, across etcd leader changes. It is never the response header
 //     revision (which differs when the lock was contended) nor the lease ID
 //     (which is not ordered).
-//   - A waiter is told it holds the lock only after it has read its own key,
-//     with its token, in the same read that found no older key. A waiter
-//     whose key or session vanishes returns at once with an error.
+//   - A waiter is told it holds the lock only when no key older than its
+//     own is left in its view of the queue: a read that also found its own
+//     key with its token, kept current since by deletion watches that were
+//     up the whole time (otherwise it reads again). A waiter whose key or
+//     session vanishes returns at once with an error.
 //   - Unlock deletes the key only if its creation revision is still the
 //     token, so it never removes a successor's key. A failed or cancelled
 //     Lock removes its own key before it returns.
@@ -54,10 +56,19 @@
 //     name with this package, keep data under another prefix. The queue
 //     reads are not keys-only (etcd 3.7 leaves the lease out of keys-only
 //     reads), so keep data beside a lock small.
-//   - Waiting costs one commit (the predecessor's delete) and one watch
-//     event per handoff: the waiter's watch is opened at the current
-//     revision, which etcd serves at once, then the predecessor is read
-//     again to close the gap.
+//   - Waiting is cheap per handoff, and holding costs no requests. Each
+//     session keeps, per name it uses, one long-lived watch of its own key
+//     (deletions only) that tells holders and waiters their key is gone.
+//     A waiter with three keys or fewer ahead also follows a
+//     long-lived watch of the deletions under the name: the last deletion
+//     ahead grants it the lock with no read, so a handoff costs the
+//     holder's delete and one event. A waiter further back watches only
+//     the key just ahead of it, and reads its view again (a serializable
+//     read at a known revision) when that key goes, so that a long queue
+//     does not send every deletion to every waiter. Watches are opened at
+//     the current revision, which etcd serves at once, and outlive the
+//     last lock of their name by 30 seconds, so that a lock taken again and
+//     again opens them once.
 //   - Bad input (an empty name, a name ending in "/", with an empty
 //     segment or a control character; a nil client or option) is refused
 //     with an error wrapping ErrInvalidArgument before anything is sent.
@@ -83,6 +94,11 @@
 // until it runs again. Only a check made by the protected resource, in the
 // same atomic step as the write, makes the write safe: pass Lock.Token to it
 // (see package fence).
+//
+// A lock learns that its key is gone from the key's deletion (expiry or
+// revocation of the lease, Close, someone deleting it, lockctl release).
+// A foreign put that overwrites the key in place is not seen: it keeps the
+// creation revision, so the token and Held guards still hold.
 //
 // Tokens compare only within one lock name. Restoring etcd from a snapshot
 // can move revisions, and so tokens, backwards unless the restore bumps

@@ -20,6 +20,7 @@ type options struct {
 	clock  clock     // realClock unless the fault suite scales it
 	seam   faultSeam // empty in release builds
 	hooks  Hooks
+	keeper *Keeper
 }
 
 // WithTTL sets the lease TTL the session asks for. It is rounded up to whole

@@ -34,6 +34,7 @@ type Session struct {
 	clock  clock
 	seam   faultSeam // empty in release builds; see ownership.go
 	hooks  Hooks
+	keeper *Keeper // renews the lease, if the session was given one
 
 	// ctx ends, with the reason as its cause, when the lease is lost or the
 	// session is closed. Every lock's own context derives from it.
@@ -69,6 +70,9 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	if err != nil {
 		return nil, err
 	}
+	if o.keeper != nil && o.keeper.client != client {
+		return nil, fmt.Errorf("%w: the Keeper renews leases through another client", ErrInvalidArgument)
+	}
 	sent := o.clock.Now()
 	resp, err := client.Grant(ctx, ttlSeconds(o.ttl))
 	if err != nil {
@@ -83,11 +87,20 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		clock:    o.clock,
 		seam:     o.seam,
 		hooks:    o.hooks,
+		keeper:   o.keeper,
 		deadline: sent.Add(granted),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	s.wg.Add(1)
-	go s.keepAlive()
+	if s.keeper != nil {
+		if err := s.keeper.add(s); err != nil {
+			s.cancel(err)
+			s.revoke()
+			return nil, failed("session", err)
+		}
+	} else {
+		s.wg.Add(1)
+		go s.keepAlive()
+	}
 	s.lg.Info("session started", zap.Duration("ttl", granted))
 	return s, nil
 }
@@ -144,19 +157,30 @@ func (s *Session) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel(ErrSessionClosed)
+	if s.keeper != nil {
+		s.keeper.remove(s)
+	}
 	s.gates.stopIdle()
 	s.wg.Wait()
 	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))
 	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
-	defer cancel()
-	if _, err := s.client.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	if err := s.revoke(); err != nil {
 		return failed("revoke", err)
 	}
 	if cause := context.Cause(s.ctx); cause != ErrSessionClosed {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))
+	}
+	return nil
+}
+
+// revoke revokes the lease, bounded by the TTL (past it the lease has
+// expired anyway).
+func (s *Session) revoke() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	if _, err := s.client.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return err
 	}
 	return nil
 }
@@ -286,6 +310,8 @@ func (s *Session) renew(stream pb.Lease_LeaseKeepAliveClient, results <-chan kee
 	}
 }
 
+// extend moves the local deadline on (never back) and the expiry timer
+// with it; a Keeper's sessions have no timer of their own (expiry nil).
 func (s *Session) extend(deadline time.Time, expiry timer) {
 	s.mu.Lock()
 	if deadline.After(s.deadline) {
@@ -293,7 +319,9 @@ func (s *Session) extend(deadline time.Time, expiry timer) {
 	}
 	s.mu.Unlock()
 	margin := s.untilDeadline()
-	expiry.Reset(margin)
+	if expiry != nil {
+		expiry.Reset(margin)
+	}
 	if s.hooks.Renewed != nil {
 		s.hooks.Renewed(margin)
 	}
@@ -305,13 +333,41 @@ func (s *Session) extend(deadline time.Time, expiry timer) {
 // covers every write acknowledged so far; only if that one is lower too has
 // the store gone backwards.
 func (s *Session) sawRevision(rev int64) {
+	if highest, ok := s.recordRevision(rev); !ok {
+		s.confirmRegression(highest)
+	}
+}
+
+// checkRevision is sawRevision for a caller that must not wait (a Keeper's
+// loop): a suspected regression is confirmed on a goroutine of the
+// session's own.
+func (s *Session) checkRevision(rev int64) {
+	highest, ok := s.recordRevision(rev)
+	if ok || s.track() != nil {
+		return
+	}
+	go func() {
+		defer s.wg.Done()
+		s.confirmRegression(highest)
+	}()
+}
+
+// recordRevision raises the highest revision seen to rev; false (with the
+// highest) if rev is lower.
+func (s *Session) recordRevision(rev int64) (int64, bool) {
 	highest := s.highest.Load()
 	for rev >= highest {
 		if s.highest.CompareAndSwap(highest, rev) {
-			return
+			return rev, true
 		}
 		highest = s.highest.Load()
 	}
+	return highest, false
+}
+
+// confirmRegression reads with a linearizable read whether the store
+// revision is really below highest, and ends the session if so.
+func (s *Session) confirmRegression(highest int64) {
 	// Bounded by the local deadline too: on the keep-alive goroutine this
 	// read must never hold up the deadline's own loss signal.
 	ctx, cancel := context.WithTimeout(s.ctx, min(s.ttl/3, s.untilDeadline()))

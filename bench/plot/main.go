@@ -44,7 +44,10 @@ func main() {
 }
 
 func run(out, from, bench string, count int, benchtime string) error {
-	latencyDir := filepath.Join(out, "latency")
+	latencyDir, err := filepath.Abs(filepath.Join(out, "latency")) // go test runs in the package's directory
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(latencyDir, 0o755); err != nil {
 		return err
 	}

@@ -1,0 +1,165 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+func newKeeper(t *testing.T, cli *clientv3.Client) *lease.Keeper {
+	t.Helper()
+	k, err := lease.NewKeeper(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// Sessions renewed through one Keeper stay alive past several TTLs, each
+// with its lock, over one keep-alive stream; revoking one lease ends that
+// session alone.
+func TestKeeperRenewsManySessions(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	k := newKeeper(t, cli)
+	name := etcdtest.Name(t, "keeper")
+	const n = 20
+	var sessions []*lease.Session
+	var locks []*lease.Lock
+	for i := 0; i < n; i++ {
+		s := newSession(t, cli, lease.WithTTL(shortTTL), lease.WithKeeper(k))
+		sessions = append(sessions, s)
+		locks = append(locks, mustLock(t, s, fmt.Sprintf("%s/%d", name, i)))
+	}
+	select {
+	case <-locks[0].Done():
+		t.Fatalf("lock lost while the Keeper should renew it: %v", locks[0].Err())
+	case <-time.After(2 * sessions[0].TTL()):
+	}
+	for i, s := range sessions {
+		ttl, err := cli.TimeToLive(testCtx(t), s.Lease())
+		if err != nil || ttl.TTL <= 0 {
+			t.Fatalf("session %d: lease not alive after 2×TTL: %v %v", i, ttl, err)
+		}
+		if !s.Deadline().After(time.Now()) {
+			t.Errorf("session %d: deadline %v in the past", i, s.Deadline())
+		}
+	}
+	if _, err := cli.Revoke(testCtx(t), sessions[3].Lease()); err != nil {
+		t.Fatal(err)
+	}
+	expectDone(t, locks[3].Done(), 2*time.Second, "the revoked session's lock")
+	if !errors.Is(locks[3].Err(), lease.ErrLost) {
+		t.Errorf("revoked: Err() = %v, want ErrLost", locks[3].Err())
+	}
+	for i, l := range locks {
+		if i != 3 && l.Err() != nil {
+			t.Errorf("lock %d ended with another session's revoke: %v", i, l.Err())
+		}
+	}
+}
+
+// With the network silent, every session of a Keeper reports its loss
+// from its own conservative deadline, before etcd expires its lease.
+func TestKeeperLossWithSilentNetwork(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	k := newKeeper(t, viaProxy)
+	const n = 3
+	var locks []*lease.Lock
+	for i := 0; i < n; i++ {
+		s := newSession(t, viaProxy, lease.WithTTL(shortTTL), lease.WithKeeper(k))
+		locks = append(locks, mustLock(t, s, etcdtest.Name(t, "keeper-silent")))
+	}
+	wctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	deleted := make([]chan time.Time, n)
+	lost := make([]chan time.Time, n)
+	for i, l := range locks {
+		deleted[i], lost[i] = make(chan time.Time, 1), make(chan time.Time, 1)
+		wch := cli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
+		go func() {
+			for wr := range wch {
+				for _, ev := range wr.Events {
+					if ev.Type == mvccpb.DELETE {
+						deleted[i] <- time.Now()
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			<-l.Done()
+			lost[i] <- time.Now()
+		}()
+	}
+	p.BlackholeTx()
+	p.BlackholeRx()
+	for i, l := range locks {
+		var at time.Time
+		select {
+		case at = <-lost[i]:
+		case <-time.After(2 * shortTTL):
+			t.Fatalf("lock %d: no local loss with a silent network", i)
+		}
+		if !errors.Is(l.Err(), lease.ErrLeaseExpired) {
+			t.Errorf("lock %d: Err() = %v, want ErrLeaseExpired", i, l.Err())
+		}
+		select {
+		case del := <-deleted[i]:
+			if del.Before(at) {
+				t.Errorf("lock %d: etcd deleted its key at %v, before the local loss at %v", i, del, at)
+			}
+		case <-time.After(3 * shortTTL):
+			t.Fatalf("lock %d: etcd never expired the lease", i)
+		}
+	}
+}
+
+// Bad input is refused before anything is sent; Close closes the sessions
+// still renewed through the Keeper.
+func TestKeeperInputAndClose(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli, other := etcd.Client(t), etcd.Client(t)
+	if _, err := lease.NewKeeper(nil); !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Errorf("NewKeeper(nil): %v", err)
+	}
+	if _, err := lease.NewSession(testCtx(t), cli, lease.WithKeeper(nil)); !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Errorf("WithKeeper(nil): %v", err)
+	}
+	k, err := lease.NewKeeper(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.NewSession(testCtx(t), other, lease.WithKeeper(k)); !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Errorf("a Keeper of another client: %v", err)
+	}
+	s, err := lease.NewSession(testCtx(t), cli, lease.WithKeeper(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mustLock(t, s, etcdtest.Name(t, "keeper-close"))
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expectDone(t, l.Done(), time.Second, "a lock of a session whose Keeper closed")
+	if !errors.Is(l.Err(), lease.ErrSessionClosed) {
+		t.Errorf("Err() = %v, want ErrSessionClosed", l.Err())
+	}
+	if _, err := lease.NewSession(testCtx(t), cli, lease.WithKeeper(k)); !errors.Is(err, lease.ErrSessionClosed) {
+		t.Errorf("NewSession with a closed Keeper: %v", err)
+	}
+	if err := k.Close(); !errors.Is(err, lease.ErrSessionClosed) {
+		t.Errorf("second Close: %v", err)
+	}
+}
