@@ -132,7 +132,7 @@ func (k *Keeper) run() {
 		// Down: keep watching deadlines until it is time to try again.
 		until := time.Now().Add(retry)
 		for k.ctx.Err() == nil && time.Now().Before(until) {
-			k.wait(k.tick(nil, time.Now()), nil)
+			k.wait(minTime(k.tick(nil, time.Now()), until), nil)
 		}
 		retry = min(2*retry, time.Second)
 	}
