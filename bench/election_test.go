@@ -34,15 +34,15 @@ func (c etcdCandidate) lock(ctx context.Context) (string, int64, func(context.Co
 }
 
 var candidates = []impl{
-	{"leasefence", func(b *testing.B, cli *clientv3.Client, name string) locker {
-		s, err := lease.NewSession(context.Background(), cli)
+	{"leasefence", func(b *testing.B, cli *clientv3.Client, name string, opts ...lease.Option) locker {
+		s, err := lease.NewSession(context.Background(), cli, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { s.Close() })
 		return ourCandidate{s, name}
 	}},
-	{"concurrency.Election", func(b *testing.B, cli *clientv3.Client, name string) locker {
+	{"concurrency.Election", func(b *testing.B, cli *clientv3.Client, name string, _ ...lease.Option) locker {
 		s, err := concurrency.NewSession(cli)
 		if err != nil {
 			b.Fatal(err)

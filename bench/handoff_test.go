@@ -47,22 +47,22 @@ func (m mutexLocker) lock(ctx context.Context) (string, int64, func(context.Cont
 }
 
 // impl makes a contender on a client: a session of its own and a lock of
-// the given name.
+// the given name. opts are extra session options for this library.
 type impl struct {
 	name string
-	make func(b *testing.B, cli *clientv3.Client, name string) locker
+	make func(b *testing.B, cli *clientv3.Client, name string, opts ...lease.Option) locker
 }
 
 var impls = []impl{
-	{"leasefence", func(b *testing.B, cli *clientv3.Client, name string) locker {
-		s, err := lease.NewSession(context.Background(), cli)
+	{"leasefence", func(b *testing.B, cli *clientv3.Client, name string, opts ...lease.Option) locker {
+		s, err := lease.NewSession(context.Background(), cli, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { s.Close() })
 		return ourLocker{s, name}
 	}},
-	{"concurrency.Mutex", func(b *testing.B, cli *clientv3.Client, name string) locker {
+	{"concurrency.Mutex", func(b *testing.B, cli *clientv3.Client, name string, _ ...lease.Option) locker {
 		s, err := concurrency.NewSession(cli)
 		if err != nil {
 			b.Fatal(err)
@@ -72,17 +72,28 @@ var impls = []impl{
 	}},
 }
 
-// shapes are the two ways contenders reach etcd: one client for the whole
-// process, as a service has, or a client connection each.
-var shapes = []string{"shared", "each"}
+// shapes are the ways contenders reach etcd: one client for the whole
+// process, as a service has; the same with this library's sessions renewed
+// through one lease.Keeper, which also shares each lock name's queue watch
+// among them; or a client connection each.
+var shapes = []string{"shared", "keeper", "each"}
 
 // contenders builds n contenders of im in the given shape, their requests
 // counted into r.
 func contenders(b *testing.B, im impl, shape string, n int, endpoint, name string, r *requests) []locker {
 	b.Helper()
 	var shared *clientv3.Client
-	if shape == "shared" {
+	var opts []lease.Option
+	if shape != "each" {
 		shared = newClient(b, endpoint, r)
+	}
+	if shape == "keeper" {
+		k, err := lease.NewKeeper(shared)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { k.Close() }) // after the sessions' own cleanups
+		opts = append(opts, lease.WithKeeper(k))
 	}
 	lockers := make([]locker, n)
 	for i := range lockers {
@@ -90,7 +101,7 @@ func contenders(b *testing.B, im impl, shape string, n int, endpoint, name strin
 		if cli == nil {
 			cli = newClient(b, endpoint, r)
 		}
-		lockers[i] = im.make(b, cli, name)
+		lockers[i] = im.make(b, cli, name, opts...)
 	}
 	return lockers
 }
@@ -126,6 +137,9 @@ func BenchmarkHandoff(b *testing.B) {
 					continue // 256 connections measure the machine, not the lock
 				}
 				for _, im := range impls {
+					if shape == "keeper" && im.name != "leasefence" {
+						continue // etcd's sessions on one client share its lessor anyway
+					}
 					b.Run(fmt.Sprintf("fsync=%s/shape=%s/contenders=%d/impl=%s", fs.name, shape, n, im.name), func(b *testing.B) {
 						c := cluster(b, 1, fs.off)
 						handoffBench(b, im, shape, n, c.Endpoints()[0])

@@ -27,13 +27,21 @@ type gate struct {
 }
 
 // watches are a name's two long-lived watches on a session (see keyWatch).
+// The queue watch is the session's own, or shared by every session of its
+// Keeper (shared set).
 type watches struct {
 	own, queue *keyWatch
+	name       string
+	shared     *Keeper
 }
 
 func (w watches) stop() {
 	w.own.stop()
-	w.queue.stop()
+	if w.shared != nil {
+		w.shared.releaseQueue(w.name, w.queue)
+	} else {
+		w.queue.stop()
+	}
 }
 
 // enter takes the gate of name, waiting for it unless try is set, until ctx
@@ -83,12 +91,17 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 		if err != nil {
 			return nil, err
 		}
-		queue, err := s.startWatch(name+"/", true, true)
+		w := watches{own: own, name: name, shared: s.keeper}
+		if s.keeper != nil {
+			w.queue, err = s.keeper.queueWatch(name)
+		} else {
+			w.queue, err = s.startWatch(name+"/", true, true)
+		}
 		if err != nil {
 			own.stop()
 			return nil, err
 		}
-		g = &gate{ch: make(chan struct{}, 1), w: watches{own, queue}}
+		g = &gate{ch: make(chan struct{}, 1), w: w}
 		gs.m[name] = g
 	}
 	if g.idle != nil {
@@ -121,14 +134,18 @@ func (gs *gates) expire(name string, g *gate) {
 	g.w.stop()
 }
 
-// stopIdle stops the idle timers, as the session closes: the watches stop
-// with it.
-func (gs *gates) stopIdle() {
+// closeAll stops the idle timers and gives back the Keeper's shared
+// watches, as the session closes: its own watches stop with it.
+func (gs *gates) closeAll() {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
-	for _, g := range gs.m {
+	for name, g := range gs.m {
 		if g.idle != nil {
 			g.idle.Stop()
 		}
+		if g.w.shared != nil {
+			g.w.shared.releaseQueue(name, g.w.queue)
+		}
+		delete(gs.m, name)
 	}
 }

@@ -34,8 +34,19 @@ type Keeper struct {
 
 	mu       sync.Mutex
 	sessions map[clientv3.LeaseID]*keptSession
+	queues   map[string]*sharedQueue // queue watches shared by the sessions, by lock name
 	closed   bool
-	wake     chan struct{} // poked when a session is added
+	wake     chan struct{}  // poked when a session is added
+	wg       sync.WaitGroup // the queue watches' goroutines
+}
+
+// sharedQueue is a lock name's queue watch, shared by every session of a
+// Keeper that uses the name: one message per deletion reaches the process,
+// however many of its sessions wait on the name.
+type sharedQueue struct {
+	w    *keyWatch
+	refs int
+	idle *time.Timer // set while refs is 0: stops the watch when it fires
 }
 
 // keptSession is a session's renewal state in a Keeper. k.mu guards it.
@@ -53,7 +64,8 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keeper{client: client, ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		sessions: make(map[clientv3.LeaseID]*keptSession), wake: make(chan struct{}, 1)}
+		sessions: make(map[clientv3.LeaseID]*keptSession), queues: make(map[string]*sharedQueue),
+		wake: make(chan struct{}, 1)}
 	go k.run()
 	return k, nil
 }
@@ -91,9 +103,83 @@ func (k *Keeper) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	k.mu.Lock()
+	for _, q := range k.queues {
+		if q.idle != nil {
+			q.idle.Stop()
+		}
+	}
+	k.mu.Unlock()
 	k.cancel()
 	<-k.done
+	k.wg.Wait()
 	return errors.Join(errs...)
+}
+
+// track registers a queue watch's goroutine, until the Keeper closes.
+func (k *Keeper) track() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return fmt.Errorf("keeper: %w", ErrSessionClosed)
+	}
+	k.wg.Add(1)
+	return nil
+}
+
+func (k *Keeper) untrack() { k.wg.Done() }
+
+// queueWatch returns name's shared queue watch, started if need be.
+// releaseQueue gives it back.
+func (k *Keeper) queueWatch(name string) (*keyWatch, error) {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil, fmt.Errorf("keeper: %w", ErrSessionClosed)
+	}
+	q := k.queues[name]
+	if q == nil {
+		// Started paused, so that its goroutine is launched (resume) with
+		// k.mu released: launching registers it with the Keeper.
+		w, err := startWatch(k.ctx, k.client, k, name+"/", true, true)
+		if err != nil {
+			k.mu.Unlock()
+			return nil, err
+		}
+		q = &sharedQueue{w: w}
+		k.queues[name] = q
+	}
+	if q.idle != nil {
+		q.idle.Stop()
+		q.idle = nil
+	}
+	q.refs++
+	k.mu.Unlock()
+	q.w.resume()
+	return q.w, nil
+}
+
+// releaseQueue gives back a queue watch; it stops idleWatch after its last
+// user unless another comes first.
+func (k *Keeper) releaseQueue(name string, w *keyWatch) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	q := k.queues[name]
+	if q == nil || q.w != w {
+		return
+	}
+	if q.refs--; q.refs == 0 {
+		q.idle = time.AfterFunc(idleWatch, func() {
+			k.mu.Lock()
+			if q.refs > 0 || k.queues[name] != q {
+				k.mu.Unlock()
+				return
+			}
+			delete(k.queues, name)
+			k.mu.Unlock()
+			q.w.stop()
+		})
+	}
 }
 
 // add starts renewing s's lease.

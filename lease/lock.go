@@ -256,6 +256,21 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 // TryLock's holder, or the ones just older than a waiter's own key.
 const queuePage = 16
 
+// sharedPage is queuePage for a lock whose queue watch a Keeper shares:
+// such a waiter follows every deletion ahead at no cost per waiter, so it
+// reads the whole queue ahead (up to this many keys) and then needs no read
+// to be granted, however long the queue. etcd reads the whole range to
+// sort it either way.
+const sharedPage = 1024
+
+// page is how many keys ahead the lock's reads return.
+func (l *Lock) page() int64 {
+	if l.w.shared != nil {
+		return sharedPage
+	}
+	return queuePage
+}
+
 // nearAhead is how many keys ahead a waiter may have and still follow
 // every deletion in the queue through the queue watch. Further back it
 // watches only the key just ahead (waitFar): otherwise every deletion
@@ -291,7 +306,7 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	}
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(put, newestFirst(pfx, 0, queuePage+1)).
+		Then(put, newestFirst(pfx, 0, l.page()+1)).
 		Commit()
 	if err != nil {
 		// Unless etcd refused it outright, the put may have been applied:
@@ -431,7 +446,7 @@ func (l *Lock) keyGoneLocked() {
 type view struct {
 	held    bool             // nothing ahead: the lock is held
 	stale   bool             // the own-key watch went down since the last read
-	near    bool             // few enough ahead to follow every deletion
+	near    bool             // few enough ahead to follow every deletion (or a Keeper shares the watch)
 	current bool             // the queue watch has kept the view current since it was read
 	pred    *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
 }
@@ -445,7 +460,7 @@ func (l *Lock) look() view {
 	defer l.mu.Unlock()
 	v := view{
 		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
-		near:    !l.beyond && len(l.ahead) <= nearAhead,
+		near:    l.w.shared != nil || (!l.beyond && len(l.ahead) <= nearAhead),
 		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load(),
 		pred:    l.nearestAhead(),
 	}
@@ -631,7 +646,7 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 		l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
 		l.mu.Unlock()
 		resp, err := readAtLeast(ctx, cli, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
-			return []clientv3.Op{clientv3.OpGet(l.key, opts...), newestFirst(pfx, maxRev, queuePage, opts...)}
+			return []clientv3.Op{clientv3.OpGet(l.key, opts...), newestFirst(pfx, maxRev, l.page(), opts...)}
 		})
 		if err != nil {
 			return err

@@ -160,7 +160,7 @@ func (s *Session) Close() error {
 	if s.keeper != nil {
 		s.keeper.remove(s)
 	}
-	s.gates.stopIdle()
+	s.gates.closeAll()
 	s.wg.Wait()
 	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))

@@ -37,7 +37,8 @@ const idleWatch = 30 * time.Second
 //     pauses it and watches only the key just ahead of it (waitFar), so
 //     that a long queue does not send every deletion to every waiter.
 type keyWatch struct {
-	s      *Session
+	client *clientv3.Client
+	owner  watchOwner // the session, or the Keeper for a queue watch shared by its sessions
 	key    string
 	prefix bool
 	ctx    context.Context
@@ -53,20 +54,35 @@ type keyWatch struct {
 	up       chan struct{} // closed while the watch is up; replaced when it goes down
 	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
 	refusal  error
-	sub      *Lock              // the lock of this name now waiting or held, if any
+	subs     map[*Lock]struct{} // the locks of this name now waiting or held
 	paused   bool               // the watch is off until resume
 	resumed  chan struct{}      // poked by resume
 	endServe context.CancelFunc // ends the current watch, for pause
 }
+
+// watchOwner owns a watch's goroutine: track registers it (failing once
+// the owner has ended), untrack marks it stopped.
+type watchOwner interface {
+	track() error
+	untrack()
+}
+
+func (s *Session) untrack() { s.wg.Done() }
 
 // startWatch starts a watch of key (of everything under it if prefix is
 // set), owned by the session: it stops when the session ends or when stop
 // is called. A paused watch opens nothing, and has no goroutine, until
 // resume.
 func (s *Session) startWatch(key string, prefix, paused bool) (*keyWatch, error) {
-	ctx, stop := context.WithCancel(s.ctx)
-	w := &keyWatch{s: s, key: key, prefix: prefix, ctx: ctx, stop: stop,
-		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
+	return startWatch(s.ctx, s.client, s, key, prefix, paused)
+}
+
+// startWatch starts a watch owned by owner, which stops when parent ends.
+func startWatch(parent context.Context, client *clientv3.Client, owner watchOwner, key string, prefix, paused bool) (*keyWatch, error) {
+	ctx, stop := context.WithCancel(parent)
+	w := &keyWatch{client: client, owner: owner, key: key, prefix: prefix, ctx: ctx, stop: stop,
+		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1),
+		subs: make(map[*Lock]struct{})}
 	if !paused {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -83,7 +99,7 @@ func (w *keyWatch) launch() error {
 	if w.running {
 		return nil
 	}
-	if err := w.s.track(); err != nil {
+	if err := w.owner.track(); err != nil {
 		return err
 	}
 	w.running = true
@@ -94,7 +110,7 @@ func (w *keyWatch) launch() error {
 // run keeps the watch open until the session ends or the watch is stopped,
 // opening it again, after a pause, whenever it ends while wanted.
 func (w *keyWatch) run() {
-	defer w.s.wg.Done()
+	defer w.owner.untrack()
 	retry := newBackoff(50*time.Millisecond, time.Second)
 	for {
 		ctx, ok := w.wanted()
@@ -146,7 +162,7 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	if w.prefix {
 		opts = append(opts, clientv3.WithPrefix())
 	}
-	for wr := range w.s.client.Watch(ctx, w.key, opts...) {
+	for wr := range w.client.Watch(ctx, w.key, opts...) {
 		if wr.Err() != nil {
 			if err := rpcerr.WatchRefusal(wr.Err()); err != nil && !cameUp {
 				w.refuse(err)
@@ -161,9 +177,12 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			continue
 		}
 		epoch := w.epoch.Load()
-		sub := w.subscriber()
+		subs := w.subscribers()
 		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.DELETE && sub != nil {
+			if ev.Type != mvccpb.DELETE {
+				continue
+			}
+			for _, sub := range subs {
 				sub.deleted(string(ev.Kv.Key), ev.Kv.ModRevision, w.prefix, epoch)
 			}
 		}
@@ -180,16 +199,15 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 		w.epoch.Add(1)
 		close(w.up)
 	}
-	sub := w.sub
 	w.mu.Unlock()
-	if sub == nil {
-		return true
+	for _, sub := range w.subscribers() {
+		if w.prefix {
+			sub.poke()
+		} else if sub.recheck(ctx) != nil {
+			return false
+		}
 	}
-	if w.prefix {
-		sub.poke()
-		return true
-	}
-	return sub.recheck(ctx) == nil
+	return true
 }
 
 // refuse records that etcd refused the watch outright (no permission,
@@ -210,9 +228,8 @@ func (w *keyWatch) down() {
 		w.epoch.Add(1)
 		w.up = make(chan struct{})
 	}
-	sub := w.sub
 	w.mu.Unlock()
-	if sub != nil {
+	for _, sub := range w.subscribers() {
 		sub.poke()
 	}
 }
@@ -254,19 +271,23 @@ func (w *keyWatch) isPaused() bool {
 	return w.paused
 }
 
-func (w *keyWatch) subscriber() *Lock {
+func (w *keyWatch) subscribers() []*Lock {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.sub
+	subs := make([]*Lock, 0, len(w.subs))
+	for l := range w.subs {
+		subs = append(subs, l)
+	}
+	return subs
 }
 
-// subscribe makes l the lock that the watch's events go to, and returns the
-// epoch l's view starts in: an even one (never current) if the watch is not
-// up.
+// subscribe makes l one of the locks that the watch's events go to, and
+// returns the epoch l's view starts in: an even one (never current) if the
+// watch is not up.
 func (w *keyWatch) subscribe(l *Lock) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.sub = l
+	w.subs[l] = struct{}{}
 	return w.epoch.Load()
 }
 
@@ -295,8 +316,6 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 // unsubscribe stops the watch's events going to l.
 func (w *keyWatch) unsubscribe(l *Lock) {
 	w.mu.Lock()
-	if w.sub == l {
-		w.sub = nil
-	}
+	delete(w.subs, l)
 	w.mu.Unlock()
 }
