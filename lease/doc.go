@@ -65,7 +65,10 @@
 //     holder's delete and one event. A waiter further back watches only
 //     the key just ahead of it, and reads its view again (a serializable
 //     read at a known revision) when that key goes, so that a long queue
-//     does not send every deletion to every waiter. Watches are opened at
+//     does not send every deletion to every waiter. Sessions renewed
+//     through one Keeper share each name's queue watch (one message per
+//     deletion reaches the process), so their waiters follow it at any
+//     depth and are granted with no read. Watches are opened at
 //     the current revision, which etcd serves at once, and outlive the
 //     last lock of their name by 30 seconds, so that a lock taken again and
 //     again opens them once.

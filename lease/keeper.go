@@ -18,9 +18,13 @@ const keeperBatch = 100 * time.Millisecond
 
 // Keeper renews the leases of many sessions over one keep-alive stream,
 // with one goroutine and one timer for them all, where each session on its
-// own keeps a stream, two goroutines and two timers. A service that holds
-// many sessions on one client (a session per tenant or per shard, say)
-// makes one Keeper and passes it to each with WithKeeper.
+// own keeps a stream, two goroutines and two timers. It also shares each
+// lock name's queue watch among its sessions: a deletion in a queue reaches
+// the process once, however many of its sessions wait there, so that their
+// waiters follow the queue at any depth and are granted without a read. A
+// service that holds many sessions on one client (a session per tenant, per
+// shard or per worker, say) makes one Keeper and passes it to each with
+// WithKeeper.
 //
 // Each session keeps its own conservative deadline, from the send time of
 // its own keep-alives, and loses its lease exactly as it would on its own
