@@ -115,3 +115,30 @@ func ExampleObserve() {
 		fmt.Printf("leader %s at %s, token %d\n", ld.Key, ld.Value, ld.Token)
 	}
 }
+
+// A process with a session per shard renews them all through one Keeper:
+// one keep-alive stream, and one watch of each lock name's queue for all of
+// them.
+func ExampleKeeper() {
+	ctx := context.Background()
+	var cli *clientv3.Client // connected elsewhere
+	k, err := lease.NewKeeper(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer k.Close() // closes the sessions still open
+	for shard := 0; shard < 64; shard++ {
+		s, err := lease.NewSession(ctx, cli, lease.WithKeeper(k))
+		if err != nil {
+			log.Fatal(err)
+		}
+		go func() {
+			defer s.Close()
+			l, err := s.Lock(ctx, fmt.Sprintf("shards/%d", shard))
+			if err != nil {
+				return
+			}
+			<-l.Done()
+		}()
+	}
+}
