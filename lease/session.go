@@ -54,6 +54,8 @@ type Session struct {
 	// checked with.
 	highest  atomic.Int64
 	probeKey atomic.Value // string
+
+	failing atomic.Bool // set by the first involuntary end, so that it is reported once
 }
 
 // NewSession grants a lease with the configured TTL and keeps it alive until
@@ -116,7 +118,8 @@ func (s *Session) TTL() time.Duration { return s.ttl }
 func (s *Session) Client() *clientv3.Client { return s.client }
 
 // Done is closed when the session's lease is gone: expired, revoked, not
-// renewed before the local deadline, or closed by Close.
+// renewed before the local deadline, or closed by Close. An involuntary end
+// has been reported to Hooks.SessionLost by then.
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err is nil while the session is alive. After Done is closed it says why:
@@ -187,15 +190,21 @@ func (s *Session) revoke() error {
 
 // lose ends the session because its lease is gone.
 func (s *Session) lose(reason string) {
-	if s.ctx.Err() != nil {
+	if s.ctx.Err() != nil || !s.failing.CompareAndSwap(false, true) {
 		return
 	}
 	why := fmt.Errorf("%w: %s", ErrLeaseExpired, reason)
 	s.lg.Warn("lease lost", zap.String("reason", reason))
-	s.cancel(why)
+	s.fail(why)
+}
+
+// fail reports an involuntary end to the hooks, then ends the session:
+// once Done is closed, the loss has been reported (as for a Lock).
+func (s *Session) fail(why error) {
 	if s.hooks.SessionLost != nil {
 		s.hooks.SessionLost(why)
 	}
+	s.cancel(why)
 }
 
 // keepAlive renews the lease over one LeaseKeepAlive stream, every third of
@@ -380,13 +389,12 @@ func (s *Session) confirmRegression(highest int64) {
 	if err != nil || resp.Header.Revision >= highest {
 		return
 	}
+	if s.ctx.Err() != nil || !s.failing.CompareAndSwap(false, true) {
+		return
+	}
 	s.lg.Error("etcd's store revision went backwards: fencing tokens can repeat; restore etcd with etcdutl snapshot restore --bump-revision N --mark-compacted",
 		zap.Int64("highest_seen", highest), zap.Int64("now", resp.Header.Revision))
-	why := fmt.Errorf("%w: highest seen %d, now %d", ErrRevisionRegressed, highest, resp.Header.Revision)
-	s.cancel(why)
-	if s.hooks.SessionLost != nil {
-		s.hooks.SessionLost(why)
-	}
+	s.fail(fmt.Errorf("%w: highest seen %d, now %d", ErrRevisionRegressed, highest, resp.Header.Revision))
 }
 
 func (s *Session) untilDeadline() time.Duration {
