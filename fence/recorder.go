@@ -77,12 +77,7 @@ func (t *Txn) steady() bool {
 // guards and every record with its token, the caller's part in Then, and
 // reads of the lock keys and records in Else, to say what failed.
 func (t *Txn) buildSteady() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
-	for _, g := range t.guards {
-		if g.kind == heldGuard {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.token))
-			els = append(els, clientv3.OpGet(g.key, clientv3.WithKeysOnly()))
-		}
-	}
+	cmps, els = t.heldChecks()
 	for _, g := range t.resources() {
 		cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "=", EncodeToken(g.token)))
 		els = append(els, clientv3.OpGet(g.key))
@@ -108,13 +103,9 @@ func (t *Txn) commitSteady() (resp *clientv3.TxnResponse, done bool, err error) 
 	if err := t.heldFailures(r); err != nil {
 		return nil, true, err
 	}
-	held := 0
-	for _, g := range t.guards {
-		if g.kind == heldGuard {
-			held++
-		}
-	}
-	for i, g := range t.resources() {
+	recs := t.resources()
+	held := len(els) - len(recs) // the records' reads follow the lock keys'
+	for i, g := range recs {
 		kvs := r.Responses[held+i].GetResponseRange().Kvs
 		if len(kvs) == 0 {
 			g.rec.forget()

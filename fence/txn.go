@@ -150,13 +150,20 @@ func (t *Txn) nested() bool { return len(t.cmps) > 0 || len(t.els) > 0 }
 // the guards. (Recorder's guards, once their token is recorded, are sent
 // in a flat shape instead: buildSteady.)
 func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
+	cmps, els = t.heldChecks()
+	return cmps, t.level(t.resources()), els
+}
+
+// heldChecks are the Held guards' comparisons, and the reads of their lock
+// keys that say, when one fails, which (heldFailures reads them).
+func (t *Txn) heldChecks() (cmps []clientv3.Cmp, reads []clientv3.Op) {
 	for _, g := range t.guards {
 		if g.kind == heldGuard {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.token))
-			els = append(els, clientv3.OpGet(g.key, clientv3.WithKeysOnly()))
+			reads = append(reads, clientv3.OpGet(g.key, clientv3.WithKeysOnly()))
 		}
 	}
-	return cmps, t.level(t.resources()), els
+	return cmps, reads
 }
 
 // caller is the caller's part of the transaction: its Then, or its whole
