@@ -73,8 +73,9 @@ func (h *Hooks) waiting(name string, delta int) {
 }
 
 // reportGranted logs and reports a grant. The lock's end is reported by
-// reportEnd, once: by the monitor as it stops (so that Session.Close waits
-// for it), or here if the monitor stopped before the grant was recorded.
+// reportEnd, once: by finish as the lock finishes (so that Session.Close
+// and Done wait for it), or here if it finished before the grant was
+// recorded.
 func (l *Lock) reportGranted(waited time.Duration) {
 	s := l.s
 	s.lg.Info("lock granted", zap.String("key", l.key), zap.Int64("token", l.token), zap.Duration("waited", waited))
@@ -83,18 +84,18 @@ func (l *Lock) reportGranted(waited time.Duration) {
 	}
 	l.mu.Lock()
 	l.grantedAt = time.Now()
-	stopped := l.monitorStopped
+	stopped := l.finishedEnd
 	l.mu.Unlock()
 	if stopped {
 		l.reportEnd()
 	}
 }
 
-// monitorStops records that the monitor is stopping, and reports the
+// finishing records that the lock is finishing, and reports the
 // lock's end if it was granted.
-func (l *Lock) monitorStops() {
+func (l *Lock) finishing() {
 	l.mu.Lock()
-	l.monitorStopped = true
+	l.finishedEnd = true
 	granted := !l.grantedAt.IsZero()
 	l.mu.Unlock()
 	if granted {

@@ -46,10 +46,10 @@ type Lock struct {
 	gate  func() // gives the name's local gate back; nil once given back
 	value string // the key's value: empty for a lock, the leader's for a campaign
 	// grantedAt is when the lock was handed to the caller (zero before);
-	// monitorStopped is set as the monitor stops. Whichever of the two
-	// comes second reports the lock's end (reportGranted, monitorStops).
-	grantedAt      time.Time
-	monitorStopped bool
+	// finishedEnd is set as the lock finishes. Whichever of the two
+	// comes second reports the lock's end (reportGranted, finishing).
+	grantedAt   time.Time
+	finishedEnd bool
 
 	// The lock's view of the queue ahead of it, kept by the watches'
 	// deletions: the keys ahead, whether older ones may lie past the page
@@ -70,7 +70,7 @@ type phase int
 const (
 	steady          phase = iota // no release in flight
 	releasing                    // an Unlock has sent its delete
-	releasedOrTaken              // ... and the monitor saw the key go
+	releasedOrTaken              // ... and the own-key watch saw the key go
 )
 
 // Name is the lock's name, as given to Lock.
@@ -212,7 +212,7 @@ func (l *Lock) finish() {
 	l.w.own.unsubscribe(l)
 	l.w.queue.unsubscribe(l)
 	l.leave()
-	l.monitorStops()
+	l.finishing()
 }
 
 // queue puts the lock's key, with requests that end with the session too:
@@ -774,7 +774,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 	l.mu.Lock()
 	released := (err == nil && resp.Succeeded) || (err != nil && l.phase == releasedOrTaken)
 	if released {
-		// Before the phase goes back: the monitor may see our own delete
+		// Before the phase goes back: the own-key watch may see our own delete
 		// at any moment after, and must not call it a loss.
 		l.cancel(ErrUnlocked)
 	}
