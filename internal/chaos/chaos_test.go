@@ -72,6 +72,26 @@ type runConfig struct {
 	prefix    string
 	db        *sql.DB
 	sqlf      *sqlfence.Fence
+	// ttl is the clients' session TTL, and slack what their calls' timeouts
+	// get on top of the usual: both grow with the latency a run injects.
+	ttl, slack time.Duration
+}
+
+// sizeForLatency gives a run's sessions a TTL and its calls time for the
+// latency on every client link. etcd's proxy holds each read from a
+// connection for the latency before forwarding it and reads one at a time,
+// so a message can wait for the one ahead of it: a one-way trip takes up to
+// twice the latency, a round trip four times it. A session needs its first
+// keep-alive answered within the TTL of the grant's send, two round trips
+// after it, so the TTL is at least eight times the latency (and a whole
+// number of seconds: etcd grants seconds). No lease-based lock lives
+// through round trips longer than its TTL; this fault is about latency, not
+// about lost sessions.
+func (r *runConfig) sizeForLatency(latency time.Duration) {
+	r.ttl, r.slack = time.Second, 4*latency
+	if need := 8 * latency; need > r.ttl {
+		r.ttl = need.Truncate(time.Second) + time.Second
+	}
 }
 
 // runResult is what a run measured.
@@ -175,7 +195,7 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 	in := Input{Register: reg, Kind: kind, Write: true, Token: token, Value: val}
 	stale = c.ev.highest(reg) > token
 	call := c.h.Now()
-	wctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second)
+	wctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second+c.cfg.slack)
 	defer cancel()
 	var err error
 	switch {
@@ -210,7 +230,7 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 func (c *chaosClient) read(ctx context.Context, kind, name string) {
 	held, res, row := c.cfg.registers(name)
 	call := c.h.Now()
-	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	rctx, cancel := context.WithTimeout(ctx, time.Second+c.cfg.slack)
 	defer cancel()
 	var val, reg string
 	switch kind {
@@ -260,9 +280,9 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 			if s != nil {
 				s.Close()
 			}
-			sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second)
+			sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second+c.cfg.slack)
 			var err error
-			s, err = lease.NewSession(sctx, c.cli, lease.WithTTL(time.Second))
+			s, err = lease.NewSession(sctx, c.cli, lease.WithTTL(c.cfg.ttl))
 			cancel()
 			if err != nil {
 				s = nil
@@ -270,7 +290,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 			}
 		}
 		name := fmt.Sprint(c.rng.IntN(c.cfg.names))
-		lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		lctx, cancel := context.WithTimeout(ctx, 3*time.Second+c.cfg.slack)
 		l, err := s.Lock(lctx, c.cfg.prefix+"/lock/"+name)
 		cancel()
 		if err != nil {
@@ -289,7 +309,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 				break
 			}
 		}
-		uctx, cancel := context.WithTimeout(ctx, time.Second)
+		uctx, cancel := context.WithTimeout(ctx, time.Second+c.cfg.slack)
 		l.Unlock(uctx)
 		cancel()
 	}
@@ -314,7 +334,7 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 		}
 	}
 	stopEnv := c.cfg.environment(ctx, c.rng.Uint64())
-	bound, cancel := context.WithTimeout(ctx, 8*time.Second)
+	bound, cancel := context.WithTimeout(ctx, 7*time.Second+c.cfg.ttl)
 	defer cancel()
 	expired := false
 	for !expired {
@@ -418,6 +438,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	if cfg.fault == faultLatency {
 		latency = time.Duration(rng.IntN(500)) * time.Millisecond
 	}
+	cfg.sizeForLatency(latency)
 	clients := make([]*chaosClient, cfg.clients)
 	for i := range clients {
 		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i)))}
