@@ -174,6 +174,11 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 		l.abandon()
 		return nil, err
 	}
+	if err := l.waitDelay(ctx); err != nil {
+		l.abandon()
+		return nil, err
+	}
+	l.s.hold(l)
 	l.reportGranted(time.Since(start))
 	return l, nil
 }
@@ -211,6 +216,7 @@ func (l *Lock) finish() {
 	defer close(l.finished)
 	l.w.own.unsubscribe(l)
 	l.w.queue.unsubscribe(l)
+	l.s.unhold(l)
 	l.leave()
 	l.finishing()
 }
@@ -768,7 +774,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 	l.setPhase(releasing)
 	resp, err := l.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
-		Then(clientv3.OpDelete(l.key)).
+		Then(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.releaseOps()...)...).
 		Commit()
 
 	l.mu.Lock()

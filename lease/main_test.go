@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -16,7 +17,12 @@ import (
 // package's tests. Env.Main fails the run if a goroutine outlives it.
 var etcd etcdtest.Env
 
-func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+func TestMain(m *testing.M) {
+	if os.Getenv(exampleenv.ChildEnv) == delayChildRole {
+		os.Exit(runDelayChild())
+	}
+	os.Exit(etcd.Main(m, etcdtest.Config{}))
+}
 
 // shortTTL is the shortest lease etcd grants with default timing.
 const shortTTL = 2 * time.Second

@@ -15,12 +15,13 @@ const DefaultTTL = 10 * time.Second
 type Option func(*options) error
 
 type options struct {
-	ttl    time.Duration
-	logger *zap.Logger
-	clock  clock     // realClock unless the fault suite scales it
-	seam   faultSeam // empty in release builds
-	hooks  Hooks
-	keeper *Keeper
+	ttl       time.Duration
+	logger    *zap.Logger
+	clock     clock     // realClock unless the fault suite scales it
+	seam      faultSeam // empty in release builds
+	hooks     Hooks
+	keeper    *Keeper
+	lockDelay time.Duration
 }
 
 // WithTTL sets the lease TTL the session asks for. It is rounded up to whole

@@ -35,13 +35,18 @@ type Session struct {
 	seam   faultSeam // empty in release builds; see ownership.go
 	hooks  Hooks
 	keeper *Keeper // renews the lease, if the session was given one
+	// lockDelay is WithLockDelay's; holdings are the locks it must release
+	// one by one on Close (under mu), so that their successors see clean
+	// releases.
+	lockDelay time.Duration
+	holdings  map[*Lock]struct{}
 
 	// ctx ends, with the reason as its cause, when the lease is lost or the
 	// session is closed. Every lock's own context derives from it.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu       sync.Mutex // guards closed and deadline
+	mu       sync.Mutex // guards closed, deadline and holdings
 	closed   bool
 	deadline time.Time
 
@@ -82,15 +87,16 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	}
 	granted := o.grantedTTL(resp.TTL)
 	s := &Session{
-		client:   client,
-		id:       resp.ID,
-		ttl:      granted,
-		lg:       o.logger.With(zap.String("lease", fmt.Sprintf("%x", int64(resp.ID)))),
-		clock:    o.clock,
-		seam:     o.seam,
-		hooks:    o.hooks,
-		keeper:   o.keeper,
-		deadline: sent.Add(granted),
+		client:    client,
+		id:        resp.ID,
+		ttl:       granted,
+		lg:        o.logger.With(zap.String("lease", fmt.Sprintf("%x", int64(resp.ID)))),
+		clock:     o.clock,
+		seam:      o.seam,
+		hooks:     o.hooks,
+		keeper:    o.keeper,
+		lockDelay: o.lockDelay,
+		deadline:  sent.Add(granted),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	if s.keeper != nil {
@@ -158,7 +164,10 @@ func (s *Session) Close() error {
 		return ErrSessionClosed
 	}
 	s.closed = true
+	held := s.holdings
+	s.holdings = nil
 	s.mu.Unlock()
+	s.releaseHoldings(held)
 	s.cancel(ErrSessionClosed)
 	if s.keeper != nil {
 		s.keeper.remove(s)
@@ -175,6 +184,48 @@ func (s *Session) Close() error {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))
 	}
 	return nil
+}
+
+// releaseHoldings unlocks, before the lease is revoked, the locks a session
+// with a lock delay holds, so that their successors see clean releases. Each
+// is bounded by the TTL; one that fails is left to the revoke, and its
+// successor waits out the delay.
+func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
+	for l := range held {
+		ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+		if err := l.unlock(ctx); err != nil {
+			s.lg.Warn("lock not released before revoking the lease: its successor will wait out the lock delay",
+				zap.String("key", l.key), zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// hold registers a granted lock for releaseHoldings; false once Close has
+// begun (the lock then ends with the session).
+func (s *Session) hold(l *Lock) {
+	if s.lockDelay == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if s.holdings == nil {
+		s.holdings = make(map[*Lock]struct{})
+	}
+	s.holdings[l] = struct{}{}
+}
+
+// unhold drops a lock that has finished from the session's holdings.
+func (s *Session) unhold(l *Lock) {
+	if s.lockDelay == 0 {
+		return
+	}
+	s.mu.Lock()
+	delete(s.holdings, l)
+	s.mu.Unlock()
 }
 
 // revoke revokes the lease, bounded by the TTL (past it the lease has

@@ -1,0 +1,269 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/internal/rpcerr"
+)
+
+// MaxLockDelay is the longest lock delay WithLockDelay accepts (Consul's
+// limit too): longer, and a lost holder would stall its name for minutes.
+const MaxLockDelay = time.Minute
+
+// WithLockDelay makes the session's locks (and campaigns) wait out a delay
+// d after the previous holder of their name lost it involuntarily: its
+// lease expired or was revoked, or its key was deleted by someone else. The
+// new holder keeps its place at the head of the queue meanwhile, so nobody
+// overtakes it; its own loss during the wait ends Lock with that loss. A
+// holder that let go cleanly (Unlock, Resign, or Close of its session,
+// which now releases its locks one by one before revoking the lease) causes
+// no delay. Zero, the default, means none; a negative d or one above
+// MaxLockDelay is refused with ErrInvalidArgument.
+//
+// It is for resources that cannot check a fencing token: the requests a
+// lost holder already sent get time to drain. It does not protect against
+// a holder paused for longer than the delay; fencing does (package fence).
+//
+// How it works, and what it rests on: every session with a lock delay
+// records in etcd, under the key DelayRecordKey(name), which holding it
+// granted ("held T") and which it released ("released T", written in the
+// same transaction as the release's delete). The next holder reads the
+// record when its turn comes: a "held" record of an earlier token whose key
+// is gone means a loss. It then records the loss under a fresh lease of d
+// (rounded up to whole seconds, at least etcd's minimum TTL: 2 s with
+// default timing) and waits until etcd expires it, so the delay is measured
+// by etcd, counts from no earlier than the loss, survives reconnects and
+// restarts of the waiter, and is never restarted by a waiter that gives up.
+// Consequences: every session that takes the name must use WithLockDelay
+// (the losses of holders that record nothing, such as etcd's Mutex or
+// sessions without the option, are not seen); TryLock waits out a delay
+// too instead of failing (it never waits behind a holder); Lock, Unlock and
+// Close each make one more write per holding; the delay can come out longer
+// than d (whole seconds, etcd's expiry runs about every 500 ms, a leader
+// change extends leases), never shorter unless etcd revokes a lease early.
+// The record is a small key without a lease, one per name, left in etcd.
+func WithLockDelay(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 || d > MaxLockDelay {
+			return fmt.Errorf("%w: lock delay %v is outside 0 to %v", ErrInvalidArgument, d, MaxLockDelay)
+		}
+		o.lockDelay = d
+		return nil
+	}
+}
+
+// DelayRecordKey is the key under which sessions with a lock delay record
+// how the last holder of name ended. It lies outside name + "/", where
+// etcd's own Mutex would count it as a waiter, and contains a NUL byte,
+// which no lock name can, so it never collides with a lock's keys or with
+// a nested name's. A role that takes name with a lock delay needs write
+// permission on it.
+func DelayRecordKey(name string) string { return name + "\x00lock-delay" }
+
+// recordState is what a name's delay record says.
+type recordState int
+
+const (
+	recordClear    recordState = iota // no record, or a clean release: no delay
+	recordHeld                        // a holder took the lock and has not let go cleanly
+	recordLost                        // a loss is being waited out until the record's lease expires
+	recordReleased                    // a clean release; as recordClear
+)
+
+var recordWords = map[recordState]string{recordHeld: "held", recordLost: "lost", recordReleased: "released"}
+
+// delayRecord is one reading of a name's delay record.
+type delayRecord struct {
+	state  recordState
+	token  int64 // the holding it is about
+	modRev int64 // the record's mod revision; 0 when there is none
+}
+
+func formatRecord(state recordState, token int64) string {
+	return recordWords[state] + " " + strconv.FormatInt(token, 10)
+}
+
+// parseRecord reads a record; nil kv is no record. A value this package
+// did not write counts as no record.
+func parseRecord(kv *mvccpb.KeyValue) delayRecord {
+	if kv == nil {
+		return delayRecord{}
+	}
+	r := delayRecord{modRev: kv.ModRevision}
+	word, num, _ := strings.Cut(string(kv.Value), " ")
+	token, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return r
+	}
+	for state, w := range recordWords {
+		if w == word {
+			r.state, r.token = state, token
+		}
+	}
+	return r
+}
+
+func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
+}
+
+// releaseOps are the operations a clean release of the lock adds to its
+// delete: the record that it let go.
+func (l *Lock) releaseOps() []clientv3.Op {
+	if l.s.lockDelay == 0 {
+		return nil
+	}
+	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(l.name), formatRecord(recordReleased, l.token))}
+}
+
+// waitDelay runs once the lock's turn has come, for a session with a lock
+// delay: it waits out a loss of the previous holder, then records the lock
+// as held. It ends with the lock's own loss, or ctx.
+func (l *Lock) waitDelay(ctx context.Context) error {
+	if l.s.lockDelay == 0 {
+		return nil
+	}
+	wctx, stop := l.Context(ctx)
+	defer stop()
+	cctx, stopSession := l.s.bound(wctx)
+	defer stopSession()
+	retry := newBackoff(10*time.Millisecond, time.Second)
+	rec, err := l.readRecord(cctx)
+	for {
+		if err == nil {
+			var done bool
+			done, rec, err = l.stepDelay(cctx, rec)
+			if done {
+				return nil
+			}
+		}
+		if err == nil {
+			retry.reset()
+			continue
+		}
+		if l.ctx.Err() != nil {
+			return context.Cause(l.ctx)
+		}
+		if cctx.Err() != nil || !rpcerr.Transient(cctx, err) {
+			return fmt.Errorf("lock delay: %w", err)
+		}
+		if err = retry.wait(cctx); err != nil {
+			return fmt.Errorf("lock delay: %w", err)
+		}
+		rec, err = l.readRecord(cctx)
+	}
+}
+
+// stepDelay makes one step from what the record says: record a loss, wait
+// for a recorded one to end, or record the lock as held (done).
+func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
+	switch {
+	case rec.state == recordHeld && rec.token < l.token:
+		// That holding's key is gone (this lock is at the head of the
+		// queue), and it did not record a release.
+		next, err = l.recordLoss(ctx, rec)
+	case rec.state == recordLost:
+		next, err = l.awaitRecordChange(ctx, rec)
+	default:
+		done, next, err = l.recordHeld(ctx, rec)
+	}
+	return done, next, err
+}
+
+// readRecord reads the name's delay record.
+func (l *Lock) readRecord(ctx context.Context) (delayRecord, error) {
+	resp, err := l.s.client.Get(ctx, DelayRecordKey(l.name))
+	if err != nil {
+		return delayRecord{}, err
+	}
+	return parseRecord(firstKV(resp.Kvs)), nil
+}
+
+// recordLoss records that the holding rec names was lost, under a new lease
+// of the delay, unless the record changed meanwhile.
+func (l *Lock) recordLoss(ctx context.Context, rec delayRecord) (delayRecord, error) {
+	cli, key := l.s.client, DelayRecordKey(l.name)
+	g, err := cli.Grant(ctx, ttlSeconds(l.s.lockDelay))
+	if err != nil {
+		return rec, err
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", rec.modRev)).
+		Then(clientv3.OpPut(key, formatRecord(recordLost, rec.token), clientv3.WithLease(g.ID))).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		return rec, err
+	}
+	if !resp.Succeeded {
+		// Someone else recorded first; the unused lease expires by itself.
+		return parseRecord(firstKV(resp.Responses[0].GetResponseRange().Kvs)), nil
+	}
+	l.s.lg.Warn("lock delay: the previous holder lost the lock; waiting before granting",
+		zap.String("key", l.key), zap.Int64("lost_token", rec.token), zap.Duration("delay", l.s.lockDelay))
+	return delayRecord{state: recordLost, token: rec.token, modRev: resp.Header.Revision}, nil
+}
+
+// awaitRecordChange waits until the record is no longer rec (its lease
+// expired, or someone wrote it), and returns what it is then.
+func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRecord, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	// Opened at the record's next revision: no change is missed. Such a
+	// watch waits for etcd's catch-up loop (up to 100 ms), nothing beside a
+	// delay of seconds.
+	wch := l.s.client.Watch(wctx, DelayRecordKey(l.name), clientv3.WithRev(rec.modRev+1))
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				if ctx.Err() != nil {
+					return rec, ctx.Err()
+				}
+				return l.readRecord(ctx) // compacted, or the watch ended: read instead
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return delayRecord{}, nil
+				}
+				return parseRecord(ev.Kv), nil
+			}
+		case <-ctx.Done():
+			return rec, ctx.Err()
+		}
+	}
+}
+
+// recordHeld records the lock as held, if the record is still rec and the
+// lock's key still this holding's. done is false, with the record as it
+// now is, if the record changed meanwhile.
+func (l *Lock) recordHeld(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
+	key := DelayRecordKey(l.name)
+	resp, err := l.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token),
+			clientv3.Compare(clientv3.ModRevision(key), "=", rec.modRev)).
+		Then(clientv3.OpPut(key, formatRecord(recordHeld, l.token))).
+		Else(clientv3.OpGet(l.key), clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		return false, rec, err
+	}
+	if resp.Succeeded {
+		return true, rec, nil
+	}
+	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+		return false, rec, ErrKeyDeleted
+	}
+	return false, parseRecord(firstKV(resp.Responses[1].GetResponseRange().Kvs)), nil
+}
