@@ -121,7 +121,7 @@ func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 // releaseOps are the operations a clean release of the lock adds to its
 // delete: the record that it let go.
 func (l *Lock) releaseOps() []clientv3.Op {
-	if l.s.lockDelay == 0 {
+	if l.s.lockDelay == 0 || l.mode == Read {
 		return nil
 	}
 	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(l.name), formatRecord(recordReleased, l.token))}
@@ -129,7 +129,7 @@ func (l *Lock) releaseOps() []clientv3.Op {
 
 // waitDelay runs once the lock's turn has come, for a session with a lock
 // delay: it waits out a loss of the previous holder, then records the lock
-// as held. It ends with the lock's own loss, or ctx.
+// as held (a writer's). It ends with the lock's own loss, or ctx.
 func (l *Lock) waitDelay(ctx context.Context) error {
 	if l.s.lockDelay == 0 {
 		return nil
@@ -175,6 +175,10 @@ func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next 
 		next, err = l.recordLoss(ctx, rec)
 	case rec.state == recordLost:
 		next, err = l.awaitRecordChange(ctx, rec)
+	case l.mode == Read:
+		// Readers wait out a loss but record nothing: they change nothing
+		// that a delay would protect.
+		return true, rec, nil
 	default:
 		done, next, err = l.recordHeld(ctx, rec)
 	}

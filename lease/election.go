@@ -28,7 +28,7 @@ type Leadership struct{ l *Lock }
 // once with an error wrapping ErrLost or ErrSessionClosed; it never becomes
 // leader.
 func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership, error) {
-	l, err := s.acquire(ctx, name, value, false)
+	l, err := s.acquire(ctx, name, Write, value, false)
 	if err != nil {
 		return nil, failed(fmt.Sprintf("campaign %q", name), err)
 	}

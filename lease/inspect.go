@@ -17,7 +17,8 @@ type QueueEntry struct {
 	// TTL is the time the lease has left, as etcd counts it (whole
 	// seconds); 0 if the lease was gone by the time it was asked.
 	TTL   time.Duration
-	Value string // empty for a lock; the candidate's value in an election
+	Value string // empty for a lock; the candidate's value in an election; ReaderValue for a reader
+	Mode  Mode   // Read for a reader (RLock), Write for anyone else
 }
 
 // Inspect reads the queue of the lock (or election) name: the holder
@@ -45,13 +46,27 @@ func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]Queue
 	for _, kv := range resp.Kvs {
 		if isQueueKey(pfx, kv) {
 			entries = append(entries, QueueEntry{Key: string(kv.Key), Token: kv.CreateRevision,
-				Lease: clientv3.LeaseID(kv.Lease), Value: string(kv.Value)})
+				Lease: clientv3.LeaseID(kv.Lease), Value: string(kv.Value), Mode: modeOf(kv)})
 		}
 	}
 	if err := fillTTLs(ctx, client, entries); err != nil {
 		return nil, failed(op, err)
 	}
 	return entries, nil
+}
+
+// Holding is how many entries at the head of a queue (as Inspect returns
+// it, oldest first) hold the lock: the first one if it is a writer, else
+// every reader before the first writer. The rest wait.
+func Holding(entries []QueueEntry) int {
+	if len(entries) == 0 || entries[0].Mode == Write {
+		return min(len(entries), 1)
+	}
+	n := 0
+	for n < len(entries) && entries[n].Mode == Read {
+		n++
+	}
+	return n
 }
 
 // fillTTLs asks etcd for the TTL of every entry's lease at once.

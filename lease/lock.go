@@ -28,6 +28,7 @@ type Lock struct {
 	name  string
 	key   string
 	token int64
+	mode  Mode
 
 	// ctx ends, with the reason as its cause, when ownership ends: it is
 	// the lock's whole public state (Done, Err, Context). finished is
@@ -52,7 +53,7 @@ type Lock struct {
 	finishedEnd bool
 
 	// The lock's view of the queue ahead of it, kept by the watches'
-	// deletions: the keys ahead, whether older ones may lie past the page
+	// deletions: the keys ahead that block it (see blocks), whether older ones may lie past the page
 	// read, the watch epochs the view follows, and deletions held back
 	// while the view is being read (synced false).
 	ahead    map[string]ahead
@@ -129,7 +130,7 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // behind and matches ctx's error (context.DeadlineExceeded or
 // context.Canceled).
 func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.acquire(ctx, name, "", false)
+	l, err := s.acquire(ctx, name, Write, "", false)
 	if err != nil {
 		return nil, failed(fmt.Sprintf("lock %q", name), err)
 	}
@@ -141,16 +142,17 @@ func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 // (or saying that this same session holds it). A failed TryLock leaves no
 // key behind: when the lock is held it writes nothing at all.
 func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.acquire(ctx, name, "", true)
+	l, err := s.acquire(ctx, name, Write, "", true)
 	if err != nil {
 		return nil, failed(fmt.Sprintf("trylock %q", name), err)
 	}
 	return l, nil
 }
 
-// acquire queues a key holding value under name and waits for its turn:
-// the common path of Lock, TryLock and Campaign.
-func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*Lock, error) {
+// acquire queues a key holding value under name and waits for its turn in
+// mode: the common path of Lock, TryLock, RLock, TryRLock and Campaign.
+// A reader's value is ReaderValue.
+func (s *Session) acquire(ctx context.Context, name string, mode Mode, value string, try bool) (*Lock, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
@@ -162,7 +164,10 @@ func (s *Session) acquire(ctx context.Context, name, value string, try bool) (*L
 	if err != nil {
 		return nil, err
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), value: value, gate: release, w: w}
+	if mode == Read {
+		value = ReaderValue
+	}
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, value: value, gate: release, w: w}
 	if err := l.start(ctx); err != nil {
 		return nil, err
 	}
@@ -304,11 +309,12 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 			return nil
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-			if isQueueKey(pfx, kv) {
+			if isQueueKey(pfx, kv) && l.blocks(kv) {
 				return lockedBy(kv)
 			}
 		}
-		// Only keys of nested locks were seen: queue up, then look again.
+		// Only keys of nested locks (or, for a reader, of readers) were
+		// seen: queue up, then look again.
 	}
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
@@ -375,7 +381,7 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 				continue
 			}
 			older++
-			if isQueueKey(pfx, kv) {
+			if isQueueKey(pfx, kv) && l.blocks(kv) {
 				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev}
 			}
 		}
@@ -642,8 +648,8 @@ func (l *Lock) rereadNear(ctx context.Context) error {
 }
 
 // readView reads the view, recording the watch epochs it was read under.
-// Keys of nested locks are skipped, reading on, older, past a page full of
-// them.
+// Keys that do not block the lock (nested locks' keys; readers', for a
+// reader) are skipped, reading on, older, past a page full of them.
 func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
 	cli, pfx := l.s.client, l.name+"/"
 	maxRev := l.token - 1
@@ -666,9 +672,9 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 			return nil
 		}
 		l.mu.Lock()
-		onlyNested := len(l.ahead) == 0
+		noneBlocks := len(l.ahead) == 0
 		l.mu.Unlock()
-		if !onlyNested {
+		if !noneBlocks {
 			return nil
 		}
 		if maxRev = page.Kvs[len(page.Kvs)-1].CreateRevision - 1; maxRev <= 0 {

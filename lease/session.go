@@ -201,10 +201,10 @@ func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	}
 }
 
-// hold registers a granted lock for releaseHoldings; false once Close has
+// hold registers a granted writer for releaseHoldings, unless Close has
 // begun (the lock then ends with the session).
 func (s *Session) hold(l *Lock) {
-	if s.lockDelay == 0 {
+	if s.lockDelay == 0 || l.mode == Read {
 		return
 	}
 	s.mu.Lock()

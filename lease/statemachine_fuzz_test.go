@@ -13,13 +13,14 @@ import (
 )
 
 // FuzzLockStateMachine drives one lock name through a random sequence of
-// operations from three sessions, against the shared etcd, and checks the
+// operations from three sessions, writers and readers, against the shared etcd, and checks the
 // library against a model after every step: who holds the lock, what etcd's
 // queue holds, how each ending shows, and that tokens only grow.
 func FuzzLockStateMachine(f *testing.F) {
 	f.Add([]byte{0, 10, 1, 11, 2, 20, 0, 30, 1, 40, 0})
 	f.Add([]byte{0, 0, 1, 50, 0, 60, 2, 2, 10, 11, 12})
 	f.Add([]byte{1, 20, 1, 31, 41, 2, 52, 0, 62, 12})
+	f.Add([]byte{10, 11, 12, 0, 20, 21, 1, 22, 10, 40, 11, 51, 12, 60, 2})
 	f.Fuzz(func(t *testing.T, script []byte) {
 		if len(script) > 24 {
 			script = script[:24] // each step is a few etcd round trips
@@ -45,92 +46,131 @@ func FuzzLockStateMachine(f *testing.F) {
 				s.Close()
 			}
 		}()
-		// The model: which session holds the lock, with which Lock.
-		holderIdx, lastToken := -1, int64(0)
-		var holder *lease.Lock
-		ended := func(want error) {
+		// The model: each session's holding of the name, if any (readers
+		// share it; a writer holds it alone), and the last token granted.
+		var holds [3]*lease.Lock
+		lastToken := int64(0)
+		pick := func(i int) int { // session i's holding, or else the first one
+			if holds[i] != nil {
+				return i
+			}
+			for j, h := range holds {
+				if h != nil {
+					return j
+				}
+			}
+			return -1
+		}
+		held := func() (n int, writer bool) {
+			for _, h := range holds {
+				if h != nil {
+					n++
+					writer = writer || h.Mode() == lease.Write
+				}
+			}
+			return n, writer
+		}
+		ended := func(j int, want error) {
 			t.Helper()
+			h := holds[j]
 			select {
-			case <-holder.Done():
+			case <-h.Done():
 			case <-time.After(3 * time.Second):
 				t.Fatalf("lock not ended 3s after %v", want)
 			}
-			if !errors.Is(holder.Err(), want) {
-				t.Fatalf("Err() = %v, want %v", holder.Err(), want)
+			if !errors.Is(h.Err(), want) {
+				t.Fatalf("Err() = %v, want %v", h.Err(), want)
 			}
-			holder, holderIdx = nil, -1
+			holds[j] = nil
 		}
 		for step, b := range script {
 			i := int(b % 3)
+			n, writer := held()
 			switch op := b / 10 % 7; op {
-			case 0, 1: // TryLock by session i
-				l, err := sessions[i].TryLock(ctx, name)
-				switch {
-				case holder == nil && err != nil:
-					t.Fatalf("step %d: TryLock on a free lock: %v", step, err)
-				case holder != nil && !errors.Is(err, lease.ErrLocked):
-					t.Fatalf("step %d: TryLock while session %d holds: %v, want ErrLocked", step, holderIdx, err)
-				case err == nil:
-					if l.Token() <= lastToken {
-						t.Fatalf("step %d: token %d not above %d", step, l.Token(), lastToken)
-					}
-					holder, holderIdx, lastToken = l, i, l.Token()
+			case 0, 1: // TryLock (0) or TryRLock (1) by session i
+				take, mode := sessions[i].TryLock, lease.Write
+				if op == 1 {
+					take, mode = sessions[i].TryRLock, lease.Read
 				}
-			case 2: // the holder unlocks
-				if holder != nil {
-					if err := holder.Unlock(ctx); err != nil {
+				free := holds[i] == nil && (n == 0 || (mode == lease.Read && !writer))
+				l, err := take(ctx, name)
+				switch {
+				case free && err != nil:
+					t.Fatalf("step %d: Try %v on a lock free for it: %v", step, mode, err)
+				case !free && !errors.Is(err, lease.ErrLocked):
+					t.Fatalf("step %d: Try %v while held (%d holdings, writer %v): %v, want ErrLocked", step, mode, n, writer, err)
+				case err == nil:
+					if l.Token() <= lastToken || l.Mode() != mode {
+						t.Fatalf("step %d: token %d (last %d), mode %v (want %v)", step, l.Token(), lastToken, l.Mode(), mode)
+					}
+					holds[i], lastToken = l, l.Token()
+				}
+			case 2: // a holder unlocks
+				if j := pick(i); j >= 0 {
+					if err := holds[j].Unlock(ctx); err != nil {
 						t.Fatalf("step %d: Unlock: %v", step, err)
 					}
-					ended(lease.ErrUnlocked)
+					ended(j, lease.ErrUnlocked)
 				}
 			case 3: // session i's lease is revoked under it
 				if _, err := cli.Revoke(ctx, sessions[i].Lease()); err != nil {
 					t.Fatal(err)
 				}
-				if holderIdx == i {
-					ended(lease.ErrLost)
+				if holds[i] != nil {
+					ended(i, lease.ErrLost)
 				}
 				sessions[i].Close() // the session itself notices at its next keep-alive
 				open(i)
-			case 4: // an operator deletes the holder's key
-				if holder != nil {
-					if _, err := cli.Delete(ctx, holder.Key()); err != nil {
+			case 4: // an operator deletes a holder's key
+				if j := pick(i); j >= 0 {
+					if _, err := cli.Delete(ctx, holds[j].Key()); err != nil {
 						t.Fatal(err)
 					}
-					ended(lease.ErrKeyDeleted)
+					ended(j, lease.ErrKeyDeleted)
 				}
 			case 5: // session i closes
 				sessions[i].Close()
-				if holderIdx == i {
-					ended(lease.ErrSessionClosed)
+				if holds[i] != nil {
+					ended(i, lease.ErrSessionClosed)
 				}
 				open(i)
 			case 6: // a stale Unlock of an ended lock changes nothing
-				if holder == nil {
+				j := pick(i)
+				if j < 0 {
 					continue
 				}
-				l := holder
+				l := holds[j]
 				if err := l.Unlock(ctx); err != nil {
 					t.Fatal(err)
 				}
-				ended(lease.ErrUnlocked)
+				ended(j, lease.ErrUnlocked)
 				if err := l.Unlock(ctx); !errors.Is(err, lease.ErrUnlocked) {
 					t.Fatalf("step %d: second Unlock: %v", step, err)
 				}
 			}
-			// etcd's queue matches the model.
+			// etcd's queue matches the model: the holdings' keys, tokens and
+			// modes, and nothing else.
 			resp, err := cli.Get(ctx, name+"/", clientv3.WithPrefix())
 			if err != nil {
 				t.Fatal(err)
 			}
-			switch {
-			case holder == nil && len(resp.Kvs) != 0:
-				t.Fatalf("step %d: no holder in the model, etcd has %d keys", step, len(resp.Kvs))
-			case holder != nil && (len(resp.Kvs) != 1 || string(resp.Kvs[0].Key) != holder.Key() || resp.Kvs[0].CreateRevision != holder.Token()):
-				t.Fatalf("step %d: holder %s@%d, etcd has %v", step, holder.Key(), holder.Token(), resp.Kvs)
+			want := map[string]*lease.Lock{}
+			for _, h := range holds {
+				if h != nil {
+					want[h.Key()] = h
+					if h.Err() != nil {
+						t.Fatalf("step %d: a holding in the model ended: %v", step, h.Err())
+					}
+				}
 			}
-			if holder != nil && holder.Err() != nil {
-				t.Fatalf("step %d: the holder's lock ended: %v", step, holder.Err())
+			if len(resp.Kvs) != len(want) {
+				t.Fatalf("step %d: the model has %d holdings, etcd %d keys", step, len(want), len(resp.Kvs))
+			}
+			for _, kv := range resp.Kvs {
+				h := want[string(kv.Key)]
+				if h == nil || kv.CreateRevision != h.Token() || (string(kv.Value) == lease.ReaderValue) != (h.Mode() == lease.Read) {
+					t.Fatalf("step %d: etcd has %s@%d %q, not in the model", step, kv.Key, kv.CreateRevision, kv.Value)
+				}
 			}
 		}
 	})

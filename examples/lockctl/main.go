@@ -165,16 +165,18 @@ type entry struct {
 	Lease      string  `json:"lease"`
 	TTLSeconds float64 `json:"ttl_seconds"`
 	Value      string  `json:"value"`
+	Mode       string  `json:"mode"`
 }
 
 func entryOf(e lease.QueueEntry) entry {
-	return entry{Key: e.Key, Token: e.Token, Lease: strconv.FormatInt(int64(e.Lease), 16), TTLSeconds: e.TTL.Seconds(), Value: e.Value}
+	return entry{Key: e.Key, Token: e.Token, Lease: strconv.FormatInt(int64(e.Lease), 16), TTLSeconds: e.TTL.Seconds(), Value: e.Value, Mode: e.Mode.String()}
 }
 
 // lockInfo is one lock in list's output.
 type lockInfo struct {
 	Name    string `json:"name"`
-	Holder  entry  `json:"holder"`
+	Holder  entry  `json:"holder"`  // the oldest holder
+	Holders int    `json:"holders"` // more than one: readers share it
 	Waiters int    `json:"waiters"`
 }
 
@@ -205,16 +207,17 @@ func (c *ctl) list(ctx context.Context, prefix string) error {
 		if len(entries) == 0 {
 			continue // released since the first read
 		}
-		locks = append(locks, lockInfo{Name: name, Holder: entryOf(entries[0]), Waiters: len(entries) - 1})
+		holding := lease.Holding(entries)
+		locks = append(locks, lockInfo{Name: name, Holder: entryOf(entries[0]), Holders: holding, Waiters: len(entries) - holding})
 	}
 	if c.cfg.json {
 		return json.NewEncoder(c.out).Encode(orEmpty(locks))
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTOKEN\tLEASE\tTTL\tWAITERS\tHOLDER KEY\tVALUE")
+	fmt.Fprintln(tw, "NAME\tMODE\tHOLDERS\tTOKEN\tLEASE\tTTL\tWAITERS\tHOLDER KEY\tVALUE")
 	for _, l := range locks {
 		h := l.Holder
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%vs\t%d\t%s\t%q\n", l.Name, h.Token, h.Lease, h.TTLSeconds, l.Waiters, h.Key, h.Value)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%vs\t%d\t%s\t%q\n", l.Name, h.Mode, l.Holders, h.Token, h.Lease, h.TTLSeconds, l.Waiters, h.Key, h.Value)
 	}
 	return tw.Flush()
 }
@@ -239,13 +242,14 @@ func (c *ctl) show(ctx context.Context, name string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POS\tTOKEN\tLEASE\tTTL\tKEY\tVALUE")
+	fmt.Fprintln(tw, "POS\tMODE\tTOKEN\tLEASE\tTTL\tKEY\tVALUE")
+	holding := lease.Holding(entries)
 	for i, e := range entries {
 		pos := "holder"
-		if i > 0 {
-			pos = strconv.Itoa(i)
+		if i >= holding {
+			pos = strconv.Itoa(i - holding + 1)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%x\t%v\t%s\t%q\n", pos, e.Token, int64(e.Lease), e.TTL, e.Key, e.Value)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%x\t%v\t%s\t%q\n", pos, e.Mode, e.Token, int64(e.Lease), e.TTL, e.Key, e.Value)
 	}
 	return tw.Flush()
 }
@@ -300,8 +304,9 @@ type audit struct {
 	Lease    string    `json:"lease"`
 }
 
-// release deletes the holder's key of name if its token is token, guarded
-// by the key's creation revision.
+// release deletes the key of the holder of name whose token is token (one
+// of several when readers share it), guarded by the key's creation
+// revision.
 func (c *ctl) release(ctx context.Context, name string, token int64, who string) error {
 	rctx, cancel := c.request(ctx)
 	defer cancel()
@@ -312,8 +317,8 @@ func (c *ctl) release(ctx context.Context, name string, token int64, who string)
 	if len(entries) == 0 {
 		return fmt.Errorf("release %s: not held; nothing deleted", name)
 	}
-	h := entries[0]
-	if h.Token != token {
+	h, ok := holderWith(entries, token)
+	if !ok {
 		return fmt.Errorf("release %s: token %d is not the holder's (holder %s has token %d); nothing deleted", name, token, h.Key, h.Token)
 	}
 	resp, err := c.cli.Txn(rctx).
@@ -335,6 +340,17 @@ func (c *ctl) release(ctx context.Context, name string, token int64, who string)
 	fmt.Fprintf(c.out, "audit: %s operator=%s etcd-user=%q released lock %q: deleted key %s (token %d, lease %s)\n",
 		a.Time.Format(time.RFC3339), a.Operator, a.EtcdUser, a.Lock, a.Key, a.Token, a.Lease)
 	return nil
+}
+
+// holderWith finds the holder with token among entries (a queue, as
+// Inspect returns it); if none has it, the oldest holder and false.
+func holderWith(entries []lease.QueueEntry, token int64) (lease.QueueEntry, bool) {
+	for _, e := range entries[:lease.Holding(entries)] {
+		if e.Token == token {
+			return e, true
+		}
+	}
+	return entries[0], false
 }
 
 // handoff is one line of watch's output.

@@ -1,0 +1,256 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+func rlockAsync(ctx context.Context, s *lease.Session, name string) <-chan lockResult {
+	ch := make(chan lockResult, 1)
+	go func() {
+		l, err := s.RLock(ctx, name)
+		ch <- lockResult{l, err}
+	}()
+	return ch
+}
+
+func mustRLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
+	t.Helper()
+	l, err := s.RLock(testCtx(t), name)
+	if err != nil {
+		t.Fatalf("RLock(%q): %v", name, err)
+	}
+	if l.Mode() != lease.Read {
+		t.Fatalf("RLock gave a %v holding", l.Mode())
+	}
+	return l
+}
+
+func granted(t *testing.T, ch <-chan lockResult, what string) *lease.Lock {
+	t.Helper()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("%s: %v", what, r.err)
+	}
+	return r.l
+}
+
+func mustUnlock(t *testing.T, l *lease.Lock) {
+	t.Helper()
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadersShare(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "rw-share")
+	var held []*lease.Lock
+	for i := 0; i < 3; i++ {
+		held = append(held, mustRLock(t, newSession(t, cli), name))
+	}
+	l, err := newSession(t, cli).TryRLock(testCtx(t), name)
+	if err != nil {
+		t.Fatalf("TryRLock while only readers hold: %v", err)
+	}
+	held = append(held, l)
+	if _, err := newSession(t, cli).TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		t.Fatalf("TryLock while readers hold: %v, want ErrLocked", err)
+	}
+	entries, err := lease.Inspect(testCtx(t), cli, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := lease.Holding(entries); n != 4 {
+		t.Fatalf("Holding = %d of %d entries, want 4", n, len(entries))
+	}
+	for i, e := range entries {
+		if e.Mode != lease.Read || e.Token != held[i].Token() {
+			t.Fatalf("entry %d: %+v, want the reader with token %d", i, e, held[i].Token())
+		}
+	}
+	for _, l := range held {
+		if l.Err() != nil {
+			t.Fatalf("a reader's holding ended: %v", l.Err())
+		}
+		mustUnlock(t, l)
+	}
+}
+
+// A writer waits for the readers ahead of it; a reader that queues behind
+// the waiting writer waits for the writer (no writer starvation); the
+// writer's token is above every reader's it followed.
+func TestWriterExcludesReadersFIFO(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "rw-fifo")
+	r1 := mustRLock(t, newSession(t, cli), name)
+	writerCh := lockAsync(testCtx(t), newSession(t, cli), name)
+	waitQueued(t, cli, name, 2)
+	late := newSession(t, cli)
+	lateCh := rlockAsync(testCtx(t), late, name)
+	waitQueued(t, cli, name, 3)
+	expectPending(t, writerCh, 200*time.Millisecond)
+	expectPending(t, lateCh, 0)
+	if _, err := newSession(t, cli).TryRLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		t.Fatalf("TryRLock behind a waiting writer: %v, want ErrLocked", err)
+	}
+	entries, err := lease.Inspect(testCtx(t), cli, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if modes := []lease.Mode{entries[0].Mode, entries[1].Mode, entries[2].Mode}; modes[0] != lease.Read || modes[1] != lease.Write || modes[2] != lease.Read || lease.Holding(entries) != 1 {
+		t.Fatalf("queue modes %v, holding %d; want read, write, read and 1", modes, lease.Holding(entries))
+	}
+	mustUnlock(t, r1)
+	w := granted(t, writerCh, "writer after the reader's Unlock")
+	if w.Token() <= r1.Token() {
+		t.Fatalf("writer token %d not above the reader's %d", w.Token(), r1.Token())
+	}
+	expectPending(t, lateCh, 200*time.Millisecond)
+	mustUnlock(t, w)
+	r2 := granted(t, lateCh, "reader after the writer's Unlock")
+	mustUnlock(t, r2)
+}
+
+// etcd's Mutex counts as a writer both ways.
+func TestReadersInteropConcurrencyMutex(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "rw-mutex")
+	cs, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	m := concurrency.NewMutex(cs, name)
+
+	r := mustRLock(t, newSession(t, cli), name)
+	if err := m.TryLock(testCtx(t)); !errors.Is(err, concurrency.ErrLocked) {
+		t.Fatalf("Mutex.TryLock while a reader holds: %v, want ErrLocked", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- m.Lock(testCtx(t)) }()
+	waitQueued(t, cli, name, 2)
+	lateCh := rlockAsync(testCtx(t), newSession(t, cli), name)
+	waitQueued(t, cli, name, 3)
+	select {
+	case err := <-got:
+		t.Fatalf("Mutex.Lock returned while a reader holds: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	expectPending(t, lateCh, 0)
+	mustUnlock(t, r)
+	if err := <-got; err != nil {
+		t.Fatalf("Mutex.Lock after the reader's Unlock: %v", err)
+	}
+	expectPending(t, lateCh, 200*time.Millisecond) // behind the Mutex, a writer
+	if err := m.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	mustUnlock(t, granted(t, lateCh, "reader after Mutex.Unlock"))
+}
+
+// A waiter, reader or writer, whose session or key vanishes returns with
+// the loss and is never granted, and the queue behind it moves on with one
+// holder at a time (the case etcd's RWMutex recipe gets wrong, etcd#16221).
+func TestRWWaiterVanishes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		reader bool
+		vanish func(t *testing.T, cli *clientv3.Client, s *lease.Session)
+	}{
+		{"writer's session revoked", false, revokeSession},
+		{"reader's session revoked", true, revokeSession},
+		{"writer's key deleted", false, deleteSessionKey},
+		{"reader's key deleted", true, deleteSessionKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := etcd.Client(t)
+			name := etcdtest.Name(t, "rw-vanish")
+			r := mustRLock(t, newSession(t, cli), name)
+			w1 := lockAsync(testCtx(t), newSession(t, cli), name) // ahead of the vanishing one
+			waitQueued(t, cli, name, 2)
+			vs := newSession(t, cli)
+			take := lockAsync
+			if tc.reader {
+				take = rlockAsync
+			}
+			vanishing := take(testCtx(t), vs, name)
+			waitQueued(t, cli, name, 3)
+			w2 := lockAsync(testCtx(t), newSession(t, cli), name)
+			waitQueued(t, cli, name, 4)
+			tc.vanish(t, cli, vs)
+			if r := <-vanishing; !errors.Is(r.err, lease.ErrLost) && !errors.Is(r.err, lease.ErrSessionClosed) {
+				t.Fatalf("the vanished waiter returned %v, %v; want a loss", r.l, r.err)
+			}
+			mustUnlock(t, r)
+			first := granted(t, w1, "first writer")
+			expectPending(t, w2, 200*time.Millisecond)
+			mustUnlock(t, first)
+			mustUnlock(t, granted(t, w2, "second writer"))
+		})
+	}
+}
+
+func revokeSession(t *testing.T, cli *clientv3.Client, s *lease.Session) {
+	if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func deleteSessionKey(t *testing.T, cli *clientv3.Client, s *lease.Session) {
+	keys, err := cli.Get(testCtx(t), "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range keys.Kvs {
+		if _, ok := lease.QueueName(kv.Key, s.Lease()); ok {
+			if _, err := cli.Delete(testCtx(t), string(kv.Key)); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatal("the session's key was not found")
+}
+
+// A read holding fences like any other: a Held guard passes while it
+// holds and fails once it has ended.
+func TestReadHoldingIsFenced(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "rw-fence")
+	r := mustRLock(t, newSession(t, cli), name)
+	if _, err := fence.NewTxn(testCtx(t), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "1")).Commit(); err != nil {
+		t.Fatalf("guarded write under a read holding: %v", err)
+	}
+	mustUnlock(t, r)
+	_, err := fence.NewTxn(testCtx(t), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "2")).Commit()
+	if !errors.Is(err, fence.ErrNotHeld) {
+		t.Fatalf("guarded write after the reader's Unlock: %v, want ErrNotHeld", err)
+	}
+}
+
+// Readers wait out a lock delay after a writer's loss, like writers.
+func TestLockDelayReaders(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "rw-delay")
+	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
+	mustLock(t, holder, name)
+	ch := rlockAsync(testCtx(t), newSession(t, cli, lease.WithLockDelay(lockDelay)), name)
+	waitQueued(t, cli, name, 2)
+	lost := time.Now()
+	revokeSession(t, cli, holder)
+	r := granted(t, ch, "reader after the writer's loss")
+	if d := time.Since(lost); d < lockDelay {
+		t.Fatalf("reader granted %v after the writer's loss, want at least %v", d, lockDelay)
+	}
+	mustUnlock(t, r)
+}
