@@ -15,6 +15,46 @@
 // with concurrency.Election, etcd's Election RPC and etcdctl elect. A
 // Leadership ends, and shows it, exactly as a Lock does.
 //
+// Session.RLock and TryRLock take a name for reading: readers share it,
+// writers (Lock, TryLock, Campaign, and etcd's own Mutex, which knows
+// nothing of readers) exclude everyone, and the queue is first in, first
+// out, so a reader that queues behind a waiting writer waits for it and
+// writers never starve. Every holding, read or write, has a token.
+//
+// WithLockDelay is for resources that cannot check a token at all: after
+// a holder lost its lock involuntarily (its lease expired or was revoked,
+// or its key was deleted by someone else), the next holder waits a delay
+// before it is told it holds the lock, so that requests the lost holder
+// already sent can drain. A clean release (Unlock, Resign, Close) causes
+// no delay.
+//
+// # Which to use
+//
+//   - Lock, with a fence (package fence) at the resource: one writer at a
+//     time, and a write from an earlier holder is refused by the resource
+//     itself. The default for anything two writers would corrupt.
+//   - RLock beside Lock: many readers or one writer. A reader's token
+//     works like Chubby's sequencer with its mode: every writer with a
+//     smaller token had released before the reader was granted, and none
+//     with a larger one can be granted until the reader lets go. Reads of
+//     data in etcd fenced by fence.Held(readHolding) therefore see no
+//     writer's half-done work and never come from a reader whose holding
+//     ended. A resource elsewhere that records the highest writer token it
+//     accepted refuses a read token below that record: it comes from a
+//     read holding a later writer has replaced, exactly as a stale writer
+//     is refused. Fenced with writers' tokens, a resource refuses anything
+//     from every earlier holding: a writer's token is above those of all
+//     the readers it followed.
+//   - WithLockDelay on top, when the resource cannot check a token: it
+//     narrows the window in which a lost holder's requests land after the
+//     next holder began; it does not close it (a holder paused longer than
+//     the delay still writes late). Consul's and Chubby's lock-delay are
+//     the model.
+//   - No counting semaphore is offered: holders of N permits are not
+//     ordered among themselves, so one token cannot fence them; N exclusive
+//     slots are N locks ("jobs/slot-0" ... "jobs/slot-N-1"), each with its
+//     own token.
+//
 // Run and Lead hold a lock or a leadership under supervision: they create
 // the session, call the caller's function while held, release on return,
 // and take the holding again after a loss, so that the function resumes
@@ -35,16 +75,20 @@
 //     name, across etcd leader changes. It is never the response header
 //     revision (which differs when the lock was contended) nor the lease ID
 //     (which is not ordered).
+//
 //   - A waiter is told it holds the lock only when no key older than its
 //     own is left in its view of the queue: a read that also found its own
 //     key with its token, kept current since by deletion watches that were
 //     up the whole time (otherwise it reads again). A waiter whose key or
 //     session vanishes returns at once with an error.
+//
 //   - Unlock deletes the key only if its creation revision is still the
 //     token, so it never removes a successor's key. A failed or cancelled
 //     Lock removes its own key before it returns.
+//
 //   - Locks of one name taken through one session exclude each other, and
 //     names nest: "jobs" and "jobs/7" are independent locks.
+//
 //   - Only lock keys are places in a lock's queue: a key one level under
 //     name + "/" whose last segment is the lowercase hex ID of the lease it
 //     is attached to, the layout etcd's own lock and election write. Other
@@ -56,6 +100,7 @@
 //     name with this package, keep data under another prefix. The queue
 //     reads are not keys-only (etcd 3.7 leaves the lease out of keys-only
 //     reads), so keep data beside a lock small.
+//
 //   - Waiting is cheap per handoff, and holding costs no requests. Each
 //     session keeps, per name it uses, one long-lived watch of its own key
 //     (deletions only) that tells holders and waiters their key is gone.
@@ -72,19 +117,31 @@
 //     the current revision, which etcd serves at once, and outlive the
 //     last lock of their name by 30 seconds, so that a lock taken again and
 //     again opens them once.
+//
 //   - Bad input (an empty name, a name ending in "/", with an empty
 //     segment or a control character; a nil client or option) is refused
 //     with an error wrapping ErrInvalidArgument before anything is sent.
 //     Every error matches one of the package's sentinels or the error of
 //     the context or etcd request that ended the call, and names the
 //     package once.
+//
 //   - Release builds contain no test hook: the fault suite's deliberate
 //     bugs and scaled clock exist only under the build tag
 //     leasefence_mutants.
+//
 //   - An Observer delivers leaders in the order etcd committed them (by
 //     token, then by value revision) and, after a reconnect, a compaction or
 //     a broken watch, reads the leader afresh: it may skip a leader that came
 //     and went meanwhile, never the current one.
+//
+//   - Readers are told they hold the name only when no writer's key is
+//     older than their own; a writer only when no key at all is. A read
+//     holding ends, and shows it, exactly as a write holding does.
+//
+//   - With WithLockDelay, a holding that follows an involuntary loss
+//     recorded by its name's previous holder is granted no sooner than the
+//     delay after the new holder learned of the loss, measured by an etcd
+//     lease (see WithLockDelay for what it rests on).
 //
 // # What is not
 //

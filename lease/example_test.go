@@ -142,3 +142,43 @@ func ExampleKeeper() {
 		}()
 	}
 }
+
+// Readers share a name, a writer excludes them; the read is fenced by the
+// read holding, so it never comes from a holding a writer has replaced.
+func ExampleSession_RLock() {
+	ctx := context.Background()
+	var s *lease.Session     // from lease.NewSession
+	var cli *clientv3.Client // the session's client
+	r, err := s.RLock(ctx, "manifest")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Unlock(ctx)
+	resp, err := fence.NewTxn(ctx, cli, fence.Held(r)).
+		Then(clientv3.OpGet("manifest/current")).
+		Commit()
+	if err != nil {
+		log.Fatal(err) // fence.ErrNotHeld: the read holding had ended
+	}
+	fmt.Println(r.Mode(), "holding, token", r.Token(), resp.Responses[0].GetResponseRange().Count)
+}
+
+// A resource that cannot check a token (a legacy service, a mailer): after
+// a holder crashed, the next one waits 15 s before it is granted, so that
+// what the crashed holder sent has drained. Every session taking the name
+// should use the same option.
+func ExampleWithLockDelay() {
+	ctx := context.Background()
+	var cli *clientv3.Client // from clientv3.New
+	s, err := lease.NewSession(ctx, cli, lease.WithLockDelay(15*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close() // releases its locks cleanly first: no delay for the next holder
+	l, err := s.Lock(ctx, "mailer")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	fmt.Println("sending as token", l.Token())
+}

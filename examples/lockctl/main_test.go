@@ -263,3 +263,76 @@ func waitEntries(ctx context.Context, t *testing.T, cli *clientv3.Client, name s
 		}
 	}
 }
+
+// Readers share a lock: show and list count them all as holders, with
+// their mode, and release takes any one of them by its token.
+func TestLockctlReaders(t *testing.T) {
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := etcdtest.Name(t, "manifest")
+	r1, err := session(t, cli).RLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := session(t, cli).RLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer := make(chan error, 1)
+	go func() {
+		l, err := session(t, cli).Lock(ctx, name)
+		if err == nil {
+			err = l.Unlock(ctx)
+		}
+		writer <- err
+	}()
+	wch := cli.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	<-wch
+	for {
+		entries, err := lease.Inspect(ctx, cli, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) == 3 {
+			break
+		}
+		select {
+		case <-wch:
+		case <-ctx.Done():
+			t.Fatal("the writer never queued")
+		}
+	}
+	out, err := lockctl(t, "show", name)
+	var rows []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		f := strings.Fields(line)
+		rows = append(rows, f[0]+" "+f[1])
+	}
+	if err != nil || strings.Join(rows, ", ") != "holder read, holder read, 1 write" {
+		t.Fatalf("show with two readers and a waiting writer: %v, rows %q\n%s", err, rows, out)
+	}
+	out, err = lockctl(t, "-json", "list", name)
+	var locks []lockInfo
+	if err != nil || json.Unmarshal([]byte(out), &locks) != nil || len(locks) != 1 ||
+		locks[0].Holders != 2 || locks[0].Waiters != 1 || locks[0].Holder.Mode != "read" {
+		t.Fatalf("list -json: %v %q", err, out)
+	}
+	if _, err := lockctl(t, "release", "-token", fmt.Sprint(r2.Token()), name); err != nil {
+		t.Fatalf("release of the second reader: %v", err)
+	}
+	select {
+	case <-r2.Done():
+	case <-ctx.Done():
+		t.Fatal("the released reader's holding did not end")
+	}
+	if r1.Err() != nil {
+		t.Fatalf("releasing one reader ended the other: %v", r1.Err())
+	}
+	if err := r1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-writer; err != nil {
+		t.Fatalf("writer after the readers: %v", err)
+	}
+}
