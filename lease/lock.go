@@ -362,6 +362,7 @@ func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOptio
 type ahead struct {
 	token  int64 // its creation revision
 	seenAt int64 // the store revision it was read at: only a later delete removes it
+	reader bool  // a read holding's key
 }
 
 // setAhead makes page, read at store revision rev, the lock's view of the
@@ -382,7 +383,7 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 			}
 			older++
 			if isQueueKey(pfx, kv) && l.blocks(kv) {
-				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev}
+				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev, modeOf(kv) == Read}
 			}
 		}
 		// The page ended before the oldest key: older ones may be past it.
@@ -458,7 +459,7 @@ func (l *Lock) keyGoneLocked() {
 type view struct {
 	held    bool             // nothing ahead: the lock is held
 	stale   bool             // the own-key watch went down since the last read
-	near    bool             // few enough ahead to follow every deletion (or a Keeper shares the watch)
+	near    bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
 	current bool             // the queue watch has kept the view current since it was read
 	pred    *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
 }
@@ -472,7 +473,7 @@ func (l *Lock) look() view {
 	defer l.mu.Unlock()
 	v := view{
 		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
-		near:    l.w.shared != nil || (!l.beyond && len(l.ahead) <= nearAhead),
+		near:    l.w.shared != nil || (!l.beyond && (len(l.ahead) <= nearAhead || l.onlyReadersAhead())),
 		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load(),
 		pred:    l.nearestAhead(),
 	}
@@ -532,6 +533,19 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			return behind(v.pred, err)
 		}
 	}
+}
+
+// onlyReadersAhead tells whether every key ahead is a reader's: they hold
+// the lock together and leave in any order, so a writer behind them follows
+// every deletion (waiting for the one just ahead would read again after
+// each reader that leaves before it). l.mu is held.
+func (l *Lock) onlyReadersAhead() bool {
+	for _, a := range l.ahead {
+		if !a.reader {
+			return false
+		}
+	}
+	return true
 }
 
 // nearestAhead is the newest key ahead, the one a waiter names. l.mu is
