@@ -39,6 +39,7 @@ const (
 	faultLatency   fault = "latency"        // as pause, with 0-500 ms of latency on every client
 	faultCompact   fault = "compact-defrag" // as pause, compacting and defragmenting throughout
 	faultLeader    fault = "leader-stop"    // as pause, on three members, the leader stopped and restarted
+	faultFlap      fault = "net-flap"       // network namespaces: links cut and healed every few hundred ms (partition_test.go)
 )
 
 var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader}
@@ -114,10 +115,21 @@ type events struct {
 	granted map[string]int64 // name -> highest token granted
 	wrote   map[string]int64 // name -> highest token of an accepted write to any of its registers
 	regs    map[string]int64 // register -> highest token of an accepted write
+	grants  map[int]int      // client -> locks granted to it
 }
 
 func newEvents() *events {
-	return &events{changed: make(chan struct{}), granted: map[string]int64{}, wrote: map[string]int64{}, regs: map[string]int64{}}
+	return &events{changed: make(chan struct{}), granted: map[string]int64{}, wrote: map[string]int64{},
+		regs: map[string]int64{}, grants: map[int]int{}}
+}
+
+// grantedTo counts a grant to client id.
+func (e *events) grantedTo(id int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.grants[id]++
+	close(e.changed)
+	e.changed = make(chan struct{})
 }
 
 func (e *events) record(m map[string]int64, name string, token int64) {
@@ -297,6 +309,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 			continue
 		}
 		c.ev.record(c.ev.granted, name, l.Token())
+		c.ev.grantedTo(c.id)
 		for k := 1 + c.rng.IntN(4); k > 0 && ctx.Err() == nil; k-- {
 			kind := kinds[c.rng.IntN(len(kinds))]
 			if c.rng.IntN(3) == 0 {

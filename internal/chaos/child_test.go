@@ -72,6 +72,10 @@ func child(role string, in io.Reader, out io.Writer) error {
 	}
 	w := &lineWriter{w: out}
 	w.printf("LOCKED %d", l.Token())
+	go func() { // ends with the process
+		<-l.Done()
+		w.printf("LOST %v", l.Err())
+	}()
 	stdinClosed := make(chan struct{})
 	go func() {
 		io.Copy(io.Discard, bufio.NewReader(in))

@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // EnvEndpoints names the environment variable that points tests at an
@@ -275,11 +276,22 @@ func (c *Cluster) Client() (*clientv3.Client, error) {
 // NewClient opens a quiet client to endpoints, with a short dial timeout so
 // that an unreachable cluster is an error, never a hang.
 func NewClient(endpoints []string) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{
+	return NewClientVia(endpoints, nil)
+}
+
+// NewClientVia is NewClient with connections opened by dial (nil: the
+// default dialer): a lab host's DialContext reaches members inside
+// network namespaces.
+func NewClientVia(endpoints []string, dial func(ctx context.Context, addr string) (net.Conn, error)) (*clientv3.Client, error) {
+	cfg := clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if dial != nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(dial)}
+	}
+	return clientv3.New(cfg)
 }
 
 func (c *Cluster) stopMembers() {

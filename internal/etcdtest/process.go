@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // BuildEtcd builds the real etcd server from the module's own dependency
@@ -36,6 +38,8 @@ type Proc struct {
 	ClientURL string
 	args      []string
 	bin       string
+	wrap      []string
+	newClient func([]string) (*clientv3.Client, error)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -50,14 +54,34 @@ func StartProcesses(ctx context.Context, bin, dir string, n int, tickMs, electio
 	if err != nil {
 		return nil, err
 	}
+	hosts := make([]ProcHost, n)
+	for i := range hosts {
+		hosts[i] = ProcHost{IP: "127.0.0.1", ClientPort: ports[2*i], PeerPort: ports[2*i+1]}
+	}
+	return StartProcessesOn(ctx, bin, dir, hosts, tickMs, electionMs, NewClient)
+}
+
+// ProcHost is where one member of StartProcessesOn runs: its address and
+// ports, and the command prefix that puts it there (such as ip netns exec
+// NS), if any.
+type ProcHost struct {
+	IP                   string
+	ClientPort, PeerPort int
+	Wrap                 []string
+}
+
+// StartProcessesOn starts one etcd process from bin per host, as
+// StartProcesses does, and waits, through clients from newClient, until
+// each serves requests.
+func StartProcessesOn(ctx context.Context, bin, dir string, hosts []ProcHost, tickMs, electionMs uint, newClient func([]string) (*clientv3.Client, error)) (*ProcCluster, error) {
 	var initial []string
-	for i := 0; i < n; i++ {
-		initial = append(initial, fmt.Sprintf("p%d=http://127.0.0.1:%d", i, ports[2*i+1]))
+	for i, h := range hosts {
+		initial = append(initial, fmt.Sprintf("p%d=http://%s:%d", i, h.IP, h.PeerPort))
 	}
 	c := &ProcCluster{}
-	for i := 0; i < n; i++ {
-		client, peer := fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]), fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1])
-		p := &Proc{Name: fmt.Sprintf("p%d", i), ClientURL: client, bin: bin, args: []string{
+	for i, h := range hosts {
+		client, peer := fmt.Sprintf("http://%s:%d", h.IP, h.ClientPort), fmt.Sprintf("http://%s:%d", h.IP, h.PeerPort)
+		p := &Proc{Name: fmt.Sprintf("p%d", i), ClientURL: client, bin: bin, wrap: h.Wrap, newClient: newClient, args: []string{
 			"--name", fmt.Sprintf("p%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("p%d", i)),
 			"--listen-client-urls", client, "--advertise-client-urls", client,
 			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -81,7 +105,9 @@ func StartProcesses(ctx context.Context, bin, dir string, n int, tickMs, electio
 }
 
 func (p *Proc) start(state string) error {
-	cmd := exec.Command(p.bin, append(p.args, "--initial-cluster-state", state)...)
+	argv := append(append(append([]string{}, p.wrap...), p.bin), p.args...)
+	argv = append(argv, "--initial-cluster-state", state)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("etcdtest: start %s: %w", p.Name, err)
@@ -95,7 +121,7 @@ func (p *Proc) start(state string) error {
 }
 
 func (p *Proc) waitServing(ctx context.Context) error {
-	cli, err := NewClient([]string{p.ClientURL})
+	cli, err := p.newClient([]string{p.ClientURL})
 	if err != nil {
 		return err
 	}
@@ -148,7 +174,7 @@ func (c *ProcCluster) Endpoints() []string {
 // Leader asks each member for its status and returns the one that leads.
 func (c *ProcCluster) Leader(ctx context.Context) (*Proc, error) {
 	for _, p := range c.Members {
-		cli, err := NewClient([]string{p.ClientURL})
+		cli, err := p.newClient([]string{p.ClientURL})
 		if err != nil {
 			continue
 		}

@@ -37,11 +37,19 @@ type Child struct {
 // StartChild starts the running binary again with ChildEnv=role and env
 // added to its environment. The child is killed when ctx ends.
 func StartChild(ctx context.Context, name, role string, env ...string) (*Child, error) {
+	return StartChildIn(ctx, nil, name, role, env...)
+}
+
+// StartChildIn is StartChild with the command prefix wrap (such as ip
+// netns exec NS, which execs the binary in its place, so signals reach the
+// child itself).
+func StartChildIn(ctx context.Context, wrap []string, name, role string, env ...string) (*Child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe)
+	argv := append(append([]string{}, wrap...), exe)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(append(os.Environ(), ChildEnv+"="+role), env...)
 	c := &Child{Name: name, cmd: cmd, lines: make(chan string, 64), waited: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{mu: &c.mu, w: &c.stderr}

@@ -1,0 +1,246 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/exampleenv"
+	"github.com/leasefence/leasefence/internal/netlab"
+)
+
+// labCluster is three etcd members, each a real process on a host of its
+// own in a netlab network, and an observer host through which the test
+// process reaches them (it has no address on the lab).
+type labCluster struct {
+	lab     *netlab.Lab
+	members []*netlab.Host
+	obs     *netlab.Host
+	procs   *etcdtest.ProcCluster
+}
+
+// newLabCluster builds the lab and starts the members, or skips the test
+// where namespaces cannot be made (CI, which runs as root, must run it).
+func newLabCluster(t *testing.T, ctx context.Context) *labCluster {
+	t.Helper()
+	if err := netlab.Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI must run the partition scenarios: %v", err)
+		}
+		t.Skip(err)
+	}
+	lab, err := netlab.New(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	lc := &labCluster{lab: lab}
+	var hosts []etcdtest.ProcHost
+	for i := 0; i < 3; i++ {
+		h := lc.host(t, ctx, fmt.Sprintf("m%d", i))
+		lc.members = append(lc.members, h)
+		hosts = append(hosts, etcdtest.ProcHost{IP: h.IP, ClientPort: 2379, PeerPort: 2380, Wrap: h.Wrap()})
+	}
+	lc.obs = lc.host(t, ctx, "obs")
+	dir := t.TempDir()
+	bin, err := etcdtest.BuildEtcd(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.procs, err = etcdtest.StartProcessesOn(ctx, bin, dir, hosts, 50, 500, lc.clientFromObs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.procs.Close) // before the lab goes (cleanups run last first)
+	return lc
+}
+
+func (lc *labCluster) host(t *testing.T, ctx context.Context, name string) *netlab.Host {
+	t.Helper()
+	h, err := lc.lab.AddHost(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// clientFromObs is a client whose connections start on the observer host.
+func (lc *labCluster) clientFromObs(endpoints []string) (*clientv3.Client, error) {
+	return etcdtest.NewClientVia(endpoints, lc.obs.DialContext)
+}
+
+// client is a client on host h: its connections start there.
+func (lc *labCluster) client(t *testing.T, h *netlab.Host, members ...*netlab.Host) *clientv3.Client {
+	t.Helper()
+	cli, err := etcdtest.NewClientVia(endpoints(members...), h.DialContext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func endpoints(members ...*netlab.Host) []string {
+	var eps []string
+	for _, m := range members {
+		eps = append(eps, "http://"+m.IP+":2379")
+	}
+	return eps
+}
+
+// leader is the member host that leads, and the others.
+func (lc *labCluster) leader(t *testing.T, ctx context.Context) (*netlab.Host, []*netlab.Host) {
+	t.Helper()
+	p, err := lc.procs.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var others []*netlab.Host
+	var leader *netlab.Host
+	for _, m := range lc.members {
+		if strings.Contains(p.ClientURL, m.IP+":") {
+			leader = m
+		} else {
+			others = append(others, m)
+		}
+	}
+	return leader, others
+}
+
+// labChild is a lock-holding child process (runChild's roles) on a lab
+// host of its own, talking to the given members; its output lines are
+// kept with the time each arrived.
+type labChild struct {
+	*exampleenv.Child
+	mu      sync.Mutex
+	lines   []timedLine
+	changed chan struct{}
+}
+
+type timedLine struct {
+	text string
+	at   time.Time
+}
+
+func (lc *labCluster) startChild(t *testing.T, ctx context.Context, h *netlab.Host, role, lock, reg string, ttl time.Duration, members ...*netlab.Host) *labChild {
+	t.Helper()
+	c, err := exampleenv.StartChildIn(ctx, h.Wrap(), h.Name, role,
+		envEndpoints+"="+strings.Join(endpoints(members...), ","), envLock+"="+lock,
+		envRegister+"="+reg, envTTL+"="+ttl.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	lch := &labChild{Child: c, changed: make(chan struct{})}
+	go lch.follow() // ends when the child's output does
+	return lch
+}
+
+func (c *labChild) follow() {
+	for line := range c.Child.Lines() {
+		c.mu.Lock()
+		c.lines = append(c.lines, timedLine{line, time.Now()})
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.mu.Unlock()
+	}
+}
+
+// await waits for the first line after since that starts with prefix.
+func (c *labChild) await(ctx context.Context, since time.Time, prefix string) (timedLine, error) {
+	return c.awaitLine(ctx, since, prefix, func(s string) bool { return strings.HasPrefix(s, prefix) })
+}
+
+// awaitLine waits for the first line after since that match accepts;
+// what names it in the error.
+func (c *labChild) awaitLine(ctx context.Context, since time.Time, what string, match func(string) bool) (timedLine, error) {
+	for {
+		c.mu.Lock()
+		changed := c.changed
+		for _, l := range c.lines {
+			if !l.at.Before(since) && match(l.text) {
+				c.mu.Unlock()
+				return l, nil
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return timedLine{}, fmt.Errorf("%s: no %q line: %w\n%s", c.Name, what, ctx.Err(), c.Stderr())
+		}
+	}
+}
+
+// count counts the lines between from and to that start with prefix and
+// end with suffix.
+func (c *labChild) count(from, to time.Time, prefix, suffix string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, l := range c.lines {
+		if !l.at.Before(from) && l.at.Before(to) && strings.HasPrefix(l.text, prefix) && strings.HasSuffix(l.text, suffix) {
+			n++
+		}
+	}
+	return n
+}
+
+// acceptedStarted counts the writes that started (an "S n" line) between
+// from and to and were accepted ("W n ok").
+func (c *labChild) acceptedStarted(from, to time.Time) int {
+	n, _ := c.accepted(from, to)
+	return n
+}
+
+// accepted counts the writes that started between from and to and were
+// accepted, and says when the first acceptance came.
+func (c *labChild) accepted(from, to time.Time) (n int, first time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	started := map[string]bool{}
+	for _, l := range c.lines {
+		if num, ok := strings.CutPrefix(l.text, "S "); ok && !l.at.Before(from) && l.at.Before(to) {
+			started[num] = true
+		}
+		if rest, ok := strings.CutPrefix(l.text, "W "); ok {
+			if num, ok := strings.CutSuffix(rest, " ok"); ok && started[num] {
+				if n++; n == 1 {
+					first = l.at
+				}
+			}
+		}
+	}
+	return n, first
+}
+
+// changes is closed at the child's next output line.
+func (c *labChild) changes() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+// outcomeOf is the "W n ..." line of write n, if any.
+func (c *labChild) outcomeOf(n int64) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prefix := fmt.Sprintf("W %d ", n)
+	for _, l := range c.lines {
+		if strings.HasPrefix(l.text, prefix) {
+			return l.text
+		}
+	}
+	return "none"
+}
