@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -12,9 +13,7 @@ import (
 
 func lab(t *testing.T) (*Lab, context.Context) {
 	t.Helper()
-	if err := Available(); err != nil {
-		t.Skip(err)
-	}
+	skipUnlessAvailable(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	l, err := New(ctx)
@@ -30,6 +29,18 @@ func lab(t *testing.T) (*Lab, context.Context) {
 		}
 	})
 	return l, ctx
+}
+
+// skipUnlessAvailable skips where labs cannot be built, except in CI,
+// which runs as root and must run these tests.
+func skipUnlessAvailable(t *testing.T) {
+	t.Helper()
+	if err := Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
 }
 
 func namespaces(t *testing.T, prefix string) []string {
@@ -173,9 +184,7 @@ func TestDropShare(t *testing.T) {
 }
 
 func TestLeftoversOfDeadRunsRemoved(t *testing.T) {
-	if err := Available(); err != nil {
-		t.Skip(err)
-	}
+	skipUnlessAvailable(t)
 	// A namespace named as a run of a process that cannot exist.
 	name := Prefix + "999999999-1-sw"
 	if err := run(context.Background(), []string{"ip", "netns", "add", name}); err != nil {
