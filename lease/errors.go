@@ -56,6 +56,12 @@ var (
 	// election.
 	ErrNoLeader = errors.New("lease: no leader")
 
+	// ErrTLSHandshake reports that NewSession could not reach etcd because
+	// the TLS handshake failed for a certificate reason: the server's
+	// certificate is not trusted, or the client's is missing or refused.
+	// Retrying does not help; the error carries the reason.
+	ErrTLSHandshake = errors.New("lease: tls handshake failed")
+
 	// ErrObserverClosed is the Err of an Observer stopped by Close.
 	ErrObserverClosed = errors.New("lease: observer closed")
 )

@@ -68,7 +68,10 @@ type Session struct {
 // gives an error when ctx ends, so pass a ctx with a deadline.
 //
 // Bad options or a nil client give an error wrapping ErrInvalidArgument,
-// before anything is sent.
+// before anything is sent. A TLS handshake that fails for a certificate
+// reason (etcd's certificate not trusted, the client's missing or refused)
+// fails at once with an error wrapping ErrTLSHandshake and the reason,
+// instead of when ctx ends.
 func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*Session, error) {
 	if client == nil {
 		return nil, errNilClient
@@ -81,7 +84,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		return nil, fmt.Errorf("%w: the Keeper renews leases through another client", ErrInvalidArgument)
 	}
 	sent := o.clock.Now()
-	resp, err := client.Grant(ctx, ttlSeconds(o.ttl))
+	resp, err := grant(ctx, client, ttlSeconds(o.ttl))
 	if err != nil {
 		return nil, failed("grant", err)
 	}

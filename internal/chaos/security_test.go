@@ -207,23 +207,57 @@ func TestTLSAndAuth(t *testing.T) {
 		}
 	})
 
-	t.Run("a client without a certificate is refused", func(t *testing.T) {
-		pool := x509.NewCertPool()
-		pem, err := os.ReadFile(certs.CAFile)
-		if err != nil || !pool.AppendCertsFromPEM(pem) {
-			t.Fatal("reading the CA")
-		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), TLS: &tls.Config{RootCAs: pool},
-			Username: "locker", Password: "locker-pw", DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-		if err == nil {
+	// A handshake that fails for a certificate reason fails NewSession at
+	// once, with the reason, instead of when its ctx ends.
+	other, err := etcdtest.GenerateCerts(t.TempDir(), "stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := x509.NewCertPool()
+	if pem, err := os.ReadFile(certs.CAFile); err != nil || !trusted.AppendCertsFromPEM(pem) {
+		t.Fatal("reading the CA")
+	}
+	lockerTLS, err := certs.Clients["locker"].ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	strangerTLS, err := other.Clients["stranger"].ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	strangerTLS.RootCAs = trusted
+	untrusting := lockerTLS.Clone()
+	untrusting.RootCAs = x509.NewCertPool()
+	for _, tc := range []struct {
+		name string
+		tls  *tls.Config
+	}{
+		{"a client without a certificate", &tls.Config{RootCAs: trusted}},
+		{"a client with a certificate of another CA", strangerTLS},
+		{"a client that does not trust etcd's certificate", untrusting},
+	} {
+		t.Run(tc.name+" is refused at once", func(t *testing.T) {
+			cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), TLS: tc.tls, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer cli.Close()
-			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			_, err = lease.NewSession(sctx, cli)
-		}
-		if err == nil {
-			t.Fatal("a client with no certificate got a session")
-		}
-		t.Logf("refused: %v", err)
-	})
+			start := time.Now()
+			s, err := lease.NewSession(sctx, cli)
+			took := time.Since(start)
+			if err == nil {
+				s.Close()
+				t.Fatal("got a session")
+			}
+			t.Logf("refused after %v: %v", took.Round(time.Millisecond), err)
+			if !errors.Is(err, lease.ErrTLSHandshake) {
+				t.Errorf("err = %v, want ErrTLSHandshake", err)
+			}
+			if took >= time.Second {
+				t.Errorf("refused after %v, want under 1s", took)
+			}
+		})
+	}
 }

@@ -1,0 +1,120 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+)
+
+// grant asks etcd for a lease. A connection whose TLS handshake fails for a
+// certificate reason (an untrusted server, a missing or refused client
+// certificate) would only show as ctx's deadline: etcd's client waits for a
+// ready connection and retries the handshake. While the grant waits, grant
+// follows the connection's state, asks a failed connection for its reason,
+// and fails at once with ErrTLSHandshake if it is a certificate's.
+func grant(ctx context.Context, client *clientv3.Client, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	gctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := handshakeFailure(gctx, client); err != nil {
+			cancel(err)
+		}
+	}()
+	resp, err := client.Grant(gctx, ttl)
+	cancel(nil) // ends the watcher; a cause it set first stays
+	wg.Wait()
+	if cause := context.Cause(gctx); err != nil && ctx.Err() == nil && cause != context.Canceled {
+		return nil, cause
+	}
+	return resp, err
+}
+
+// handshakeFailure follows the client's connection while ctx lives and
+// returns the reason it failed if that reason is a certificate's. A ready
+// connection costs nothing more; only a failed one is probed.
+//
+// A server that refuses the client's certificate sends a TLS alert and
+// hangs up, and the client may see only the hang-up (a broken pipe, a
+// reset) when it writes before it reads the alert. gRPC then keeps
+// reporting the failure, without a new state, until a connection is ready
+// (its failure state is sticky), so after a hang-up the connection is
+// tried again at once, a few times, each probed shortly after: the next
+// attempt usually reads the alert.
+func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
+	conn := client.ActiveConnection()
+	for {
+		state := conn.GetState()
+		switch state {
+		case connectivity.Ready:
+			return nil
+		case connectivity.TransientFailure:
+			if err := probeFailure(ctx, conn); err != nil {
+				return err
+			}
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			return nil
+		}
+	}
+}
+
+// hangUpRetries bounds the immediate attempts after a hang-up.
+const hangUpRetries = 5
+
+// probeFailure probes a failed connection; after a hang-up it makes the
+// connection try again at once and probes again, up to hangUpRetries
+// times, 20 ms more apart each time.
+func probeFailure(ctx context.Context, conn *grpc.ClientConn) error {
+	for i := 0; ; i++ {
+		hungUp, err := probe(ctx, conn)
+		if err != nil || !hungUp || i == hangUpRetries {
+			return err
+		}
+		conn.ResetConnectBackoff()
+		t := time.NewTimer(time.Duration(i+1) * 20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		}
+	}
+}
+
+// probe opens a stream that does not wait for a ready connection: on a
+// failed one, gRPC answers at once with the connection's last error. (A
+// stream, not a unary call: etcd's client retries unary calls on that
+// error and keeps only the deadline.) err is a certificate's failure;
+// hungUp tells that the server hung up without a reason the client read.
+// Nothing is sent on the stream, which is cancelled unused.
+func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, err = pb.NewLeaseClient(conn).LeaseKeepAlive(sctx, grpc.WaitForReady(false))
+	if err == nil {
+		return false, nil
+	}
+	msg := status.Convert(err).Message()
+	for _, sign := range []string{"authentication handshake failed", "x509:", "tls:", "certificate"} {
+		if strings.Contains(msg, sign) {
+			return false, fmt.Errorf("%w: %s", ErrTLSHandshake, msg)
+		}
+	}
+	for _, sign := range []string{"broken pipe", "connection reset", "closed before server preface"} {
+		if strings.Contains(msg, sign) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
