@@ -22,6 +22,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/netlab"
 	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -40,19 +41,21 @@ const (
 	faultCompact   fault = "compact-defrag" // as pause, compacting and defragmenting throughout
 	faultLeader    fault = "leader-stop"    // as pause, on three members, the leader stopped and restarted
 	faultFlap      fault = "net-flap"       // network namespaces: links cut and healed every few hundred ms (partition_test.go)
+	faultNet       fault = "net-partition"  // network namespaces: the victim's host cut from every member, sometimes with a member cut from the others
 )
 
-var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader}
+var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader, faultNet}
 
-// runFaults are the fault kinds this build can make: the clock kinds need
-// the leasefence_mutants build tag.
+// runFaults are the fault kinds this build and machine can make: the
+// clock kinds need the leasefence_mutants build tag, the network kind
+// network namespaces (root, ip, nft; CI must have them).
 func runFaults() []fault {
-	if clockFaults {
-		return allFaults
-	}
 	var fs []fault
 	for _, f := range allFaults {
-		if f != faultSlowClock && f != faultFastClock {
+		switch {
+		case (f == faultSlowClock || f == faultFastClock) && !clockFaults:
+		case f == faultNet && netlab.Available() != nil && os.Getenv("CI") != "true":
+		default:
 			fs = append(fs, f)
 		}
 	}
@@ -73,6 +76,7 @@ type runConfig struct {
 	prefix    string
 	db        *sql.DB
 	sqlf      *sqlfence.Fence
+	net       *chaosNet // set for faultNet: members and clients on lab hosts
 	// ttl is the clients' session TTL, and slack what their calls' timeouts
 	// get on top of the usual: both grow with the latency a run injects.
 	ttl, slack time.Duration
@@ -172,6 +176,7 @@ type chaosClient struct {
 	cfg     *runConfig
 	h       *History
 	ev      *events
+	host    *netlab.Host // the client's host, for faultNet
 	proxies []proxy.Server
 	cli     *clientv3.Client
 	rng     *rand.Rand
@@ -337,6 +342,9 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	wch := watchCli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
+	if c.cfg.net != nil {
+		c.cfg.net.cut(ctx, c.host, c.rng)
+	}
 	for _, p := range c.proxies {
 		if c.cfg.fault == faultPartition {
 			p.BlackholeTx()
@@ -370,6 +378,9 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	succeeded := c.ev.waitFor(bound, func() bool { return c.ev.wrote[name] > l.Token() })
 	v.succeded.Store(succeeded)
 	stopEnv()
+	if c.cfg.net != nil {
+		c.cfg.net.lc.lab.HealAll(ctx)
+	}
 	for _, p := range c.proxies {
 		if c.cfg.fault == faultPartition {
 			p.UnblackholeTx()
@@ -441,7 +452,11 @@ func run(t testing.TB, cfg runConfig) runResult {
 	v := &victimState{done: make(chan struct{})}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	watchCli, err := etcdtest.NewClient(cfg.endpoints)
+	newClient := etcdtest.NewClient
+	if cfg.net != nil {
+		newClient = cfg.net.lc.clientFromObs
+	}
+	watchCli, err := newClient(cfg.endpoints)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,6 +470,18 @@ func run(t testing.TB, cfg runConfig) runResult {
 	clients := make([]*chaosClient, cfg.clients)
 	for i := range clients {
 		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i)))}
+		if cfg.net != nil {
+			// Straight from the client's own host: the network is the fault.
+			c.host = cfg.net.clients[i]
+			cli, err := etcdtest.NewClientVia(cfg.endpoints, c.host.DialContext)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			c.cli = cli
+			clients[i] = c
+			continue
+		}
 		var urls []string
 		for _, ep := range cfg.endpoints {
 			p, url, err := etcdtest.NewProxy("", ep)

@@ -3,7 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -243,4 +245,51 @@ func (c *labChild) outcomeOf(n int64) string {
 		}
 	}
 	return "none"
+}
+
+// chaosNet is the lab the chaos tier's network runs share: three members
+// and a host per client, built once, taken in turns.
+type chaosNet struct {
+	lc      *labCluster
+	clients []*netlab.Host
+}
+
+// maxClients is the most clients a chaos run has.
+const maxClients = 16
+
+func newChaosNet(t *testing.T, ctx context.Context) *chaosNet {
+	t.Helper()
+	lc := newLabCluster(t, ctx)
+	n := &chaosNet{lc: lc}
+	for i := 0; i < maxClients; i++ {
+		n.clients = append(n.clients, lc.host(t, ctx, fmt.Sprintf("c%d", i)))
+	}
+	return n
+}
+
+// cut is the victim's pause on the network: its host is cut from every
+// member, both ways; in two runs of three a member is also cut from the
+// other two at the same time, the leader or another (an isolated leader,
+// a minority partition). HealAll ends it.
+func (n *chaosNet) cut(ctx context.Context, victim *netlab.Host, rng *rand.Rand) {
+	n.lc.lab.Partition(ctx, []*netlab.Host{victim}, n.lc.members)
+	alone := -1
+	switch rng.IntN(3) {
+	case 1:
+		alone = rng.IntN(len(n.lc.members))
+	case 2:
+		if p, err := n.lc.procs.Leader(ctx); err == nil {
+			alone = slices.IndexFunc(n.lc.members, func(m *netlab.Host) bool { return strings.Contains(p.ClientURL, m.IP+":") })
+		}
+	}
+	if alone < 0 {
+		return
+	}
+	var rest []*netlab.Host
+	for j, m := range n.lc.members {
+		if j != alone {
+			rest = append(rest, m)
+		}
+	}
+	n.lc.lab.Partition(ctx, []*netlab.Host{n.lc.members[alone]}, rest)
 }

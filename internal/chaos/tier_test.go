@@ -3,8 +3,10 @@ package chaos
 import (
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 
@@ -40,7 +42,11 @@ func TestChaos(t *testing.T) {
 	}
 	controls := max(2, runs/10)
 	three := etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
-	var threeTurn sync.Mutex
+	var threeTurn, netTurn sync.Mutex
+	var net *chaosNet // where namespaces can be made: one lab for every network run
+	if slices.Contains(runFaults(), faultNet) {
+		net = newChaosNet(t, testCtx(t, 2*time.Minute))
+	}
 	var sum tally
 	t.Run("runs", func(t *testing.T) {
 		for i := 0; i < runs+controls; i++ {
@@ -59,10 +65,15 @@ func TestChaos(t *testing.T) {
 			t.Run(fmt.Sprintf("%04d-%s-%s", i, mode, cfg.fault), func(t *testing.T) {
 				t.Parallel()
 				cfg.endpoints = etcd.Endpoints()
-				if cfg.fault == faultLeader {
+				switch cfg.fault {
+				case faultLeader:
 					threeTurn.Lock()
 					defer threeTurn.Unlock()
 					cfg.cluster, cfg.endpoints = three, three.Endpoints()
+				case faultNet:
+					netTurn.Lock()
+					defer netTurn.Unlock()
+					cfg.net, cfg.endpoints = net, endpoints(net.lc.members...)
 				}
 				cfg.db, cfg.sqlf = newSQL(t)
 				r := run(t, cfg)
