@@ -237,12 +237,14 @@ func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRec
 				}
 				return l.readRecord(ctx) // compacted, or the watch ended: read instead
 			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					return delayRecord{}, nil
-				}
+			if len(wr.Events) == 0 {
+				continue // a progress notice
+			}
+			// The first change is enough: the caller decides from it.
+			if ev := wr.Events[0]; ev.Type != mvccpb.DELETE {
 				return parseRecord(ev.Kv), nil
 			}
+			return delayRecord{}, nil
 		case <-ctx.Done():
 			return rec, ctx.Err()
 		}
