@@ -195,6 +195,9 @@ func (s *Session) Close() error {
 // successor waits out the delay.
 func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	for l := range held {
+		if l.ctx.Err() != nil {
+			continue // ended between its grant and its registration
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 		if err := l.unlock(ctx); err != nil {
 			s.lg.Warn("lock not released before revoking the lease: its successor will wait out the lock delay",

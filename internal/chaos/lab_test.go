@@ -285,11 +285,5 @@ func (n *chaosNet) cut(ctx context.Context, victim *netlab.Host, rng *rand.Rand)
 	if alone < 0 {
 		return
 	}
-	var rest []*netlab.Host
-	for j, m := range n.lc.members {
-		if j != alone {
-			rest = append(rest, m)
-		}
-	}
-	n.lc.lab.Partition(ctx, []*netlab.Host{n.lc.members[alone]}, rest)
+	n.lc.lab.Partition(ctx, []*netlab.Host{n.lc.members[alone]}, n.lc.others(n.lc.members[alone]))
 }

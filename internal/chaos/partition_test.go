@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,22 +45,8 @@ func (f cutFigures) String() string {
 func holderCut(t *testing.T, ctx context.Context, lc *labCluster, holderMembers, successorMembers []*netlab.Host,
 	cut func(holder *netlab.Host) error) cutFigures {
 	t.Helper()
-	name, reg := etcdtest.Name(t, "netlock"), etcdtest.Name(t, "netreg")
-	obs := lc.client(t, lc.obs, successorMembers...)
-	holderHost, successorHost := lc.host(t, ctx, "c0"), lc.host(t, ctx, "c1")
-	holder := lc.startChild(t, ctx, holderHost, "writer", name, reg, ttl, holderMembers...)
-	locked, err := holder.await(ctx, time.Time{}, "LOCKED")
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, _ := strconv.ParseInt(strings.TrimPrefix(locked.text, "LOCKED "), 10, 64)
-	if _, err := holder.await(ctx, time.Time{}, "W 1 ok"); err != nil {
-		t.Fatal(err)
-	}
-	successor := lc.startChild(t, ctx, successorHost, "writer", name, reg, ttl, successorMembers...)
-	if err := waitQueuedKeys(ctx, obs, name, 2); err != nil {
-		t.Fatal(err)
-	}
+	q := lc.queueTwo(t, ctx, ttl, holderMembers, successorMembers)
+	name, obs, holderHost, holder, successor, token := q.name, q.obs, q.holderHost, q.holder, q.waiter, q.token
 	holderKey := fmt.Sprintf("%s/%x", name, leaseOfKey(t, ctx, obs, name, token))
 	gone := keyGone(ctx, obs, holderKey)
 
@@ -116,6 +104,50 @@ func holderCut(t *testing.T, ctx context.Context, lc *labCluster, holderMembers,
 	return f
 }
 
+// twoInQueue is a writer process holding a lock and a second queued
+// behind it, each on a host of its own, with a client on the observer.
+type twoInQueue struct {
+	name, reg              string
+	obs                    *clientv3.Client // through the waiter's members
+	holderHost, waiterHost *netlab.Host
+	holder, waiter         *labChild
+	token                  int64 // the holder's
+}
+
+// queueTwo starts the holder (through holderMembers), waits for its first
+// accepted write, then starts the waiter (through waiterMembers) and waits
+// until it is queued.
+func (lc *labCluster) queueTwo(t *testing.T, ctx context.Context, sessionTTL time.Duration, holderMembers, waiterMembers []*netlab.Host) twoInQueue {
+	t.Helper()
+	q := twoInQueue{name: etcdtest.Name(t, "netlock"), reg: etcdtest.Name(t, "netreg"), obs: lc.client(t, lc.obs, waiterMembers...),
+		holderHost: lc.host(t, ctx, "c0"), waiterHost: lc.host(t, ctx, "c1")}
+	q.holder = lc.startChild(t, ctx, q.holderHost, "writer", q.name, q.reg, sessionTTL, holderMembers...)
+	locked, err := q.holder.await(ctx, time.Time{}, "LOCKED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.token, _ = strconv.ParseInt(strings.TrimPrefix(locked.text, "LOCKED "), 10, 64)
+	if _, err := q.holder.await(ctx, time.Time{}, "W 1 ok"); err != nil {
+		t.Fatal(err)
+	}
+	q.waiter = lc.startChild(t, ctx, q.waiterHost, "writer", q.name, q.reg, sessionTTL, waiterMembers...)
+	if err := waitQueuedKeys(ctx, q.obs, q.name, 2); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// others are the members other than m.
+func (lc *labCluster) others(m *netlab.Host) []*netlab.Host {
+	var rest []*netlab.Host
+	for _, x := range lc.members {
+		if x != m {
+			rest = append(rest, x)
+		}
+	}
+	return rest
+}
+
 // leaseOfKey finds the lease of the queue key of name with token.
 func leaseOfKey(t *testing.T, ctx context.Context, cli *clientv3.Client, name string, token int64) int64 {
 	t.Helper()
@@ -163,12 +195,7 @@ func TestPartitionMinorityHolder(t *testing.T) {
 	lc := newLabCluster(t, ctx)
 	_, followers := lc.leader(t, ctx)
 	minority := followers[0]
-	var majority []*netlab.Host
-	for _, m := range lc.members {
-		if m != minority {
-			majority = append(majority, m)
-		}
-	}
+	majority := lc.others(minority)
 	f := holderCut(t, ctx, lc, []*netlab.Host{minority}, majority, func(holder *netlab.Host) error {
 		rest := append(append([]*netlab.Host{}, majority...), lc.obs)
 		return lc.lab.Partition(ctx, []*netlab.Host{minority, holder}, rest)
@@ -197,27 +224,11 @@ func TestPartitionMinorityWaiter(t *testing.T) {
 	lc := newLabCluster(t, ctx)
 	_, followers := lc.leader(t, ctx)
 	minority := followers[0]
-	var majority []*netlab.Host
-	for _, m := range lc.members {
-		if m != minority {
-			majority = append(majority, m)
-		}
-	}
+	majority := lc.others(minority)
 	const sessionTTL = 4 * time.Second // the waiter's session outlives the cut
 	cutFor := sessionTTL / 2
-	name, reg := etcdtest.Name(t, "netlock"), etcdtest.Name(t, "netreg")
-	obs := lc.client(t, lc.obs, majority...)
-	holderHost, waiterHost := lc.host(t, ctx, "c0"), lc.host(t, ctx, "c1")
-	holder := lc.startChild(t, ctx, holderHost, "writer", name, reg, sessionTTL, majority...)
-	locked, err := holder.await(ctx, time.Time{}, "LOCKED")
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, _ := strconv.ParseInt(strings.TrimPrefix(locked.text, "LOCKED "), 10, 64)
-	waiter := lc.startChild(t, ctx, waiterHost, "writer", name, reg, sessionTTL, minority)
-	if err := waitQueuedKeys(ctx, obs, name, 2); err != nil {
-		t.Fatal(err)
-	}
+	q := lc.queueTwo(t, ctx, sessionTTL, majority, []*netlab.Host{minority})
+	name, obs, holderHost, waiterHost, holder, waiter, token := q.name, lc.client(t, lc.obs, majority...), q.holderHost, q.waiterHost, q.holder, q.waiter, q.token
 	cutAt := time.Now()
 	if err := lc.lab.Partition(ctx, []*netlab.Host{minority, waiterHost}, append(append([]*netlab.Host{}, majority...), holderHost, lc.obs)); err != nil {
 		t.Fatal(err)
@@ -442,6 +453,9 @@ func TestPartitionFlapping(t *testing.T) {
 		}
 		return true
 	})
+	if !settled {
+		pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+	}
 	stop()
 	wg.Wait()
 	if !settled {

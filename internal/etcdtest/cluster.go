@@ -281,7 +281,11 @@ func NewClient(endpoints []string) (*clientv3.Client, error) {
 
 // NewClientVia is NewClient with connections opened by dial (nil: the
 // default dialer): a lab host's DialContext reaches members inside
-// network namespaces.
+// network namespaces. Such clients also ping their connections (gRPC
+// keep-alive), as a client on a real network should: a
+// connection whose packets were dropped for a while can sit in TCP's
+// retransmission backoff for tens of seconds after the network heals,
+// and only a failed ping replaces it.
 func NewClientVia(endpoints []string, dial func(ctx context.Context, addr string) (net.Conn, error)) (*clientv3.Client, error) {
 	cfg := clientv3.Config{
 		Endpoints:   endpoints,
@@ -290,6 +294,9 @@ func NewClientVia(endpoints []string, dial func(ctx context.Context, addr string
 	}
 	if dial != nil {
 		cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(dial)}
+		// Not more often than etcd allows (--grpc-keepalive-min-time, 5 s
+		// by default): more frequent pings get the connection closed.
+		cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout = 5*time.Second, 2*time.Second
 	}
 	return clientv3.New(cfg)
 }

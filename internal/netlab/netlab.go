@@ -142,55 +142,39 @@ func (h *Host) Wrap() []string { return []string{"ip", "netns", "exec", h.NS} }
 // namespace, so the test process can reach the lab without an address of
 // its own on it. The socket stays in that namespace for its lifetime.
 func (h *Host) DialContext(ctx context.Context, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// A locked thread whose namespace could not be restored is not
-		// unlocked: the runtime ends it with this goroutine.
-		runtime.LockOSThread()
-		c, restored, err := dialIn(ctx, h.NS, addr)
-		if restored {
-			runtime.UnlockOSThread()
-		}
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
+	var c net.Conn
+	err := h.do(func() (err error) {
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return c, err
 }
 
 // Listen opens a TCP listener on addr inside the host's namespace.
 func (h *Host) Listen(ctx context.Context, addr string) (net.Listener, error) {
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
+	var ln net.Listener
+	err := h.do(func() (err error) {
+		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+		return err
+	})
+	return ln, err
+}
+
+// do runs f inside the host's namespace, on a goroutine of its own locked
+// to its thread; sockets f opens stay in the namespace. A thread whose
+// namespace could not be restored is not unlocked: the runtime ends it
+// with the goroutine.
+func (h *Host) do(f func() error) error {
+	ch := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		var ln net.Listener
-		restored, err := inNamespace(h.NS, func() (err error) {
-			ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
-			return err
-		})
+		restored, err := inNamespace(h.NS, f)
 		if restored {
 			runtime.UnlockOSThread()
 		}
-		ch <- result{ln, err}
+		ch <- err
 	}()
-	r := <-ch
-	return r.ln, r.err
-}
-
-// dialIn dials addr from namespace ns, on the calling (locked) thread.
-func dialIn(ctx context.Context, ns, addr string) (c net.Conn, restored bool, err error) {
-	restored, err = inNamespace(ns, func() (err error) {
-		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-		return err
-	})
-	return c, restored, err
+	return <-ch
 }
 
 // inNamespace switches the calling (locked) thread into namespace ns, runs

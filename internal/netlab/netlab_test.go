@@ -88,23 +88,29 @@ func reaches(ctx context.Context, from *Host, addr string, d time.Duration) bool
 	return err == nil
 }
 
+// pair is a lab of two hosts, a and b, with an echo server on b at addr.
+func pair(t *testing.T) (l *Lab, ctx context.Context, a, b *Host, addr string) {
+	t.Helper()
+	l, ctx = lab(t)
+	var err error
+	if a, err = l.AddHost(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = l.AddHost(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	addr = b.IP + ":7000"
+	ln, err := b.Listen(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go echo(ln) // ends when ln closes
+	return l, ctx, a, b, addr
+}
+
 func TestCutDropHeal(t *testing.T) {
-	l, ctx := lab(t)
-	a, err := l.AddHost(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := l.AddHost(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := b.Listen(ctx, b.IP+":7000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go echo(ln)
-	addr := b.IP + ":7000"
+	l, ctx, a, b, addr := pair(t)
 	if !reaches(ctx, a, addr, 2*time.Second) {
 		t.Fatal("a does not reach b on a healthy lab")
 	}
@@ -153,18 +159,7 @@ func TestCutDropHeal(t *testing.T) {
 }
 
 func TestDropShare(t *testing.T) {
-	l, ctx := lab(t)
-	a, _ := l.AddHost(ctx, "a")
-	b, err := l.AddHost(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := b.Listen(ctx, b.IP+":7000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go echo(ln)
+	l, ctx, a, b, addr := pair(t)
 	if err := l.Drop(ctx, a, b, 50); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +168,7 @@ func TestDropShare(t *testing.T) {
 	ok := 0
 	const tries = 40
 	for i := 0; i < tries; i++ {
-		if reaches(ctx, a, b.IP+":7000", 150*time.Millisecond) {
+		if reaches(ctx, a, addr, 150*time.Millisecond) {
 			ok++
 		}
 	}
