@@ -341,10 +341,17 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	defer close(v.done)
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	wch := watchCli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
 	if c.cfg.net != nil {
-		c.cfg.net.cut(ctx, c.host, c.rng)
+		// Watch through members that stay together: a watch served by a
+		// member the cut isolates would never see the expiry.
+		together := c.cfg.net.cut(ctx, c.host, c.rng)
+		wcli, err := c.cfg.net.lc.clientFromObs(endpoints(together...))
+		if err == nil {
+			defer wcli.Close()
+			watchCli = wcli
+		}
 	}
+	wch := watchCli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
 	for _, p := range c.proxies {
 		if c.cfg.fault == faultPartition {
 			p.BlackholeTx()

@@ -270,8 +270,9 @@ func newChaosNet(t *testing.T, ctx context.Context) *chaosNet {
 // cut is the victim's pause on the network: its host is cut from every
 // member, both ways; in two runs of three a member is also cut from the
 // other two at the same time, the leader or another (an isolated leader,
-// a minority partition). HealAll ends it.
-func (n *chaosNet) cut(ctx context.Context, victim *netlab.Host, rng *rand.Rand) {
+// a minority partition). HealAll ends it. It returns the members that
+// stay together.
+func (n *chaosNet) cut(ctx context.Context, victim *netlab.Host, rng *rand.Rand) (together []*netlab.Host) {
 	n.lc.lab.Partition(ctx, []*netlab.Host{victim}, n.lc.members)
 	alone := -1
 	switch rng.IntN(3) {
@@ -283,7 +284,9 @@ func (n *chaosNet) cut(ctx context.Context, victim *netlab.Host, rng *rand.Rand)
 		}
 	}
 	if alone < 0 {
-		return
+		return n.lc.members
 	}
-	n.lc.lab.Partition(ctx, []*netlab.Host{n.lc.members[alone]}, n.lc.others(n.lc.members[alone]))
+	together = n.lc.others(n.lc.members[alone])
+	n.lc.lab.Partition(ctx, []*netlab.Host{n.lc.members[alone]}, together)
+	return together
 }
