@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sync"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,10 +30,17 @@ func summary(t testing.TB, line string) {
 	}
 }
 
+// envPools is how many three-member clusters and network labs the tier
+// keeps (1 unless set): the runs that stop a leader or cut the network
+// take one of them each, in turns, so that more of them let more such
+// runs go at once (with go test -parallel).
+const envPools = "LEASEFENCE_CHAOS_POOLS"
+
 // TestChaos is scenarios 10 and 11: randomized chaos with every fault kind,
 // fenced, then the unfenced control; one summary line for the tier. Runs
-// go two at a time (go test -parallel), except that runs on the
-// three-member cluster, whose leader they stop, take turns.
+// go as many at a time as go test -parallel allows, except that runs on a
+// three-member cluster, whose leader they stop, or on a network lab, take
+// one of the pool's each.
 func TestChaos(t *testing.T) {
 	runs, long := chaosRuns(t)
 	tier := "long"
@@ -41,11 +48,21 @@ func TestChaos(t *testing.T) {
 		tier, runs = "fast", len(runFaults())
 	}
 	controls := max(2, runs/10)
-	three := etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
-	var threeTurn, netTurn sync.Mutex
-	var net *chaosNet // where namespaces can be made: one lab for every network run
-	if slices.Contains(runFaults(), faultNet) {
-		net = newChaosNet(t, testCtx(t, 2*time.Minute))
+	pools := 1
+	if v := os.Getenv(envPools); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 8 {
+			t.Fatalf("%s=%q: want 1 to 8", envPools, v)
+		}
+		pools = n
+	}
+	threes := make(chan *etcdtest.Cluster, pools)
+	nets := make(chan *chaosNet, pools)
+	for range pools {
+		threes <- etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
+		if slices.Contains(runFaults(), faultNet) { // where namespaces can be made
+			nets <- newChaosNet(t, testCtx(t, 2*time.Minute))
+		}
 	}
 	var sum tally
 	t.Run("runs", func(t *testing.T) {
@@ -67,12 +84,12 @@ func TestChaos(t *testing.T) {
 				cfg.endpoints = etcd.Endpoints()
 				switch cfg.fault {
 				case faultLeader:
-					threeTurn.Lock()
-					defer threeTurn.Unlock()
+					three := <-threes
+					defer func() { threes <- three }()
 					cfg.cluster, cfg.endpoints = three, three.Endpoints()
 				case faultNet:
-					netTurn.Lock()
-					defer netTurn.Unlock()
+					net := <-nets
+					defer func() { nets <- net }()
 					cfg.net, cfg.endpoints = net, endpoints(net.lc.members...)
 				}
 				cfg.db, cfg.sqlf = newSQL(t)
