@@ -1,9 +1,11 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,13 +43,6 @@ func ProxyAt(tb testing.TB, addr, target string) proxy.Server {
 // port if empty) in front of target, a client URL, and returns it ready,
 // with its URL. The caller closes it.
 func NewProxy(addr, target string) (proxy.Server, string, error) {
-	if addr == "" {
-		ports, err := freePorts(1)
-		if err != nil {
-			return nil, "", err
-		}
-		addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	}
 	if !strings.Contains(target, "://") { // ETCD_ENDPOINTS may give host:port
 		target = "http://" + target
 	}
@@ -55,10 +50,30 @@ func NewProxy(addr, target string) (proxy.Server, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("proxy target %q: %w", target, err)
 	}
+	if addr != "" {
+		return startProxy(addr, to.Host)
+	}
+	// A port found free can be taken by another test before the proxy
+	// binds it (runs go in parallel): try another one.
+	for attempt := 0; ; attempt++ {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, "", err
+		}
+		p, u, err := startProxy(fmt.Sprintf("127.0.0.1:%d", ports[0]), to.Host)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || attempt == 4 {
+			return p, u, err
+		}
+	}
+}
+
+// startProxy starts the proxy on addr in front of host and waits until it
+// is ready.
+func startProxy(addr, host string) (proxy.Server, string, error) {
 	p := proxy.NewServer(proxy.ServerConfig{
 		Logger: zap.NewNop(),
 		From:   url.URL{Scheme: "tcp", Host: addr},
-		To:     url.URL{Scheme: "tcp", Host: to.Host},
+		To:     url.URL{Scheme: "tcp", Host: host},
 	})
 	select {
 	case <-p.Ready():
