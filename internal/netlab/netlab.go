@@ -129,11 +129,6 @@ func (l *Lab) AddHost(ctx context.Context, name string) (*Host, error) {
 	return h, nil
 }
 
-// Command is name run with args inside the host's namespace.
-func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NS, name}, args...)...)
-}
-
 // Wrap is the command prefix that runs a program inside the host's
 // namespace.
 func (h *Host) Wrap() []string { return []string{"ip", "netns", "exec", h.NS} }

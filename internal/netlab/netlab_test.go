@@ -185,8 +185,7 @@ func TestLeftoversOfDeadRunsRemoved(t *testing.T) {
 	if err := run(context.Background(), []string{"ip", "netns", "add", name}); err != nil {
 		t.Fatal(err)
 	}
-	l, ctx := lab(t)
-	_ = ctx
+	l, _ := lab(t)
 	if left := namespaces(t, name); len(left) != 0 {
 		run(context.Background(), []string{"ip", "netns", "del", name})
 		t.Fatalf("leftover %v not removed by New", left)
