@@ -150,6 +150,7 @@ func (k *Keeper) queueWatch(name string) (*keyWatch, error) {
 			k.mu.Unlock()
 			return nil, err
 		}
+		w.mirror = newQueueMirror()
 		q = &sharedQueue{w: w}
 		k.queues[name] = q
 	}

@@ -316,9 +316,14 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 		// Only keys of nested locks (or, for a reader, of readers) were
 		// seen: queue up, then look again.
 	}
+	mirrored := !try && l.w.queue.mirror != nil
+	then := []clientv3.Op{put}
+	if !mirrored {
+		then = append(then, newestFirst(pfx, 0, l.page()+1))
+	}
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(put, newestFirst(pfx, 0, l.page()+1)).
+		Then(then...).
 		Commit()
 	if err != nil {
 		// Unless etcd refused it outright, the put may have been applied:
@@ -334,8 +339,26 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	l.token = resp.Header.Revision
 	l.s.probeKey.Store(l.key)
 	l.s.sawRevision(resp.Header.Revision)
+	if mirrored {
+		l.viewFromMirror(ctx)
+		return nil
+	}
 	l.setAhead(resp.Header.Revision, resp.Responses[1].GetResponseRange())
 	return nil
+}
+
+// viewFromMirror takes the lock's view from its Keeper's copy of the queue,
+// once the copy has applied the lock's own put, in the watch epoch the lock
+// subscribed in. Without such a copy the view stays unread, and wait reads
+// it.
+func (l *Lock) viewFromMirror(ctx context.Context) {
+	l.mu.Lock()
+	epoch := l.epoch
+	l.mu.Unlock()
+	kvs, at, ok := l.w.queue.mirror.at(ctx, l.ctx.Done(), epoch, l.token)
+	if ok {
+		l.setAhead(at, &pb.RangeResponse{Kvs: kvs})
+	}
 }
 
 // oldestFirst reads the first page of the keys under pfx, oldest first.

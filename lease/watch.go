@@ -41,6 +41,7 @@ type keyWatch struct {
 	owner  watchOwner // the session, or the Keeper for a queue watch shared by its sessions
 	key    string
 	prefix bool
+	mirror *queueMirror // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
 	ctx    context.Context
 	stop   context.CancelFunc
 
@@ -154,11 +155,15 @@ func (w *keyWatch) wanted() (context.Context, bool) {
 // is opened with no start revision, so etcd serves it at once (a start
 // revision already in the past would wait for etcd's 100 ms catch-up loop).
 // It requires a leader: a member cut off from the quorum ends it rather
-// than leaving it silent.
+// than leaving it silent. A watch that keeps a mirror also receives puts,
+// and fills the mirror when it comes up.
 func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	opts := []clientv3.OpOption{clientv3.WithFilterPut(), clientv3.WithCreatedNotify()}
+	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+	if w.mirror == nil {
+		opts = append(opts, clientv3.WithFilterPut())
+	}
 	if w.prefix {
 		opts = append(opts, clientv3.WithPrefix())
 	}
@@ -174,9 +179,15 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			if !w.isUp(ctx) {
 				return cameUp
 			}
+			if w.mirror != nil && !w.mirror.load(ctx, w.client, w.key, wr.Header.Revision, w.epoch.Load()) {
+				return cameUp
+			}
 			continue
 		}
 		epoch := w.epoch.Load()
+		if w.mirror != nil {
+			w.mirror.apply(wr.Events, epoch)
+		}
 		subs := w.subscribers()
 		for _, ev := range wr.Events {
 			if ev.Type != mvccpb.DELETE {
@@ -229,6 +240,9 @@ func (w *keyWatch) down() {
 		w.up = make(chan struct{})
 	}
 	w.mu.Unlock()
+	if w.mirror != nil {
+		w.mirror.drop()
+	}
 	for _, sub := range w.subscribers() {
 		sub.poke()
 	}

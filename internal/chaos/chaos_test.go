@@ -69,7 +69,11 @@ type runConfig struct {
 	names   int
 	fenced  bool // false: the unfenced control
 	fault   fault
-	mutant  seam.Mutant
+	// keeper: each client renews its sessions through a lease.Keeper,
+	// whose shared queue watch keeps a copy of the queue that the locks
+	// take their view from instead of reading it.
+	keeper bool
+	mutant seam.Mutant
 	// endpoints of the cluster; cluster is set when members can be stopped.
 	endpoints []string
 	cluster   *etcdtest.Cluster
@@ -287,6 +291,15 @@ type victimState struct {
 // operations, let go; until ctx ends.
 func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *clientv3.Client) {
 	var s *lease.Session
+	var sopts []lease.Option
+	if c.cfg.keeper {
+		k, err := lease.NewKeeper(c.cli)
+		if err != nil {
+			panic(err) // only a nil client is refused
+		}
+		defer k.Close() // after the session's Close below
+		sopts = append(sopts, lease.WithKeeper(k))
+	}
 	defer func() {
 		if s != nil {
 			s.Close()
@@ -299,7 +312,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 			}
 			sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second+c.cfg.slack)
 			var err error
-			s, err = lease.NewSession(sctx, c.cli, lease.WithTTL(c.cfg.ttl))
+			s, err = lease.NewSession(sctx, c.cli, append(sopts, lease.WithTTL(c.cfg.ttl))...)
 			cancel()
 			if err != nil {
 				s = nil
@@ -580,6 +593,7 @@ type tally struct {
 	mu                                     sync.Mutex
 	runs, invalid, ops, histories          int
 	staleAccepted, controlRuns, violations int
+	keeperRuns                             int // valid runs whose clients used a Keeper
 	faults                                 map[fault]int
 }
 
@@ -597,6 +611,9 @@ func (s *tally) add(cfg runConfig, r runResult) {
 		return
 	}
 	s.faults[cfg.fault]++
+	if cfg.keeper {
+		s.keeperRuns++
+	}
 	if cfg.fenced {
 		s.staleAccepted += r.staleAccepted
 	} else {
@@ -612,8 +629,8 @@ func (s *tally) line(tier string) string {
 	for _, f := range allFaults {
 		fs = append(fs, fmt.Sprintf("%s=%d", f, s.faults[f]))
 	}
-	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} ops=%d histories=%d stale-accepted=%d control-violations=%d/%d invalid=%d",
-		tier, s.runs, strings.Join(fs, " "), s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, s.invalid)
+	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d invalid=%d",
+		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, s.invalid)
 }
 
 // report fails the test for a fenced run whose history the checker did not

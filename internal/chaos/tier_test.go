@@ -75,6 +75,10 @@ func TestChaos(t *testing.T) {
 				fault:   runFaults()[i%len(runFaults())],
 				prefix:  name(t, "chaos", i),
 			}
+			// Every other run, and each kind every other round, the
+			// clients use a Keeper (not with a scaled clock: a Keeper's
+			// timer runs on the real one).
+			cfg.keeper = (i+i/len(runFaults()))%2 == 1 && cfg.fault != faultSlowClock && cfg.fault != faultFastClock
 			mode := "fenced"
 			if !cfg.fenced {
 				mode = "control"
