@@ -112,8 +112,10 @@
 //     read at a known revision) when that key goes, so that a long queue
 //     does not send every deletion to every waiter. Sessions renewed
 //     through one Keeper share each name's queue watch (one message per
-//     deletion reaches the process), so their waiters follow it at any
-//     depth and are granted with no read. Watches are opened at
+//     put or deletion reaches the process), which keeps a copy of the
+//     queue: their locks take their view from it, so an enqueue is a put
+//     alone, and waiters follow the queue at any depth and are granted
+//     with no read. Watches are opened at
 //     the current revision, which etcd serves at once, and outlive the
 //     last lock of their name by 30 seconds, so that a lock taken again and
 //     again opens them once.

@@ -19,9 +19,11 @@ const keeperBatch = 100 * time.Millisecond
 // Keeper renews the leases of many sessions over one keep-alive stream,
 // with one goroutine and one timer for them all, where each session on its
 // own keeps a stream, two goroutines and two timers. It also shares each
-// lock name's queue watch among its sessions: a deletion in a queue reaches
-// the process once, however many of its sessions wait there, so that their
-// waiters follow the queue at any depth and are granted without a read. A
+// lock name's queue watch among its sessions: a put or a deletion in a
+// queue reaches the process once, however many of its sessions wait there,
+// and keeps a copy of the queue (up to 4,096 keys) that their locks take
+// their view from, so that an enqueue is a put alone and waiters follow the
+// queue at any depth and are granted without a read. A
 // service that holds many sessions on one client (a session per tenant, per
 // shard or per worker, say) makes one Keeper and passes it to each with
 // WithKeeper.

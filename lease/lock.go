@@ -267,11 +267,12 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 // TryLock's holder, or the ones just older than a waiter's own key.
 const queuePage = 16
 
-// sharedPage is queuePage for a lock whose queue watch a Keeper shares:
-// such a waiter follows every deletion ahead at no cost per waiter, so it
-// reads the whole queue ahead (up to this many keys) and then needs no read
-// to be granted, however long the queue. etcd reads the whole range to
-// sort it either way.
+// sharedPage is queuePage for a lock whose queue watch a Keeper shares,
+// when it reads its view instead of taking it from the Keeper's copy (no
+// copy yet, or the watch restarted): such a waiter follows every deletion
+// ahead at no cost per waiter, so it reads the whole queue ahead (up to
+// this many keys) and then needs no read to be granted, however long the
+// queue. etcd reads the whole range to sort it either way.
 const sharedPage = 1024
 
 // page is how many keys ahead the lock's reads return.
