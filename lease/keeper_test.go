@@ -246,8 +246,9 @@ func TestKeeperSharedQueue(t *testing.T) {
 // creation (the reads a lock makes of the keys ahead of it), in every
 // request the client sends, nested transactions included.
 type queueReads struct {
-	prefix string
-	n      atomic.Int64
+	prefix   string
+	n        atomic.Int64 // full reads, sorted by creation
+	keysOnly atomic.Int64 // keys-only reads of the keys older than a revision
 }
 
 func (q *queueReads) interceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -274,16 +275,23 @@ func (q *queueReads) countTxn(t *pb.TxnRequest) {
 }
 
 func (q *queueReads) count(r *pb.RangeRequest) {
-	if string(r.Key) == q.prefix && r.SortTarget == pb.RangeRequest_CREATE {
+	switch {
+	case string(r.Key) != q.prefix:
+	case r.KeysOnly && r.MaxCreateRevision != 0:
+		q.keysOnly.Add(1)
+	case r.SortTarget == pb.RangeRequest_CREATE:
 		q.n.Add(1)
 	}
 }
 
 // A waiter queued through a Keeper takes its view of the queue from the
 // Keeper's copy, kept by the shared watch: its enqueue is a put alone and
-// it is granted with no read, however many wait ahead of it. The same
-// queue through sessions of their own reads it (the count can fail).
-func TestKeeperQueuesWithoutReading(t *testing.T) {
+// it is granted with no read, however many wait ahead of it. Through
+// sessions of their own, each waiter reads the queue in full as it
+// queues; one far back, once the key just ahead is gone, confirms that
+// nothing older is left with a keys-only read (served from etcd's index on
+// 3.7) rather than a second full read.
+func TestQueueReads(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	for _, keeper := range []bool{true, false} {
 		t.Run(fmt.Sprintf("keeper=%v", keeper), func(t *testing.T) {
@@ -307,7 +315,7 @@ func TestKeeperQueuesWithoutReading(t *testing.T) {
 				}
 			}}
 			holder := mustLock(t, newSession(t, cli, opts...), name)
-			before := reads.n.Load()
+			before, keysOnlyBefore := reads.n.Load(), reads.keysOnly.Load()
 			granted := make(chan *lease.Lock, waiters)
 			errs := make(chan error, waiters)
 			for i := 0; i < waiters; i++ {
@@ -342,14 +350,19 @@ func TestKeeperQueuesWithoutReading(t *testing.T) {
 					t.Fatal("a waiter was not granted")
 				}
 			}
-			got := reads.n.Load() - before
+			got, keysOnly := reads.n.Load()-before, reads.keysOnly.Load()-keysOnlyBefore
+			// The waiters queued within reach of the head follow the queue
+			// watch, and read once more as they start following it.
+			const nearHead = 4
 			switch {
-			case keeper && got != 0:
-				t.Errorf("%d reads of the queue by %d waiters through a Keeper, want 0", got, waiters)
-			case !keeper && got < waiters:
-				t.Errorf("%d reads of the queue by %d waiters on sessions of their own, want at least one each", got, waiters)
+			case keeper && got+keysOnly != 0:
+				t.Errorf("%d full and %d keys-only reads of the queue by %d waiters through a Keeper, want none", got, keysOnly, waiters)
+			case !keeper && (got < waiters || got > waiters+nearHead):
+				t.Errorf("%d full reads of the queue by %d waiters on sessions of their own, want one each (and one more near the head)", got, waiters)
+			case !keeper && keysOnly < waiters-nearHead:
+				t.Errorf("%d keys-only reads by %d waiters on sessions of their own, want one by each waiter far back", keysOnly, waiters)
 			}
-			t.Logf("%d waiters, %d reads of the queue", waiters, got)
+			t.Logf("%d waiters: %d full reads of the queue, %d keys-only", waiters, got, keysOnly)
 		})
 	}
 }

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -541,7 +542,7 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			l.w.queue.pause()
 			var gone int64
 			if gone, err = l.waitGone(ctx, v.pred); err == nil {
-				err = l.reread(ctx, gone)
+				err = l.rereadAtHead(ctx, gone)
 			}
 		}
 		if err == nil {
@@ -669,6 +670,46 @@ func (l *Lock) reread(ctx context.Context, minRev int64) error {
 		return err
 	}
 	return l.readView(ctx, ownEpoch, l.w.queue.epoch.Load(), minRev)
+}
+
+// rereadAtHead reads the view again after the key just ahead went, when
+// the waiter is usually at the head of the queue. It first asks only
+// whether any key under the name is older than its own, keys-only (etcd
+// 3.7 answers that from its index, where a full read fetches every key
+// under the name to sort them); only if some are does it read them in
+// full, to tell queue keys, readers and nested locks apart.
+func (l *Lock) rereadAtHead(ctx context.Context, minRev int64) error {
+	ownEpoch, err := l.w.own.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
+	epoch := l.w.queue.epoch.Load()
+	l.mu.Lock()
+	l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
+	l.mu.Unlock()
+	pfx := l.name + "/"
+	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(l.key, opts...), clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
+			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.token-1), clientv3.WithLimit(queuePage))...)}
+	})
+	if err != nil {
+		return err
+	}
+	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+		return ErrKeyDeleted
+	}
+	older := resp.Responses[1].GetResponseRange()
+	for _, kv := range older.Kvs {
+		if rest := strings.TrimPrefix(string(kv.Key), pfx); !strings.Contains(rest, "/") {
+			// Perhaps a queue key: read in full.
+			return l.readView(ctx, ownEpoch, epoch, minRev)
+		}
+	}
+	if older.More {
+		return l.readView(ctx, ownEpoch, epoch, minRev)
+	}
+	l.setAhead(resp.Header.Revision, nil)
+	return nil
 }
 
 // rereadNear reads the view again once the queue watch is up too, so that
