@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 )
 
 // gates makes locks of one name taken through one session take turns
@@ -20,10 +19,9 @@ type gates struct {
 // holding or waiting for it. It also keeps the name's watches, which
 // outlive the last caller by idleWatch before the gate is dropped.
 type gate struct {
-	ch   chan struct{}
-	refs int
-	w    watches
-	idle *time.Timer // set while refs is 0: drops the gate when it fires
+	ch chan struct{}
+	w  watches
+	lingering
 }
 
 // watches are a name's two long-lived watches on a session (see keyWatch).
@@ -104,11 +102,7 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 		g = &gate{ch: make(chan struct{}, 1), w: w}
 		gs.m[name] = g
 	}
-	if g.idle != nil {
-		g.idle.Stop()
-		g.idle = nil
-	}
-	g.refs++
+	g.join()
 	return g, nil
 }
 
@@ -117,15 +111,13 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 func (gs *gates) leave(name string, g *gate) {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
-	if g.refs--; g.refs == 0 {
-		g.idle = time.AfterFunc(idleWatch, func() { gs.expire(name, g) })
-	}
+	g.lingering.leave(func() { gs.expire(name, g) })
 }
 
 // expire drops an idle gate and stops its watches.
 func (gs *gates) expire(name string, g *gate) {
 	gs.mu.Lock()
-	if g.refs > 0 || gs.m[name] != g {
+	if g.inUse() || gs.m[name] != g {
 		gs.mu.Unlock()
 		return
 	}
@@ -140,9 +132,7 @@ func (gs *gates) closeAll() {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
 	for name, g := range gs.m {
-		if g.idle != nil {
-			g.idle.Stop()
-		}
+		g.stop()
 		if g.w.shared != nil {
 			g.w.shared.releaseQueue(name, g.w.queue)
 		}

@@ -50,9 +50,8 @@ type Keeper struct {
 // Keeper that uses the name: one message per deletion reaches the process,
 // however many of its sessions wait on the name.
 type sharedQueue struct {
-	w    *keyWatch
-	refs int
-	idle *time.Timer // set while refs is 0: stops the watch when it fires
+	w *keyWatch
+	lingering
 }
 
 // keptSession is a session's renewal state in a Keeper. k.mu guards it.
@@ -111,9 +110,7 @@ func (k *Keeper) Close() error {
 	}
 	k.mu.Lock()
 	for _, q := range k.queues {
-		if q.idle != nil {
-			q.idle.Stop()
-		}
+		q.stop()
 	}
 	k.mu.Unlock()
 	k.cancel()
@@ -156,11 +153,7 @@ func (k *Keeper) queueWatch(name string) (*keyWatch, error) {
 		q = &sharedQueue{w: w}
 		k.queues[name] = q
 	}
-	if q.idle != nil {
-		q.idle.Stop()
-		q.idle = nil
-	}
-	q.refs++
+	q.join()
 	k.mu.Unlock()
 	q.w.resume()
 	return q.w, nil
@@ -175,18 +168,16 @@ func (k *Keeper) releaseQueue(name string, w *keyWatch) {
 	if q == nil || q.w != w {
 		return
 	}
-	if q.refs--; q.refs == 0 {
-		q.idle = time.AfterFunc(idleWatch, func() {
-			k.mu.Lock()
-			if q.refs > 0 || k.queues[name] != q {
-				k.mu.Unlock()
-				return
-			}
-			delete(k.queues, name)
+	q.leave(func() {
+		k.mu.Lock()
+		if q.inUse() || k.queues[name] != q {
 			k.mu.Unlock()
-			q.w.stop()
-		})
-	}
+			return
+		}
+		delete(k.queues, name)
+		k.mu.Unlock()
+		q.w.stop()
+	})
 }
 
 // add starts renewing s's lease.
