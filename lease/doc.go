@@ -97,7 +97,7 @@
 //     Observe, so data may live beside its lock. etcd's own
 //     concurrency.Mutex, Election and etcdctl lock count every key under
 //     the name and would wait on such a key forever: when those share a
-//     name with this package, keep data under another prefix. The queue
+//     name with this package, keep data under another prefix. Most queue
 //     reads are not keys-only (etcd 3.7 leaves the lease out of keys-only
 //     reads), so keep data beside a lock small.
 //
@@ -108,9 +108,15 @@
 //     long-lived watch of the deletions under the name: the last deletion
 //     ahead grants it the lock with no read, so a handoff costs the
 //     holder's delete and one event. A waiter further back watches only
-//     the key just ahead of it, and reads its view again (a serializable
-//     read at a known revision) when that key goes, so that a long queue
-//     does not send every deletion to every waiter. Sessions renewed
+//     the key just ahead of it, and when that key goes asks, keys-only,
+//     whether any key under the name is older than its own (a serializable
+//     read at a known revision; etcd 3.7 answers it from its index), so
+//     that a long queue does not send every deletion to every waiter. A
+//     writer whose last lock of the name queued that far back also queues
+//     with a keys-only read, counting every key under the name as a writer
+//     ahead until the read of the key just ahead (or a full read near the
+//     head) shows otherwise: a full read makes etcd fetch every key under
+//     the name to sort them, a keys-only one on 3.7 does not. Sessions renewed
 //     through one Keeper share each name's queue watch (one message per
 //     put or deletion reaches the process), which keeps a copy of the
 //     queue: their locks take their view from it, so an enqueue is a put

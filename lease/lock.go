@@ -2,8 +2,8 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -57,13 +57,16 @@ type Lock struct {
 	// deletions: the keys ahead that block it (see blocks), whether older ones may lie past the page
 	// read, the watch epochs the view follows, and deletions held back
 	// while the view is being read (synced false).
-	ahead    map[string]ahead
-	beyond   bool
-	epoch    uint64 // of the queue watch
-	ownEpoch uint64 // of the own-key watch
-	synced   bool
-	pending  []deletion
-	holding  bool // nothing was left ahead: the lock is (or was) held
+	ahead  map[string]ahead
+	beyond bool
+	// unverified: the view came from a keys-only read (setCandidates)
+	// and may count keys that do not block the lock.
+	unverified bool
+	epoch      uint64 // of the queue watch
+	ownEpoch   uint64 // of the own-key watch
+	synced     bool
+	pending    []deletion
+	holding    bool // nothing was left ahead: the lock is (or was) held
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -319,8 +322,16 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 		// seen: queue up, then look again.
 	}
 	mirrored := !try && l.w.queue.mirror != nil
+	// A writer whose last lock of the name queued far back reads only the
+	// keys ahead, keys-only: etcd 3.7 answers that from its index, where
+	// a full read fetches every key under the name to sort them. Such a
+	// waiter needs only the key just ahead, and reads that one in full.
+	keysOnly := !try && !mirrored && l.mode == Write && l.w.queue.farBack.Load()
 	then := []clientv3.Op{put}
-	if !mirrored {
+	switch {
+	case keysOnly:
+		then = append(then, newestFirst(pfx, 0, l.page()+1, clientv3.WithKeysOnly()))
+	case !mirrored:
 		then = append(then, newestFirst(pfx, 0, l.page()+1))
 	}
 	resp, err := cli.Txn(ctx).
@@ -345,7 +356,14 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 		l.viewFromMirror(ctx)
 		return nil
 	}
-	l.setAhead(resp.Header.Revision, resp.Responses[1].GetResponseRange())
+	// The page holds the new key itself, the newest under the name.
+	page := resp.Responses[1].GetResponseRange()
+	l.w.queue.farBack.Store(len(page.Kvs)-1 > nearAhead)
+	if keysOnly {
+		l.setCandidates(resp.Header.Revision, page)
+	} else {
+		l.setAhead(resp.Header.Revision, page)
+	}
 	return nil
 }
 
@@ -395,11 +413,25 @@ type ahead struct {
 // the read was under way. page may hold the lock's own key and keys of
 // nested locks, which are skipped.
 func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
+	l.setView(rev, page, false)
+}
+
+// setCandidates is setAhead for a keys-only page, which tells neither a
+// key's lease nor its value: every key directly under the name counts as
+// a writer's queue key ahead (a superset of the true view, so the lock is
+// never granted too early), and the view is unverified until a full read
+// (near the head) or the read of the key just ahead (further back) shows
+// what they are.
+func (l *Lock) setCandidates(rev int64, page *pb.RangeResponse) {
+	l.setView(rev, page, true)
+}
+
+func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ahead = make(map[string]ahead)
-	l.beyond = false
+	l.beyond, l.unverified = false, false
 	if page != nil {
 		older := 0
 		for _, kv := range page.Kvs {
@@ -407,7 +439,11 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 				continue
 			}
 			older++
-			if isQueueKey(pfx, kv) && l.blocks(kv) {
+			switch {
+			case candidates && isChildKey(pfx, kv):
+				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev, false}
+				l.unverified = true
+			case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
 				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev, modeOf(kv) == Read}
 			}
 		}
@@ -499,7 +535,7 @@ func (l *Lock) look() view {
 	v := view{
 		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
 		near:    l.w.shared != nil || (!l.beyond && (len(l.ahead) <= nearAhead || l.onlyReadersAhead())),
-		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load(),
+		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified,
 		pred:    l.nearestAhead(),
 	}
 	if !v.stale && len(l.ahead) == 0 && !l.beyond {
@@ -541,7 +577,10 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		default:
 			l.w.queue.pause()
 			var gone int64
-			if gone, err = l.waitGone(ctx, v.pred); err == nil {
+			switch gone, err = l.waitGone(ctx, v.pred); {
+			case errors.Is(err, errNotAhead):
+				err = l.reread(ctx, 0) // the view was a keys-only one: read it in full
+			case err == nil:
 				err = l.rereadAtHead(ctx, gone)
 			}
 		}
@@ -593,10 +632,16 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
+// errNotAhead is waitGone's error when the key it was to wait for, taken
+// from a keys-only view, turns out not to block the lock.
+var errNotAhead = errors.New("the key ahead does not block the lock")
+
 // waitGone waits until pred is deleted, through a watch of that one key,
 // and returns a store revision at which it is known gone. The watch is
 // opened at the current revision (served at once), and pred is read again
 // once etcd confirms the watch, so a deletion in between is never missed.
+// That read also shows whether pred blocks the lock at all (errNotAhead if
+// not: a keys-only view counts every key under the name).
 func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (int64, error) {
 	cli := l.s.client
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -618,8 +663,12 @@ func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (int64, erro
 	if err != nil {
 		return 0, err
 	}
-	if kvs := g.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != pred.CreateRevision {
+	kvs := g.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 || kvs[0].CreateRevision != pred.CreateRevision {
 		return g.Header.Revision, nil
+	}
+	if !isQueueKey(l.name+"/", kvs[0]) || !l.blocks(kvs[0]) {
+		return 0, errNotAhead
 	}
 	for {
 		select {
@@ -700,8 +749,7 @@ func (l *Lock) rereadAtHead(ctx context.Context, minRev int64) error {
 	}
 	older := resp.Responses[1].GetResponseRange()
 	for _, kv := range older.Kvs {
-		if rest := strings.TrimPrefix(string(kv.Key), pfx); !strings.Contains(rest, "/") {
-			// Perhaps a queue key: read in full.
+		if isChildKey(pfx, kv) { // perhaps a queue key: read in full
 			return l.readView(ctx, ownEpoch, epoch, minRev)
 		}
 	}

@@ -59,9 +59,16 @@ func QueueName(key []byte, leaseID clientv3.LeaseID) (name string, ok bool) {
 // come from a read that fills Lease: etcd 3.7 leaves it empty in keys-only
 // reads.
 func isQueueKey(pfx string, kv *mvccpb.KeyValue) bool {
-	rest, ok := strings.CutPrefix(string(kv.Key), pfx)
-	if !ok || rest == "" || strings.Contains(rest, "/") || kv.Lease == 0 {
+	if !isChildKey(pfx, kv) || kv.Lease == 0 {
 		return false
 	}
-	return rest == strconv.FormatInt(kv.Lease, 16)
+	return strings.TrimPrefix(string(kv.Key), pfx) == strconv.FormatInt(kv.Lease, 16)
+}
+
+// isChildKey tells whether kv lies directly under pfx (not under a nested
+// name): the keys that may be queue keys, as far as a keys-only read
+// tells.
+func isChildKey(pfx string, kv *mvccpb.KeyValue) bool {
+	rest, ok := strings.CutPrefix(string(kv.Key), pfx)
+	return ok && rest != "" && !strings.Contains(rest, "/")
 }

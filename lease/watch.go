@@ -42,8 +42,12 @@ type keyWatch struct {
 	key    string
 	prefix bool
 	mirror *queueMirror // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
-	ctx    context.Context
-	stop   context.CancelFunc
+	// farBack remembers, for a session's queue watch, whether the last
+	// lock of the name queued with more than nearAhead keys ahead: the
+	// next then reads the queue keys-only as it queues (see create).
+	farBack atomic.Bool
+	ctx     context.Context
+	stop    context.CancelFunc
 
 	// epoch grows by one whenever the watch comes up or goes down: it is
 	// odd exactly while the watch is up. A lock whose view was read under
