@@ -426,13 +426,16 @@ func (l *Lock) setCandidates(rev int64, page *pb.RangeResponse) {
 	l.setView(rev, page, true)
 }
 
+// setView is setAhead (candidates false) and setCandidates.
 func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ahead = make(map[string]ahead)
 	l.beyond, l.unverified = false, false
-	if page != nil {
+	if page == nil {
+		l.ahead = make(map[string]ahead)
+	} else {
+		l.ahead = make(map[string]ahead, len(page.Kvs))
 		older := 0
 		for _, kv := range page.Kvs {
 			if kv.CreateRevision >= l.token {
