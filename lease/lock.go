@@ -62,11 +62,14 @@ type Lock struct {
 	// unverified: the view came from a keys-only read (setCandidates)
 	// and may count keys that do not block the lock.
 	unverified bool
-	epoch      uint64 // of the queue watch
-	ownEpoch   uint64 // of the own-key watch
-	synced     bool
-	pending    []deletion
-	holding    bool // nothing was left ahead: the lock is (or was) held
+	// mirrored: the lock waits on its Keeper's copy of the queue
+	// (viewFromMirror), which knows what is ahead; ahead is unused.
+	mirrored bool
+	epoch    uint64 // of the queue watch
+	ownEpoch uint64 // of the own-key watch
+	synced   bool
+	pending  []deletion
+	holding  bool // nothing was left ahead: the lock is (or was) held
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -225,6 +228,9 @@ func (l *Lock) finish() {
 	defer close(l.finished)
 	l.w.own.unsubscribe(l)
 	l.w.queue.unsubscribe(l)
+	if m := l.w.queue.mirror; m != nil {
+		m.leave(l)
+	}
 	l.s.unhold(l)
 	l.leave()
 	l.finishing()
@@ -367,17 +373,40 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	return nil
 }
 
-// viewFromMirror takes the lock's view from its Keeper's copy of the queue,
+// viewFromMirror makes the lock wait on its Keeper's copy of the queue,
 // once the copy has applied the lock's own put, in the watch epoch the lock
-// subscribed in. Without such a copy the view stays unread, and wait reads
-// it.
+// subscribed in: the copy tells it when nothing blocks it any more, and
+// wakes it only then, so that a deletion costs nothing per waiter. The
+// lock then takes no deletions from the queue watch. Without such a copy
+// the view stays unread, and wait reads it.
 func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.mu.Lock()
 	epoch := l.epoch
 	l.mu.Unlock()
-	kvs, at, ok := l.w.queue.mirror.at(ctx, l.ctx.Done(), epoch, l.token)
-	if ok {
-		l.setAhead(at, &pb.RangeResponse{Kvs: kvs})
+	if !l.w.queue.mirror.join(ctx, l.ctx.Done(), epoch, l) {
+		return
+	}
+	l.w.queue.unsubscribe(l)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mirrored, l.ahead, l.beyond, l.unverified, l.synced = true, nil, false, false, true
+	for _, d := range l.pending {
+		l.applyDelete(d.key, d.rev) // the own key's deletion, if it came
+	}
+	l.pending = nil
+}
+
+// leaveMirror makes a lock that waited on its Keeper's copy of the queue
+// take the queue watch's deletions again, as it reads its view: the copy
+// is gone (the watch went down) or the own-key watch restarted.
+func (l *Lock) leaveMirror() {
+	l.mu.Lock()
+	was := l.mirrored
+	l.mirrored = false
+	l.mu.Unlock()
+	if was {
+		l.w.queue.mirror.leave(l)
+		l.w.queue.subscribe(l)
 	}
 }
 
@@ -521,11 +550,12 @@ func (l *Lock) keyGoneLocked() {
 
 // view is what a waiter knows of the queue ahead of it.
 type view struct {
-	held    bool             // nothing ahead: the lock is held
-	stale   bool             // the own-key watch went down since the last read
-	near    bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
-	current bool             // the queue watch has kept the view current since it was read
-	pred    *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
+	held     bool             // nothing ahead: the lock is held
+	stale    bool             // the own-key watch went down since the last read
+	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
+	current  bool             // the queue watch has kept the view current since it was read
+	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
+	mirrored bool             // the lock waits on its Keeper's copy of the queue
 }
 
 // look reads the lock's view. Once it finds nothing ahead, the lock counts
@@ -535,6 +565,9 @@ type view struct {
 func (l *Lock) look() view {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.mirrored {
+		return l.lookInMirror()
+	}
 	v := view{
 		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
 		near:    l.w.shared != nil || (!l.beyond && (len(l.ahead) <= nearAhead || l.onlyReadersAhead())),
@@ -544,6 +577,19 @@ func (l *Lock) look() view {
 	if !v.stale && len(l.ahead) == 0 && !l.beyond {
 		v.held = true
 		l.holding = true
+	}
+	return v
+}
+
+// lookInMirror is look for a lock waiting on its Keeper's copy of the
+// queue. Once held, it leaves the copy's waiters. l.mu is held.
+func (l *Lock) lookInMirror() view {
+	blocked, pred, ok := l.w.queue.mirror.blocked(l.epoch, l)
+	v := view{stale: !ok || l.ownEpoch != l.w.own.epoch.Load(), near: true, current: ok, mirrored: true, pred: pred}
+	if !v.stale && !blocked {
+		v.held = true
+		l.holding = true
+		l.w.queue.mirror.leave(l)
 	}
 	return v
 }
@@ -562,6 +608,13 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		switch {
 		case v.held:
 			return nil
+		case v.mirrored && !v.stale:
+			// The Keeper's copy wakes the lock when it may hold it.
+			select {
+			case <-l.changed:
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
 		case v.stale || v.pred == nil:
 			// The own-key watch went down, or the page read held no
 			// queue key but older keys lie past it: read again.
@@ -781,6 +834,7 @@ func (l *Lock) rereadNear(ctx context.Context) error {
 // Keys that do not block the lock (nested locks' keys; readers', for a
 // reader) are skipped, reading on, older, past a page full of them.
 func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
+	l.leaveMirror()
 	cli, pfx := l.s.client, l.name+"/"
 	maxRev := l.token - 1
 	for {

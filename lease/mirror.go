@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -33,6 +34,28 @@ type queueMirror struct {
 	rev      int64  // the newest revision applied
 	keys     map[string]*mvccpb.KeyValue
 	advanced chan struct{} // closed, and replaced, when rev moves or the copy is dropped
+
+	// The queue in order: the queue keys and the writers' among them,
+	// oldest first. Entries whose key is gone are skipped from the front as
+	// they are met (keys leave the queue mostly from its front), so finding
+	// the head costs nothing per waiter.
+	queue, writers order
+	// waiters are the locks waiting on the copy, by token: each deletion
+	// wakes only those it may have granted.
+	waiters map[int64]*Lock
+	readers int // how many of the waiters are readers
+}
+
+// order is a list of queue keys by creation revision, with the dead ones
+// still in it until they reach the front.
+type order struct {
+	entries []orderEntry
+	front   int
+}
+
+type orderEntry struct {
+	key string
+	rev int64 // creation revision
 }
 
 func newQueueMirror() *queueMirror {
@@ -63,40 +86,177 @@ func (m *queueMirror) load(ctx context.Context, cli *clientv3.Client, prefix str
 		m.keys[string(kv.Key)] = kv
 	}
 	m.valid, m.epoch, m.base, m.rev = true, epoch, resp.Header.Revision, resp.Header.Revision
+	m.rebuildOrder(prefix)
 	return true
 }
 
-// apply brings the copy forward by events, delivered in epoch in revision
-// order. Events the first read already covered are skipped.
-func (m *queueMirror) apply(events []*clientv3.Event, epoch uint64) {
+// rebuildOrder lists the copy's queue keys in order. m.mu is held.
+func (m *queueMirror) rebuildOrder(prefix string) {
+	m.queue, m.writers = order{}, order{}
+	kvs := make([]*mvccpb.KeyValue, 0, len(m.keys))
+	for _, kv := range m.keys {
+		if isQueueKey(prefix, kv) {
+			kvs = append(kvs, kv)
+		}
+	}
+	slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int { return int(a.CreateRevision - b.CreateRevision) })
+	for _, kv := range kvs {
+		m.queue.entries = append(m.queue.entries, orderEntry{string(kv.Key), kv.CreateRevision})
+		if modeOf(kv) == Write {
+			m.writers.entries = append(m.writers.entries, orderEntry{string(kv.Key), kv.CreateRevision})
+		}
+	}
+}
+
+// apply brings the copy forward by events of the queue under prefix,
+// delivered in epoch in revision order, and wakes the waiters that a
+// deletion may have granted. Events the first read already covered are
+// skipped.
+func (m *queueMirror) apply(prefix string, events []*clientv3.Event, epoch uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.valid || m.epoch != epoch {
 		return
 	}
+	deleted, reordered := false, false
 	for _, ev := range events {
 		if ev.Kv.ModRevision <= m.base {
 			continue
 		}
 		key := string(ev.Kv.Key)
-		if ev.Type == mvccpb.DELETE {
+		old := m.keys[key]
+		switch {
+		case ev.Type == mvccpb.DELETE:
 			delete(m.keys, key)
-		} else {
+			deleted = deleted || old != nil
+		case old != nil && old.CreateRevision == ev.Kv.CreateRevision:
+			// A key changed in place (a leader's proclamation): its place
+			// stays, but whether it is a writer's may have changed.
 			m.keys[key] = ev.Kv
+			reordered = reordered || modeOf(old) != modeOf(ev.Kv) || isQueueKey(prefix, old) != isQueueKey(prefix, ev.Kv)
+		default:
+			// A new key: the newest, so the end of the order.
+			m.keys[key] = ev.Kv
+			if isQueueKey(prefix, ev.Kv) {
+				m.queue.entries = append(m.queue.entries, orderEntry{key, ev.Kv.CreateRevision})
+				if modeOf(ev.Kv) == Write {
+					m.writers.entries = append(m.writers.entries, orderEntry{key, ev.Kv.CreateRevision})
+				}
+			}
 		}
 		m.rev = max(m.rev, ev.Kv.ModRevision)
 	}
 	if len(m.keys) > mirrorLimit {
 		m.valid, m.keys = false, nil
+		m.wakeAll()
+	} else if reordered {
+		m.rebuildOrder(prefix)
+		m.wakeAll()
+	} else if deleted {
+		m.wakeHeads()
 	}
 	m.advance()
 }
 
-// drop marks the copy out of date: the watch went down.
+// wakeHeads wakes the waiters that may hold the lock now: the writer whose
+// key is the oldest in the queue, and every reader older than the oldest
+// writer. m.mu is held.
+func (m *queueMirror) wakeHeads() {
+	if len(m.waiters) == 0 {
+		return
+	}
+	head := m.oldest(&m.queue, false)
+	if l := m.waiters[head]; l != nil {
+		l.poke()
+	}
+	if m.readers == 0 {
+		return
+	}
+	writer := m.oldest(&m.writers, true)
+	for token, l := range m.waiters {
+		if l.mode == Read && (writer == 0 || token < writer) {
+			l.poke()
+		}
+	}
+}
+
+// wakeAll wakes every waiter, to look again. m.mu is held.
+func (m *queueMirror) wakeAll() {
+	for _, l := range m.waiters {
+		l.poke()
+	}
+}
+
+// oldest is the creation revision of the oldest live key in o (0 if none),
+// dropping the dead ones from its front. A key counts if it is in the copy
+// with that creation revision (and, for writers, is still a writer's).
+// m.mu is held.
+func (m *queueMirror) oldest(o *order, writers bool) int64 {
+	for o.front < len(o.entries) {
+		e := o.entries[o.front]
+		if kv := m.keys[e.key]; kv != nil && kv.CreateRevision == e.rev && (!writers || modeOf(kv) == Write) {
+			return e.rev
+		}
+		o.front++
+	}
+	o.entries, o.front = o.entries[:0], 0
+	return 0
+}
+
+// blocked tells whether lock l still has a key ahead that blocks it, in
+// the copy of epoch; ok is false if there is no such copy (the watch went
+// down since): l must read its view. If it is blocked, pred is the nearest
+// key ahead of it. A lock whose own key is gone from the copy is blocked
+// for good: its own-key watch ends it.
+func (m *queueMirror) blocked(epoch uint64, l *Lock) (blocked bool, pred *mvccpb.KeyValue, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.valid || m.epoch != epoch {
+		return false, nil, false
+	}
+	token, mode := l.token, l.mode
+	if own := m.keys[l.key]; own == nil || own.CreateRevision != token {
+		return true, nil, true
+	}
+	o, writers := &m.queue, false
+	if mode == Read {
+		o, writers = &m.writers, true
+	}
+	if head := m.oldest(o, writers); head == 0 || head >= token {
+		return false, nil, true
+	}
+	// The nearest key ahead, for errors that name it: the newest live
+	// entry older than the token.
+	i, _ := slices.BinarySearchFunc(o.entries[o.front:], token, func(e orderEntry, t int64) int { return int(e.rev - t) })
+	for j := o.front + i - 1; j >= o.front; j-- {
+		e := o.entries[j]
+		if kv := m.keys[e.key]; kv != nil && kv.CreateRevision == e.rev {
+			return true, &mvccpb.KeyValue{Key: []byte(e.key), CreateRevision: e.rev}, true
+		}
+	}
+	return true, nil, true
+}
+
+// leave unregisters a waiter (see join).
+func (m *queueMirror) leave(l *Lock) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.waiters[l.token] == l {
+		delete(m.waiters, l.token)
+		if l.mode == Read {
+			m.readers--
+		}
+	}
+}
+
+// drop marks the copy out of date, and wakes its waiters to read their
+// view instead: the watch went down.
 func (m *queueMirror) drop() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.valid, m.keys = false, nil
+	m.queue, m.writers = order{}, order{}
+	m.wakeAll()
 	m.advance()
 }
 
@@ -106,36 +266,38 @@ func (m *queueMirror) advance() {
 	m.advanced = make(chan struct{})
 }
 
-// at waits until the copy of epoch has applied revision rev, and returns
-// its keys created before rev and the revision the copy is at. It reports
-// false, at once, if there is no copy of epoch (none yet, or the watch went
-// down since), or when ctx or done ends: the caller then reads instead.
-func (m *queueMirror) at(ctx context.Context, done <-chan struct{}, epoch uint64, rev int64) ([]*mvccpb.KeyValue, int64, bool) {
+// join waits until the copy of epoch has applied lock l's own put, and
+// then registers l as a waiter, woken (poke) whenever a deletion may have
+// granted it; from then on l asks blocked instead of keeping a view of its
+// own. It reports false, at once, if there is no copy of epoch (none yet,
+// or the watch went down since), or when ctx or done ends: l then reads
+// its view instead.
+func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch uint64, l *Lock) bool {
 	for {
 		m.mu.Lock()
 		if !m.valid || m.epoch != epoch {
 			m.mu.Unlock()
-			return nil, 0, false
+			return false
 		}
-		if m.rev >= rev {
-			kvs := make([]*mvccpb.KeyValue, 0, len(m.keys))
-			for _, kv := range m.keys {
-				if kv.CreateRevision < rev {
-					kvs = append(kvs, kv)
-				}
+		if m.rev >= l.token {
+			if m.waiters == nil {
+				m.waiters = make(map[int64]*Lock)
 			}
-			at := m.rev
+			m.waiters[l.token] = l
+			if l.mode == Read {
+				m.readers++
+			}
 			m.mu.Unlock()
-			return kvs, at, true
+			return true
 		}
 		advanced := m.advanced
 		m.mu.Unlock()
 		select {
 		case <-advanced:
 		case <-done:
-			return nil, 0, false
+			return false
 		case <-ctx.Done():
-			return nil, 0, false
+			return false
 		}
 	}
 }

@@ -44,6 +44,21 @@ func granted(t *testing.T, ch <-chan lockResult, what string) *lease.Lock {
 	return r.l
 }
 
+// bothShapes runs test with sessions of their own and with sessions that
+// share one Keeper, whose locks wait on its copy of the queue.
+func bothShapes(t *testing.T, test func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session)) {
+	for _, keeper := range []bool{false, true} {
+		t.Run(map[bool]string{false: "own", true: "keeper"}[keeper], func(t *testing.T) {
+			cli := etcd.Client(t)
+			var opts []lease.Option
+			if keeper {
+				opts = append(opts, lease.WithKeeper(newKeeper(t, cli)))
+			}
+			test(t, cli, func() *lease.Session { return newSession(t, cli, opts...) })
+		})
+	}
+}
+
 func mustUnlock(t *testing.T, l *lease.Lock) {
 	t.Helper()
 	if err := l.Unlock(testCtx(t)); err != nil {
@@ -52,73 +67,81 @@ func mustUnlock(t *testing.T, l *lease.Lock) {
 }
 
 func TestReadersShare(t *testing.T) {
-	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rw-share")
-	var held []*lease.Lock
-	for i := 0; i < 3; i++ {
-		held = append(held, mustRLock(t, newSession(t, cli), name))
-	}
-	l, err := newSession(t, cli).TryRLock(testCtx(t), name)
-	if err != nil {
-		t.Fatalf("TryRLock while only readers hold: %v", err)
-	}
-	held = append(held, l)
-	if _, err := newSession(t, cli).TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
-		t.Fatalf("TryLock while readers hold: %v, want ErrLocked", err)
-	}
-	entries, err := lease.Inspect(testCtx(t), cli, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := lease.Holding(entries); n != 4 {
-		t.Fatalf("Holding = %d of %d entries, want 4", n, len(entries))
-	}
-	for i, e := range entries {
-		if e.Mode != lease.Read || e.Token != held[i].Token() {
-			t.Fatalf("entry %d: %+v, want the reader with token %d", i, e, held[i].Token())
+	bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
+		name := etcdtest.Name(t, "rw-share")
+		var held []*lease.Lock
+		for i := 0; i < 3; i++ {
+			held = append(held, mustRLock(t, newS(), name))
 		}
-	}
-	for _, l := range held {
-		if l.Err() != nil {
-			t.Fatalf("a reader's holding ended: %v", l.Err())
+		l, err := newS().TryRLock(testCtx(t), name)
+		if err != nil {
+			t.Fatalf("TryRLock while only readers hold: %v", err)
 		}
-		mustUnlock(t, l)
-	}
+		held = append(held, l)
+		if _, err := newS().TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+			t.Fatalf("TryLock while readers hold: %v, want ErrLocked", err)
+		}
+		entries, err := lease.Inspect(testCtx(t), cli, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := lease.Holding(entries); n != 4 {
+			t.Fatalf("Holding = %d of %d entries, want 4", n, len(entries))
+		}
+		for i, e := range entries {
+			if e.Mode != lease.Read || e.Token != held[i].Token() {
+				t.Fatalf("entry %d: %+v, want the reader with token %d", i, e, held[i].Token())
+			}
+		}
+		for _, l := range held {
+			if l.Err() != nil {
+				t.Fatalf("a reader's holding ended: %v", l.Err())
+			}
+			mustUnlock(t, l)
+		}
+	})
 }
 
 // A writer waits for the readers ahead of it; a reader that queues behind
 // the waiting writer waits for the writer (no writer starvation); the
 // writer's token is above every reader's it followed.
 func TestWriterExcludesReadersFIFO(t *testing.T) {
-	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rw-fifo")
-	r1 := mustRLock(t, newSession(t, cli), name)
-	writerCh := lockAsync(testCtx(t), newSession(t, cli), name)
-	waitQueued(t, cli, name, 2)
-	late := newSession(t, cli)
-	lateCh := rlockAsync(testCtx(t), late, name)
-	waitQueued(t, cli, name, 3)
-	expectPending(t, writerCh, 200*time.Millisecond)
-	expectPending(t, lateCh, 0)
-	if _, err := newSession(t, cli).TryRLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
-		t.Fatalf("TryRLock behind a waiting writer: %v, want ErrLocked", err)
-	}
-	entries, err := lease.Inspect(testCtx(t), cli, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if modes := []lease.Mode{entries[0].Mode, entries[1].Mode, entries[2].Mode}; modes[0] != lease.Read || modes[1] != lease.Write || modes[2] != lease.Read || lease.Holding(entries) != 1 {
-		t.Fatalf("queue modes %v, holding %d; want read, write, read and 1", modes, lease.Holding(entries))
-	}
-	mustUnlock(t, r1)
-	w := granted(t, writerCh, "writer after the reader's Unlock")
-	if w.Token() <= r1.Token() {
-		t.Fatalf("writer token %d not above the reader's %d", w.Token(), r1.Token())
-	}
-	expectPending(t, lateCh, 200*time.Millisecond)
-	mustUnlock(t, w)
-	r2 := granted(t, lateCh, "reader after the writer's Unlock")
-	mustUnlock(t, r2)
+	bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
+		name := etcdtest.Name(t, "rw-fifo")
+		r1 := mustRLock(t, newS(), name)
+		writerCh := lockAsync(testCtx(t), newS(), name)
+		waitQueued(t, cli, name, 2)
+		late := newS()
+		lateCh := rlockAsync(testCtx(t), late, name)
+		waitQueued(t, cli, name, 3)
+		lateCh2 := rlockAsync(testCtx(t), newS(), name)
+		waitQueued(t, cli, name, 4)
+		expectPending(t, writerCh, 200*time.Millisecond)
+		expectPending(t, lateCh, 0)
+		if _, err := newS().TryRLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+			t.Fatalf("TryRLock behind a waiting writer: %v, want ErrLocked", err)
+		}
+		entries, err := lease.Inspect(testCtx(t), cli, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if modes := []lease.Mode{entries[0].Mode, entries[1].Mode, entries[2].Mode, entries[3].Mode}; modes[0] != lease.Read || modes[1] != lease.Write || modes[2] != lease.Read || modes[3] != lease.Read || lease.Holding(entries) != 1 {
+			t.Fatalf("queue modes %v, holding %d; want read, write, read, read and 1", modes, lease.Holding(entries))
+		}
+		mustUnlock(t, r1)
+		w := granted(t, writerCh, "writer after the reader's Unlock")
+		if w.Token() <= r1.Token() {
+			t.Fatalf("writer token %d not above the reader's %d", w.Token(), r1.Token())
+		}
+		expectPending(t, lateCh, 200*time.Millisecond)
+		expectPending(t, lateCh2, 0)
+		mustUnlock(t, w)
+		// Both readers behind the writer hold the lock together.
+		r2 := granted(t, lateCh, "reader after the writer's Unlock")
+		r3 := granted(t, lateCh2, "second reader after the writer's Unlock, while the first holds")
+		mustUnlock(t, r2)
+		mustUnlock(t, r3)
+	})
 }
 
 // etcd's Mutex counts as a writer both ways.
@@ -173,29 +196,30 @@ func TestRWWaiterVanishes(t *testing.T) {
 		{"reader's key deleted", true, deleteSessionKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cli := etcd.Client(t)
-			name := etcdtest.Name(t, "rw-vanish")
-			r := mustRLock(t, newSession(t, cli), name)
-			w1 := lockAsync(testCtx(t), newSession(t, cli), name) // ahead of the vanishing one
-			waitQueued(t, cli, name, 2)
-			vs := newSession(t, cli)
-			take := lockAsync
-			if tc.reader {
-				take = rlockAsync
-			}
-			vanishing := take(testCtx(t), vs, name)
-			waitQueued(t, cli, name, 3)
-			w2 := lockAsync(testCtx(t), newSession(t, cli), name)
-			waitQueued(t, cli, name, 4)
-			tc.vanish(t, cli, vs)
-			if r := <-vanishing; !errors.Is(r.err, lease.ErrLost) && !errors.Is(r.err, lease.ErrSessionClosed) {
-				t.Fatalf("the vanished waiter returned %v, %v; want a loss", r.l, r.err)
-			}
-			mustUnlock(t, r)
-			first := granted(t, w1, "first writer")
-			expectPending(t, w2, 200*time.Millisecond)
-			mustUnlock(t, first)
-			mustUnlock(t, granted(t, w2, "second writer"))
+			bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
+				name := etcdtest.Name(t, "rw-vanish")
+				r := mustRLock(t, newS(), name)
+				w1 := lockAsync(testCtx(t), newS(), name) // ahead of the vanishing one
+				waitQueued(t, cli, name, 2)
+				vs := newS()
+				take := lockAsync
+				if tc.reader {
+					take = rlockAsync
+				}
+				vanishing := take(testCtx(t), vs, name)
+				waitQueued(t, cli, name, 3)
+				w2 := lockAsync(testCtx(t), newS(), name)
+				waitQueued(t, cli, name, 4)
+				tc.vanish(t, cli, vs)
+				if r := <-vanishing; !errors.Is(r.err, lease.ErrLost) && !errors.Is(r.err, lease.ErrSessionClosed) {
+					t.Fatalf("the vanished waiter returned %v, %v; want a loss", r.l, r.err)
+				}
+				mustUnlock(t, r)
+				first := granted(t, w1, "first writer")
+				expectPending(t, w2, 200*time.Millisecond)
+				mustUnlock(t, first)
+				mustUnlock(t, granted(t, w2, "second writer"))
+			})
 		})
 	}
 }

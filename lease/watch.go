@@ -190,7 +190,7 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 		}
 		epoch := w.epoch.Load()
 		if w.mirror != nil {
-			w.mirror.apply(wr.Events, epoch)
+			w.mirror.apply(w.key, wr.Events, epoch)
 		}
 		subs := w.subscribers()
 		for _, ev := range wr.Events {
