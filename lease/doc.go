@@ -119,9 +119,10 @@
 //     the name to sort them, a keys-only one on 3.7 does not. Sessions renewed
 //     through one Keeper share each name's queue watch (one message per
 //     put or deletion reaches the process), which keeps a copy of the
-//     queue: their locks take their view from it, so an enqueue is a put
-//     alone, and waiters follow the queue at any depth and are granted
-//     with no read. Watches are opened at
+//     queue in order: their locks wait on it, so an enqueue is a put
+//     alone, a deletion wakes only the waiters it grants, and waiters are
+//     granted with no read at any depth (up to 4,096 keys under the name;
+//     past that, and while the watch is down, they read as above). Watches are opened at
 //     the current revision, which etcd serves at once, and outlive the
 //     last lock of their name by 30 seconds, so that a lock taken again and
 //     again opens them once.

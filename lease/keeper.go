@@ -21,9 +21,10 @@ const keeperBatch = 100 * time.Millisecond
 // own keeps a stream, two goroutines and two timers. It also shares each
 // lock name's queue watch among its sessions: a put or a deletion in a
 // queue reaches the process once, however many of its sessions wait there,
-// and keeps a copy of the queue (up to 4,096 keys) that their locks take
-// their view from, so that an enqueue is a put alone and waiters follow the
-// queue at any depth and are granted without a read. A
+// and keeps a copy of the queue in order (up to 4,096 keys) that their
+// locks wait on: an enqueue is a put alone, a deletion wakes only the
+// waiters it grants, and they are granted without a read, however long
+// the queue. A
 // service that holds many sessions on one client (a session per tenant, per
 // shard or per worker, say) makes one Keeper and passes it to each with
 // WithKeeper.
