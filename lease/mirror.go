@@ -198,6 +198,11 @@ func (m *queueMirror) oldest(o *order, writers bool) int64 {
 			return e.rev
 		}
 		o.front++
+		if o.front >= 64 && o.front*2 >= len(o.entries) {
+			// Most of the list is dead: keep only the rest, so that a queue
+			// that never empties does not grow its list for ever.
+			o.entries, o.front = slices.Clone(o.entries[o.front:]), 0
+		}
 	}
 	o.entries, o.front = o.entries[:0], 0
 	return 0
