@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -235,5 +237,93 @@ func TestKeeperSharedQueue(t *testing.T) {
 	}
 	if holder.Err() != nil {
 		t.Errorf("holder ended: %v", holder.Err())
+	}
+}
+
+// Through a Keeper, waiters that give up in the middle of the queue, and
+// readers among writers, keep the lock exclusive: a writer never holds it
+// with anyone else, readers only with readers, and every writer's token is
+// above those of the holdings before it. The Keeper's copy of the queue
+// wakes only the waiters a deletion grants, so a waiter it failed to wake
+// would hang here, and one woken too early would overlap.
+func TestKeeperQueueChurn(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	k := newKeeper(t, cli)
+	name := etcdtest.Name(t, "keeper-churn")
+	const sessions, rounds = 10, 20
+	var mu sync.Mutex
+	writers, readers := 0, 0
+	var last int64
+	var gaveUp, readersTogether atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < sessions; i++ {
+		s := newSession(t, cli, lease.WithKeeper(k))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < rounds; r++ {
+				ctx := testCtx(t)
+				giveUp := (i+r)%4 == 3 // gives up while queued, mostly
+				if giveUp {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(1+(i*r)%3)*time.Millisecond)
+					defer cancel()
+				}
+				read := (i+2*r)%3 == 0
+				var l *lease.Lock
+				var err error
+				if read {
+					l, err = s.RLock(ctx, name)
+				} else {
+					l, err = s.Lock(ctx, name)
+				}
+				if err != nil {
+					if giveUp && errors.Is(err, context.DeadlineExceeded) {
+						gaveUp.Add(1)
+						continue
+					}
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				switch {
+				case read && writers > 0, !read && writers+readers > 0:
+					t.Errorf("read=%v granted with %d writers and %d readers holding", read, writers, readers)
+				case !read && l.Token() <= last:
+					t.Errorf("writer token %d after %d", l.Token(), last)
+				}
+				if read {
+					readers++
+					if readers > 1 {
+						readersTogether.Add(1)
+					}
+				} else {
+					writers++
+				}
+				last = max(last, l.Token())
+				mu.Unlock()
+				// Hold it for a fenced write's round trip.
+				if _, err := fence.NewTxn(testCtx(t), cli, fence.Held(l)).Then(clientv3.OpPut(name+"-data", "x")).Commit(); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				if read {
+					readers--
+				} else {
+					writers--
+				}
+				mu.Unlock()
+				if err := l.Unlock(testCtx(t)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d gave up while queued, %d times readers held together", gaveUp.Load(), readersTogether.Load())
+	if gaveUp.Load() == 0 || readersTogether.Load() == 0 {
+		t.Errorf("the churn did not happen: %d gave up, readers held together %d times", gaveUp.Load(), readersTogether.Load())
 	}
 }

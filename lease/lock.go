@@ -303,15 +303,38 @@ const nearAhead = 3
 // try set it first tries to take the lock only if no key at all exists under
 // the name, so that a held lock costs TryLock no write.
 func (l *Lock) create(ctx context.Context, try bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The writes go out under the session, for at most one TTL, not under
+	// ctx: a put cut off by ctx may still be applied after the cleanup
+	// that follows, and leave a key that no lock of the session owns at
+	// the head of the queue for as long as the session lives. If ctx ends
+	// meanwhile, the key is removed once the write's outcome is known.
+	wctx, cancel := context.WithTimeout(l.s.ctx, l.s.ttl)
+	defer cancel()
+	err := l.enqueue(ctx, wctx, try)
+	if err == nil && l.token != 0 && ctx.Err() != nil {
+		l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
+		return ctx.Err()
+	}
+	return err
+}
+
+// enqueue is create's work: its writes use wctx, its waits ctx.
+func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	cli, pfx := l.s.client, l.name+"/"
 	put := clientv3.OpPut(l.key, l.value, clientv3.WithLease(l.s.id))
 	if try {
-		resp, err := cli.Txn(ctx).
+		resp, err := cli.Txn(wctx).
 			If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
 			Then(put).
 			Else(oldestFirst(pfx)).
 			Commit()
 		if err != nil {
+			if !rpcerr.Definite(err) {
+				l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+			}
 			return err
 		}
 		if resp.Succeeded {
@@ -340,7 +363,7 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	case !mirrored:
 		then = append(then, newestFirst(pfx, 0, l.page()+1))
 	}
-	resp, err := cli.Txn(ctx).
+	resp, err := cli.Txn(wctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
 		Then(then...).
 		Commit()
