@@ -131,7 +131,10 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 //
 // On any failure the waiter's key is removed before Lock returns (a guarded
 // delete, bounded by the TTL), so a failed Lock never leaves a key that
-// would hold up later waiters. A waiter whose own key or session vanishes
+// would hold up later waiters. The key's write is not cut off by ctx (a
+// write cut off may still be applied after the cleanup): if ctx ends while
+// it is under way, Lock waits for etcd's answer, at most one TTL, and then
+// removes the key. A waiter whose own key or session vanishes
 // returns at once, with an error wrapping ErrLost or ErrSessionClosed. A
 // waiter whose ctx ends gets an error that names the key it was waiting
 // behind and matches ctx's error (context.DeadlineExceeded or
