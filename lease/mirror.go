@@ -17,15 +17,16 @@ const mirrorLimit = 4096
 // queueMirror is a Keeper's copy of every key under one lock name, kept by
 // the name's shared queue watch: read once when the watch comes up, then
 // brought forward by each put and deletion the watch delivers. A lock
-// queued through the Keeper takes its view of the keys ahead from the copy
-// instead of reading it, so its enqueue is a put alone whatever the length
-// of the queue (a read of the queue costs etcd a fetch of every key under
-// the name, as it sorts them).
+// queued through the Keeper waits on the copy instead of reading the queue
+// (join, blocked), so its enqueue is a put alone whatever the length of
+// the queue (a read of the queue costs etcd a fetch of every key under the
+// name, as it sorts them), and a deletion wakes only the waiters it grants.
 //
-// The copy is only ever used at a revision no older than the lock's own
-// put and in the watch epoch the lock subscribed in, so it is exactly the
-// state a read at that revision would give: the watch has been up since
-// before the put, and delivered every event of the prefix in order.
+// A lock joins only once the copy has applied its own put, in the watch
+// epoch the lock subscribed in, so from then on the copy is exactly the
+// state a read at its revision would give: the watch has been up since
+// before the put, and delivers every event of the prefix in order. When
+// the watch goes down the copy is dropped and its waiters read instead.
 type queueMirror struct {
 	mu       sync.Mutex
 	valid    bool   // the copy is complete for epoch
