@@ -340,9 +340,24 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 				break
 			}
 		}
+		c.release(ctx, l)
+	}
+}
+
+// release unlocks l, again while etcd's answer is missing (a timeout, a
+// cut link) and the lock has not ended, until ctx ends: a client must not
+// queue for the lock again while it may still hold it. Its next Lock would
+// wait at its session's gate behind the lock it still holds, and every
+// other client behind that lock's key, for as long as the session lives
+// (a flapping run once stalled so).
+func (c *chaosClient) release(ctx context.Context, l *lease.Lock) {
+	for ctx.Err() == nil && l.Err() == nil {
 		uctx, cancel := context.WithTimeout(ctx, time.Second+c.cfg.slack)
-		l.Unlock(uctx)
+		err := l.Unlock(uctx)
 		cancel()
+		if err == nil {
+			return
+		}
 	}
 }
 
