@@ -167,48 +167,13 @@ func TestKeeperInputAndClose(t *testing.T) {
 	}
 }
 
-// Sessions of one Keeper share a name's queue watch: they still take the
-// lock one at a time, in token order, and a waiter still sees its own key
-// vanish at once.
+// A waiter queued through a Keeper still sees its own key vanish at once
+// (exclusivity and token order through a Keeper: TestKeeperQueueChurn).
 func TestKeeperSharedQueue(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
 	name := etcdtest.Name(t, "keeper-queue")
-	const sessions, rounds = 8, 15
-	var mu sync.Mutex
-	holding, last := 0, int64(0)
-	var wg sync.WaitGroup
-	for i := 0; i < sessions; i++ {
-		s := newSession(t, cli, lease.WithKeeper(k))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for r := 0; r < rounds; r++ {
-				l, err := s.Lock(testCtx(t), name)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				holding++
-				if holding != 1 || l.Token() <= last {
-					t.Errorf("%d holders at once, token %d after %d", holding, l.Token(), last)
-				}
-				last = l.Token()
-				mu.Unlock()
-				mu.Lock()
-				holding--
-				mu.Unlock()
-				if err := l.Unlock(testCtx(t)); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-
 	holder := mustLock(t, newSession(t, cli, lease.WithKeeper(k)), name)
 	queued := make(chan struct{}, 1)
 	hooks := &lease.Hooks{Waiting: func(_ string, delta int) {
