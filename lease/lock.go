@@ -130,11 +130,12 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // the same name taken through the same session exclude each other.
 //
 // On any failure the waiter's key is removed before Lock returns (a guarded
-// delete, bounded by the TTL), so a failed Lock never leaves a key that
-// would hold up later waiters. The key's write is not cut off by ctx (a
-// write cut off may still be applied after the cleanup): if ctx ends while
-// it is under way, Lock waits for etcd's answer, at most one TTL, and then
-// removes the key. A waiter whose own key or session vanishes
+// delete, tried until it is done or the session ends), so a failed Lock
+// never leaves a key that would hold up later waiters while the session
+// lives. The key's write is not cut off by ctx (a write cut off may still
+// be applied after the cleanup): if ctx ends while it is under way, Lock
+// waits for etcd's answer (or the session's end, within a TTL if etcd is
+// unreachable) and then removes the key. A waiter whose own key or session vanishes
 // returns at once, with an error wrapping ErrLost or ErrSessionClosed. A
 // waiter whose ctx ends gets an error that names the key it was waiting
 // behind and matches ctx's error (context.DeadlineExceeded or
@@ -309,14 +310,14 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// The writes go out under the session, for at most one TTL, not under
-	// ctx: a put cut off by ctx may still be applied after the cleanup
-	// that follows, and leave a key that no lock of the session owns at
-	// the head of the queue for as long as the session lives. If ctx ends
-	// meanwhile, the key is removed once the write's outcome is known.
-	wctx, cancel := context.WithTimeout(l.s.ctx, l.s.ttl)
-	defer cancel()
-	err := l.enqueue(ctx, wctx, try)
+	// The writes go out under the session, not under ctx: a put cut off
+	// by ctx may still be applied after the cleanup that follows, and
+	// leave a key that no lock of the session owns at the head of the
+	// queue for as long as the session lives. So the put waits for etcd's
+	// answer, or for the session's end (which takes the key with it: a
+	// session whose keep-alives go unanswered ends within its TTL). If ctx
+	// ends meanwhile, the key is removed once the outcome is known.
+	err := l.enqueue(ctx, l.s.ctx, try)
 	if err == nil && l.token != 0 && ctx.Err() != nil {
 		l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
 		return ctx.Err()
@@ -946,20 +947,26 @@ func (l *Lock) abandon() {
 	l.end(ErrUnlocked)
 }
 
-// cleanup deletes the lock key if cmp holds, with its own deadline of one
-// TTL: the caller's ctx may be what failed. If etcd cannot be reached for
-// that long, the lease expires and takes the key with it.
+// cleanup deletes the lock key if cmp holds, trying again until it is
+// done or the session ends, not bounded by the caller's ctx (which may be
+// what failed): a key left while the session lives would hold up every
+// later waiter. A session that cannot reach etcd ends within its TTL, and
+// its lease takes the key with it.
 func (l *Lock) cleanup(cmp clientv3.Cmp) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.s.ttl)
-	defer cancel()
 	retry := newBackoff(20*time.Millisecond, time.Second)
 	for {
-		_, err := l.s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(l.key)).Commit()
+		_, err := l.s.client.Txn(l.s.ctx).If(cmp).Then(clientv3.OpDelete(l.key)).Commit()
 		if err == nil {
 			return
 		}
-		if retry.wait(ctx) != nil {
+		if rpcerr.Definite(err) {
+			// Refused outright (no permission to delete, say): sending it
+			// again changes nothing, and the lease removes the key.
 			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
+			return
+		}
+		if retry.wait(l.s.ctx) != nil {
+			l.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", l.key), zap.Error(err))
 			return
 		}
 	}
