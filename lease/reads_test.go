@@ -174,19 +174,9 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 	x := newSession(t, cli, lease.WithHooks(hooks))
 	for round, dataJustAhead := range []bool{false, true} {
 		holder := mustLock(t, newSession(t, cli), name)
-		var waiters []*lease.Lock
-		res := make(chan *lease.Lock, 8)
+		var waiters []<-chan lockResult // in queue order
 		for i := 0; i < 5; i++ {
-			s := newSession(t, cli, lease.WithHooks(hooks))
-			go func() {
-				l, err := s.Lock(testCtx(t), name)
-				if err != nil {
-					t.Error(err)
-					close(res)
-					return
-				}
-				res <- l
-			}()
+			waiters = append(waiters, lockAsync(testCtx(t), newSession(t, cli, lease.WithHooks(hooks)), name))
 			<-queued
 		}
 		if dataJustAhead {
@@ -195,55 +185,47 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 			}
 		}
 		enqueues := reads.enqueues.Load()
-		xres := make(chan *lease.Lock, 1)
-		go func() {
-			l, err := x.Lock(testCtx(t), name)
-			if err != nil {
-				t.Error(err)
-				close(xres)
-				return
-			}
-			xres <- l
-		}()
+		xres := lockAsync(testCtx(t), x, name)
 		<-queued
 		if got := reads.enqueues.Load() - enqueues; round > 0 && got != 1 {
 			t.Errorf("round %d: %d keys-only reads as x queued again, want 1", round, got)
 		}
 		last := holder.Token()
-		if err := holder.Unlock(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; i < 5; i++ {
+		mustUnlock(t, holder)
+		for i, w := range waiters {
 			select {
-			case l, ok := <-res:
-				if !ok {
-					t.FailNow()
+			case r := <-w:
+				if r.err != nil {
+					t.Fatalf("waiter %d: %v", i, r.err)
 				}
-				if l.Token() <= last {
-					t.Errorf("granted %d after %d", l.Token(), last)
+				if r.l.Token() <= last {
+					t.Errorf("granted %d after %d", r.l.Token(), last)
 				}
-				last = l.Token()
-				waiters = append(waiters, l)
-				if err := l.Unlock(testCtx(t)); err != nil {
-					t.Fatal(err)
-				}
-			case l := <-xres:
-				t.Fatalf("x granted (token %d) with %d of 5 waiters ahead still queued", l.Token(), 5-len(waiters))
+				last = r.l.Token()
+				mustUnlock(t, r.l)
+			case r := <-xres:
+				t.Fatalf("x granted (token %d, %v) with %d of 5 waiters ahead still queued", tokenOf(r.l), r.err, 5-i)
 			}
 		}
 		select {
-		case l, ok := <-xres:
-			if !ok {
-				t.FailNow()
+		case r := <-xres:
+			if r.err != nil {
+				t.Fatalf("x: %v", r.err)
 			}
-			if l.Token() <= last {
-				t.Errorf("x granted %d after %d", l.Token(), last)
+			if r.l.Token() <= last {
+				t.Errorf("x granted %d after %d", r.l.Token(), last)
 			}
-			if err := l.Unlock(testCtx(t)); err != nil {
-				t.Fatal(err)
-			}
+			mustUnlock(t, r.l)
 		case <-time.After(5 * time.Second):
 			t.Fatalf("round %d: x not granted 5 s after the queue ahead drained (data keys under the name held it up)", round)
 		}
 	}
+}
+
+// tokenOf is l's token, 0 for none.
+func tokenOf(l *lease.Lock) int64 {
+	if l == nil {
+		return 0
+	}
+	return l.Token()
 }
