@@ -467,6 +467,20 @@ func scenarioWaiterEnds(t testing.TB, ctx context.Context) error {
 	}
 	p.UnblackholeTx()
 	p.UnblackholeRx()
+	// The expired waiter's key goes with its lease, which etcd may expire
+	// after the waiter has returned: until then it would count as the
+	// second key queued below, before the next waiter has queued.
+	wsKey := fmt.Sprintf("%s/%x", name, int64(ws.Lease()))
+	gone := keyGone(ctx, cli, wsKey)
+	if r, err := cli.Get(ctx, wsKey); err != nil {
+		return err
+	} else if len(r.Kvs) > 0 {
+		select {
+		case <-gone:
+		case <-time.After(10 * time.Second):
+			return errors.New("the expired waiter's key outlived its lease by 10s")
+		}
+	}
 
 	// Key deleted while queued.
 	ks := session(t, ctx, cli, 5*time.Second)
