@@ -11,69 +11,51 @@ import (
 	"github.com/leasefence/leasefence/lease"
 )
 
-// BenchmarkGuardedPut compares one put, plain and guarded, by a holder
-// that keeps its lock: Held (the lock key's creation revision), and a fence
-// record in the steady state (the record already holds the token, as it
-// does for every write of a holder after its first), through Resource and
-// through a Recorder.
+// BenchmarkGuardedPut compares one put by a holder that keeps its lock,
+// guarded by Held (the lock key's creation revision), plain, and guarded by
+// a fence record in the steady state (the record already holds the token,
+// as it does for every write of a holder after its first) through Resource
+// and through a Recorder. The four take turns (interleave) on one client,
+// each writing a key of its own; ratios are to Held.
 func BenchmarkGuardedPut(b *testing.B) {
 	for _, fs := range fsyncModes {
-		c := func(b *testing.B) *clientv3.Client {
-			return newClient(b, cluster(b, 1, fs.off).Endpoints()[0], &requests{})
-		}
-		cases := []struct {
-			impl   string
-			commit func(ctx context.Context, cli *clientv3.Client, l *lease.Lock, data, rec string) error
-		}{
-			{"plain", func(ctx context.Context, cli *clientv3.Client, _ *lease.Lock, data, _ string) error {
-				_, err := cli.Put(ctx, data, "v")
-				return err
-			}},
-			{"held", func(ctx context.Context, cli *clientv3.Client, l *lease.Lock, data, _ string) error {
-				_, err := fence.NewTxn(ctx, cli, fence.Held(l)).Then(clientv3.OpPut(data, "v")).Commit()
-				return err
-			}},
-			{"resource", func(ctx context.Context, cli *clientv3.Client, l *lease.Lock, data, rec string) error {
-				_, err := fence.NewTxn(ctx, cli, fence.Resource(rec, l.Token())).Then(clientv3.OpPut(data, "v")).Commit()
-				return err
-			}},
-			{"recorder", nil}, // built per run: a Recorder lives as long as its writer
-		}
-		for _, tc := range cases {
-			b.Run("fsync="+fs.name+"/impl="+tc.impl, func(b *testing.B) {
-				cli := c(b)
-				ctx := context.Background()
-				s, err := lease.NewSession(ctx, cli)
-				if err != nil {
+		b.Run("fsync="+fs.name, func(b *testing.B) {
+			cli := newClient(b, cluster(b, 1, fs.off).Endpoints()[0], &requests{})
+			ctx := context.Background()
+			s, err := lease.NewSession(ctx, cli)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			name := etcdtest.Name(b, "put")
+			l, err := s.Lock(ctx, name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rec := fence.NewRecorder(name + "-recorder")
+			guarded := func(data string, guard fence.Guard) func() error {
+				return func() error {
+					_, err := fence.NewTxn(ctx, cli, guard).Then(clientv3.OpPut(data, "v")).Commit()
+					return err
+				}
+			}
+			turns := []turn{
+				{"held", guarded(name+"-held", fence.Held(l))},
+				{"plain", func() error {
+					_, err := cli.Put(ctx, name+"-plain", "v")
+					return err
+				}},
+				{"resource", guarded(name+"-resource", fence.Resource(name+"-record", l.Token()))},
+				{"recorder", guarded(name+"-recorded", rec.Guard(l.Token()))},
+			}
+			// The first writes record the token; the turns measure the
+			// steady state after them.
+			for _, t := range turns {
+				if err := t.op(); err != nil {
 					b.Fatal(err)
 				}
-				b.Cleanup(func() { s.Close() })
-				name := etcdtest.Name(b, "put")
-				l, err := s.Lock(ctx, name)
-				if err != nil {
-					b.Fatal(err)
-				}
-				data, rec := name+"-data", name+"-fence"
-				commit := tc.commit
-				if commit == nil {
-					r := fence.NewRecorder(rec)
-					commit = func(ctx context.Context, cli *clientv3.Client, l *lease.Lock, data, _ string) error {
-						_, err := fence.NewTxn(ctx, cli, r.Guard(l.Token())).Then(clientv3.OpPut(data, "v")).Commit()
-						return err
-					}
-				}
-				// The first write records the token; the loop measures the
-				// steady state after it.
-				if err := commit(ctx, cli, l, data, rec); err != nil {
-					b.Fatal(err)
-				}
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					if err := commit(ctx, cli, l, data, rec); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
+			}
+			interleave(b, turns)
+		})
 	}
 }

@@ -199,37 +199,72 @@ func handoffs(b *testing.B, lockers []locker, lat *latencies) float64 {
 }
 
 // BenchmarkUncontended is one Lock, one put guarded by the lock's token, and
-// Unlock, with nobody else around.
+// Unlock, with nobody else around: this library and concurrency.Mutex in
+// turns (interleave), each on a client of its own; ratios are to Mutex. A third turn is
+// concurrency.Mutex with its Unlock guarded as this library's is (a delete
+// only if the key's creation revision is the lock's token, where Mutex
+// deletes its key unconditionally): the cost of that guard, measured.
 func BenchmarkUncontended(b *testing.B) {
 	for _, fs := range fsyncModes {
-		for _, im := range impls {
-			b.Run(fmt.Sprintf("fsync=%s/impl=%s", fs.name, im.name), func(b *testing.B) {
-				c := cluster(b, 1, fs.off)
+		b.Run("fsync="+fs.name, func(b *testing.B) {
+			c := cluster(b, 1, fs.off)
+			ctx := context.Background()
+			var turns []turn
+			for _, im := range []impl{impls[1], impls[0], guardedUnlockMutex} {
 				var r requests
 				cli := newClient(b, c.Endpoints()[0], &r)
 				name := etcdtest.Name(b, "uncontended")
 				lk := im.make(b, cli, name)
-				ctx := context.Background()
-				before := r.read()
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
+				turns = append(turns, turn{im.name, func() error {
 					key, token, unlock, err := lk.lock(ctx)
 					if err != nil {
-						b.Fatal(err)
+						return err
 					}
 					resp, err := cli.Txn(ctx).
 						If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
 						Then(clientv3.OpPut(name+"-data", "v")).Commit()
-					if err != nil || !resp.Succeeded {
-						b.Fatalf("guarded put: %v", err)
+					if err == nil && !resp.Succeeded {
+						err = fmt.Errorf("guarded put refused")
 					}
-					if err := unlock(ctx); err != nil {
-						b.Fatal(err)
+					if err != nil {
+						return err
 					}
-				}
-				b.StopTimer()
-				r.report(b, before, b.N)
-			})
-		}
+					return unlock(ctx)
+				}})
+			}
+			interleave(b, turns)
+		})
 	}
+}
+
+// guardedUnlockMutex is concurrency.Mutex whose Unlock deletes the key only
+// if it is still the lock's (by its creation revision), in a transaction.
+var guardedUnlockMutex = impl{"Mutex+guarded-unlock", func(b *testing.B, cli *clientv3.Client, name string, _ ...lease.Option) locker {
+	s, err := concurrency.NewSession(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return guardedUnlocker{concurrency.NewMutex(s, name), cli}
+}}
+
+type guardedUnlocker struct {
+	m   *concurrency.Mutex
+	cli *clientv3.Client
+}
+
+func (g guardedUnlocker) lock(ctx context.Context) (string, int64, func(context.Context) error, error) {
+	key, token, _, err := mutexLocker{g.m}.lock(ctx)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	return key, token, func(ctx context.Context) error {
+		resp, err := g.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
+			Then(clientv3.OpDelete(key)).Commit()
+		if err == nil && !resp.Succeeded {
+			err = fmt.Errorf("guarded unlock: key %s gone", key)
+		}
+		return err
+	}, nil
 }

@@ -160,8 +160,7 @@ func commitBound(b *testing.B, cli *clientv3.Client, key string) float64 {
 		}
 		lat[i] = time.Since(start)
 	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return float64(time.Second) / float64(lat[n/2])
+	return float64(time.Second) / float64(median(lat))
 }
 
 // cpuTime is the CPU time the process (client and embedded server alike)

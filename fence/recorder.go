@@ -85,13 +85,17 @@ func (t *Txn) buildSteady() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 	return cmps, t.caller(), els
 }
 
-// commitSteady sends the steady shape. done is false if a record was found
-// below its token or missing (what the Recorder knew was wrong, nothing was
-// written): the full shape must be sent instead.
+// commitSteady sends the steady shape. done is false if it does not fit
+// etcd's limits (nothing was sent), or a record was found below its token
+// or missing (what the Recorder knew was wrong, nothing was written): the
+// full shape must be sent instead, and is checked against the limits then.
 func (t *Txn) commitSteady() (resp *clientv3.TxnResponse, done bool, err error) {
 	cmps, then, els := t.buildSteady()
 	if fits(cmps, then, els, MaxTxnOps) != nil {
 		return nil, false, nil
+	}
+	if err := t.ended(); err != nil {
+		return nil, true, err
 	}
 	r, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {

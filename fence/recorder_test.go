@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -108,5 +109,45 @@ func TestRecorderSteadyWithHeldAndCallerTxn(t *testing.T) {
 	}
 	if v, _ := get(t, cli, data); v != "2" {
 		t.Errorf("data %q after refused writes, want 2", v)
+	}
+}
+
+// The steady shape is tried before the full one is built: a write that
+// fits only the steady shape goes through in the steady state, and once
+// what the Recorder knew is wrong, the full shape is refused as too large
+// before it is sent, the failed steady attempt having changed nothing.
+func TestRecorderSteadyBeforeFullShape(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	base := etcdtest.Name(t, "recorder-size")
+	rec := base + "/fence"
+	r := fence.NewRecorder(rec)
+	if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(10)).Then(clientv3.OpPut(base+"/first", "x")).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// One record's full shape leaves MaxTxnOps - 3 operations to the
+	// caller; the steady shape, MaxTxnOps.
+	puts := make([]clientv3.Op, fence.MaxTxnOps-1)
+	for i := range puts {
+		puts[i] = clientv3.OpPut(fmt.Sprintf("%s/data/%03d", base, i), "v")
+	}
+	kv := &countingKV{KV: cli}
+	if _, err := fence.NewTxn(testCtx(t), kv, r.Guard(10)).Then(puts...).Commit(); err != nil || kv.sent != 1 {
+		t.Fatalf("steady write of %d puts: %v, %d round trips; want it applied in 1", len(puts), err, kv.sent)
+	}
+	if _, err := cli.Delete(testCtx(t), rec); err != nil {
+		t.Fatal(err)
+	}
+	before := revision(t, cli)
+	kv = &countingKV{KV: cli}
+	_, err := fence.NewTxn(testCtx(t), kv, r.Guard(10)).Then(puts...).Commit()
+	if !errors.Is(err, fence.ErrInvalidArgument) || kv.sent != 1 {
+		t.Fatalf("write after the record went: %v, %d round trips; want ErrInvalidArgument after the one steady attempt", err, kv.sent)
+	}
+	if revision(t, cli) != before {
+		t.Error("the refused write changed something")
+	}
+	if _, ok := get(t, cli, rec); ok {
+		t.Error("the refused write recreated the record")
 	}
 }

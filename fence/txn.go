@@ -33,7 +33,10 @@ const MaxResourceGuards = 16
 // one Resource guard); with Held guards alone, MaxTxnOps. Commit
 // computes the exact allowance of the shape it builds, the caller's own
 // nested transactions included, and refuses a larger transaction before
-// sending it.
+// sending it. (A Recorder's steady shape is flat and allows more: a write
+// that fits only that shape goes through while its records hold its
+// tokens, and is refused as too large, having changed nothing, once one
+// does not.)
 //
 // A Txn is not safe for concurrent use; build one per commit.
 type Txn struct {
@@ -103,18 +106,19 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 			}
 		}
 	}
-	cmps, then, els := t.build()
-	if err := fits(cmps, then, els, MaxTxnOps); err != nil {
-		return nil, err
-	}
-	if t.ctx.Err() != nil {
-		// Known not applied: the client sends nothing on an ended context.
-		return nil, fmt.Errorf("fence: not sent: %w", context.Cause(t.ctx))
-	}
+	// The steady shape first: building the full one would cost a holder's
+	// every write most of the client's share of it.
 	if t.steady() {
 		if resp, done, err := t.commitSteady(); done {
 			return resp, err
 		}
+	}
+	cmps, then, els := t.build()
+	if err := fits(cmps, then, els, MaxTxnOps); err != nil {
+		return nil, err
+	}
+	if err := t.ended(); err != nil {
+		return nil, err
 	}
 	resp, err := t.kv.Txn(t.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
@@ -132,6 +136,15 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 		}
 	}
 	return resp, err
+}
+
+// ended is the error of a transaction whose ctx has ended: known not
+// applied, since the client sends nothing on an ended context.
+func (t *Txn) ended() error {
+	if t.ctx.Err() != nil {
+		return fmt.Errorf("fence: not sent: %w", context.Cause(t.ctx))
+	}
+	return nil
 }
 
 // nested tells whether the caller's part needs a transaction of its own.

@@ -37,6 +37,10 @@ type Lock struct {
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	finished chan struct{}
+	// stopFinish keeps finish from starting on a goroutine of its own
+	// once ctx ends, and reports whether it did: Unlock then runs finish
+	// itself, sparing a goroutine and a wake-up on every release.
+	stopFinish func() bool
 
 	w       watches       // the name's watches, which deliver deletions
 	changed chan struct{} // poked when the keys ahead may have changed
@@ -211,7 +215,7 @@ func (l *Lock) start(ctx context.Context) error {
 		l.leave()
 		return err
 	}
-	context.AfterFunc(l.ctx, l.finish)
+	l.stopFinish = context.AfterFunc(l.ctx, l.finish)
 	l.w.own.subscribe(l)
 	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
@@ -1002,14 +1006,19 @@ func (l *Lock) unlock(ctx context.Context) error {
 
 	l.mu.Lock()
 	released := (err == nil && resp.Succeeded) || (err != nil && l.phase == releasedOrTaken)
+	inline := false
 	if released {
 		// Before the phase goes back: the own-key watch may see our own delete
 		// at any moment after, and must not call it a loss.
+		inline = l.stopFinish()
 		l.cancel(ErrUnlocked)
 	}
 	l.phase = steady
 	l.mu.Unlock()
 	switch {
+	case released && inline:
+		l.finish()
+		return nil
 	case released:
 		l.end(ErrUnlocked)
 		return nil
