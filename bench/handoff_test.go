@@ -210,12 +210,14 @@ func BenchmarkUncontended(b *testing.B) {
 			c := cluster(b, 1, fs.off)
 			ctx := context.Background()
 			var turns []turn
-			for _, im := range []impl{impls[1], impls[0], guardedUnlockMutex} {
+			// Short names: benchstat takes the turns' metric names as units.
+			names := []string{"mutex", "leasefence", "mutex-guarded-unlock"}
+			for i, im := range []impl{impls[1], impls[0], guardedUnlockMutex} {
 				var r requests
 				cli := newClient(b, c.Endpoints()[0], &r)
 				name := etcdtest.Name(b, "uncontended")
 				lk := im.make(b, cli, name)
-				turns = append(turns, turn{im.name, func() error {
+				turns = append(turns, turn{names[i], func() error {
 					key, token, unlock, err := lk.lock(ctx)
 					if err != nil {
 						return err
