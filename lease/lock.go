@@ -63,6 +63,10 @@ type Lock struct {
 	// while the view is being read (synced false).
 	ahead  map[string]ahead
 	beyond bool
+	// sharing counts the queue keys older than the lock's own that do not
+	// block it (for a reader, other readers' keys), as of the last read:
+	// their deletions, too, reach a waiter that follows the queue watch.
+	sharing int
 	// unverified: the view came from a keys-only read (setCandidates)
 	// and may count keys that do not block the lock.
 	unverified bool
@@ -303,8 +307,12 @@ func (l *Lock) page() int64 {
 
 // nearAhead is how many keys ahead a waiter may have and still follow
 // every deletion in the queue through the queue watch. Further back it
-// watches only the key just ahead (waitFar): otherwise every deletion
-// would reach every waiter of a long queue.
+// watches only the key just ahead (waitGone): otherwise every deletion
+// would reach every waiter of a long queue. A reader counts the readers'
+// keys ahead too, though they do not block it: readers behind a writer
+// that followed every reader's deletion were sent so many events (with 16
+// sessions on one client) that etcd moved their watchers to its 100 ms
+// catch-up loop, and a reader's p99 wait was 100 ms.
 const nearAhead = 3
 
 // create puts the lock key and reads the keys queued just ahead of it. With
@@ -491,7 +499,7 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.beyond, l.unverified = false, false
+	l.beyond, l.unverified, l.sharing = false, false, 0
 	if page == nil {
 		l.ahead = make(map[string]ahead)
 	} else {
@@ -508,6 +516,8 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 				l.unverified = true
 			case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
 				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev, modeOf(kv) == Read}
+			case !candidates && isQueueKey(pfx, kv):
+				l.sharing++
 			}
 		}
 		// The page ended before the oldest key: older ones may be past it.
@@ -601,7 +611,7 @@ func (l *Lock) look() view {
 	}
 	v := view{
 		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
-		near:    l.w.shared != nil || (!l.beyond && (len(l.ahead) <= nearAhead || l.onlyReadersAhead())),
+		near:    l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
 		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified,
 		pred:    l.nearestAhead(),
 	}

@@ -3,11 +3,16 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
@@ -277,4 +282,87 @@ func TestLockDelayReaders(t *testing.T) {
 		t.Fatalf("reader granted %v after the writer's loss, want at least %v", d, lockDelay)
 	}
 	mustUnlock(t, r)
+}
+
+// readerDeletes counts the deletion events of some keys that a client
+// receives on its watches, and the watches it saw created.
+type readerDeletes struct {
+	keys    map[string]bool
+	deletes atomic.Int64
+	created chan struct{}
+}
+
+func (r *readerDeletes) interceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	return countedWatch{s, r}, err
+}
+
+type countedWatch struct {
+	grpc.ClientStream
+	r *readerDeletes
+}
+
+func (c countedWatch) RecvMsg(m any) error {
+	err := c.ClientStream.RecvMsg(m)
+	if wr, ok := m.(*pb.WatchResponse); ok && err == nil {
+		if wr.Created {
+			select {
+			case c.r.created <- struct{}{}:
+			default:
+			}
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE && c.r.keys[string(ev.Kv.Key)] {
+				c.r.deletes.Add(1)
+			}
+		}
+	}
+	return err
+}
+
+// A reader queued behind a writer, with more than a few readers ahead of
+// that writer, waits for the writer's key alone: it is not sent the
+// deletions of the readers ahead, which do not block it. (Following every
+// deletion, readers behind a writer were sent so many events with 16
+// sessions on one client that etcd held their watchers back to its 100 ms
+// catch-up loop.) It is still granted once the writer is gone.
+func TestReaderBehindWriterIgnoresReaders(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	name := etcdtest.Name(t, "reader-behind-writer")
+	var readers []*lease.Lock
+	for i := 0; i < 5; i++ {
+		readers = append(readers, mustRLock(t, newSession(t, etcd.Client(t)), name))
+	}
+	writer := lockAsync(testCtx(t), newSession(t, etcd.Client(t)), name)
+	waitQueued(t, etcd.Client(t), name, 6)
+	counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
+	for _, r := range readers {
+		counts.keys[r.Key()] = true
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(counts.interceptor)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	reader := rlockAsync(testCtx(t), newSession(t, cli), name)
+	waitQueued(t, etcd.Client(t), name, 7)
+	// Its own-key watch first, then the watch it waits with.
+	for i := 0; i < 2; i++ {
+		select {
+		case <-counts.created:
+		case <-testCtx(t).Done():
+			t.Fatal("the reader opened no watch to wait with")
+		}
+	}
+	for _, r := range readers {
+		mustUnlock(t, r)
+	}
+	w := granted(t, writer, "the writer, once the readers left")
+	expectPending(t, reader, 50*time.Millisecond)
+	mustUnlock(t, w)
+	mustUnlock(t, granted(t, reader, "the reader, once the writer left"))
+	if n := counts.deletes.Load(); n != 0 {
+		t.Errorf("the reader behind the writer was sent %d deletions of readers ahead of the writer, want 0", n)
+	}
 }

@@ -34,7 +34,7 @@ const idleWatch = 30 * time.Second
 //     session is near the head of the queue (nearAhead): there, every
 //     deletion ahead shrinks the waiter's view of the queue, and the last
 //     one grants it the lock with no read at all. Further back, a waiter
-//     pauses it and watches only the key just ahead of it (waitFar), so
+//     pauses it and watches only the key just ahead of it (waitGone), so
 //     that a long queue does not send every deletion to every waiter.
 type keyWatch struct {
 	client *clientv3.Client
