@@ -104,11 +104,12 @@
 //   - Waiting is cheap per handoff, and holding costs no requests. Each
 //     session keeps, per name it uses, one long-lived watch of its own key
 //     (deletions only) that tells holders and waiters their key is gone.
-//     A waiter with three keys or fewer ahead also follows a
+//     A waiter with three keys or fewer ahead (for a reader, counting the
+//     readers' keys ahead, which do not block it) also follows a
 //     long-lived watch of the deletions under the name: the last deletion
 //     ahead grants it the lock with no read, so a handoff costs the
 //     holder's delete and one event. A waiter further back watches only
-//     the key just ahead of it, and when that key goes asks, keys-only,
+//     the key just ahead of it (for a reader, the newest writer's), and when that key goes asks, keys-only,
 //     whether any key under the name is older than its own (a serializable
 //     read at a known revision; etcd 3.7 answers it from its index), so
 //     that a long queue does not send every deletion to every waiter. A
