@@ -205,17 +205,21 @@ func TestKeeperSharedQueue(t *testing.T) {
 	}
 }
 
-// Through a Keeper, waiters that give up in the middle of the queue, and
-// readers among writers, keep the lock exclusive: a writer never holds it
-// with anyone else, readers only with readers, and every writer's token is
-// above those of the holdings before it. The Keeper's copy of the queue
-// wakes only the waiters a deletion grants, so a waiter it failed to wake
-// would hang here, and one woken too early would overlap.
-func TestKeeperQueueChurn(t *testing.T) {
+// Waiters that give up in the middle of the queue, and readers among
+// writers, keep the lock exclusive: a writer never holds it with anyone
+// else, readers only with readers, and every writer's token is above those
+// of the holdings before it. Through a Keeper, its copy of the queue wakes
+// only the waiters a deletion grants; through sessions of their own,
+// waiters near the head follow every deletion and those further back (a
+// reader behind a writer with a crowd ahead) the key just ahead. A waiter
+// left unwoken would hang here, and one woken too early would overlap.
+func TestQueueChurn(t *testing.T) {
 	etcdtest.LeakCheck(t)
-	cli := etcd.Client(t)
-	k := newKeeper(t, cli)
-	name := etcdtest.Name(t, "keeper-churn")
+	bothShapes(t, queueChurn)
+}
+
+func queueChurn(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
+	name := etcdtest.Name(t, "queue-churn")
 	const sessions, rounds = 10, 20
 	var mu sync.Mutex
 	writers, readers := 0, 0
@@ -223,7 +227,7 @@ func TestKeeperQueueChurn(t *testing.T) {
 	var gaveUp, readersTogether atomic.Int64
 	var wg sync.WaitGroup
 	for i := 0; i < sessions; i++ {
-		s := newSession(t, cli, lease.WithKeeper(k))
+		s := newS()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
