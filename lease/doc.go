@@ -109,8 +109,9 @@
 //     long-lived watch of the deletions under the name: the last deletion
 //     ahead grants it the lock with no read, so a handoff costs the
 //     holder's delete and one event. A waiter further back watches only
-//     the key just ahead of it (for a reader, the newest writer's), and when that key goes asks, keys-only,
-//     whether any key under the name is older than its own (a serializable
+//     the key just ahead of it (for a reader, the newest writer's), and
+//     when that key goes asks, keys-only, whether any key under the name
+//     is older than its own (a serializable
 //     read at a known revision; etcd 3.7 answers it from its index), so
 //     that a long queue does not send every deletion to every waiter. A
 //     writer whose last lock of the name queued that far back also queues
