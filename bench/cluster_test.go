@@ -9,7 +9,6 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
-	"github.com/leasefence/leasefence/lease"
 )
 
 // BenchmarkCluster runs the handoff (4 contenders on one shared client) and
@@ -37,16 +36,8 @@ func BenchmarkCluster(b *testing.B) {
 		b.Run(fmt.Sprintf("member=%s/op=put/impl=recorder", member), func(b *testing.B) {
 			cli := newClient(b, clusterEndpoint(b, member), &requests{})
 			ctx := context.Background()
-			s, err := lease.NewSession(ctx, cli)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { s.Close() })
 			name := etcdtest.Name(b, "cluster-put")
-			l, err := s.Lock(ctx, name)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l := heldLock(b, cli, name)
 			r := fence.NewRecorder(name + "-fence")
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

@@ -22,16 +22,8 @@ func BenchmarkGuardedPut(b *testing.B) {
 		b.Run("fsync="+fs.name, func(b *testing.B) {
 			cli := newClient(b, cluster(b, 1, fs.off).Endpoints()[0], &requests{})
 			ctx := context.Background()
-			s, err := lease.NewSession(ctx, cli)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { s.Close() })
 			name := etcdtest.Name(b, "put")
-			l, err := s.Lock(ctx, name)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l := heldLock(b, cli, name)
 			rec := fence.NewRecorder(name + "-recorder")
 			guarded := func(data string, guard fence.Guard) func() error {
 				return func() error {
@@ -58,4 +50,21 @@ func BenchmarkGuardedPut(b *testing.B) {
 			interleave(b, turns)
 		})
 	}
+}
+
+// heldLock takes the lock name on a new session of cli, both released when
+// b ends.
+func heldLock(b *testing.B, cli *clientv3.Client, name string) *lease.Lock {
+	b.Helper()
+	ctx := context.Background()
+	s, err := lease.NewSession(ctx, cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	l, err := s.Lock(ctx, name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
 }
