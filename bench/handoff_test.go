@@ -200,10 +200,11 @@ func handoffs(b *testing.B, lockers []locker, lat *latencies) float64 {
 
 // BenchmarkUncontended is one Lock, one put guarded by the lock's token, and
 // Unlock, with nobody else around: this library and concurrency.Mutex in
-// turns (interleave), each on a client of its own; ratios are to Mutex. A third turn is
-// concurrency.Mutex with its Unlock guarded as this library's is (a delete
-// only if the key's creation revision is the lock's token, where Mutex
-// deletes its key unconditionally): the cost of that guard, measured.
+// turns (interleave), each on a client of its own; ratios are to Mutex. A
+// third turn is concurrency.Mutex with its Unlock guarded as this
+// library's is (a delete only if the key's creation revision is the lock's
+// token, where Mutex deletes its key unconditionally): the cost of that
+// guard, measured.
 func BenchmarkUncontended(b *testing.B) {
 	for _, fs := range fsyncModes {
 		b.Run("fsync="+fs.name, func(b *testing.B) {
@@ -213,8 +214,7 @@ func BenchmarkUncontended(b *testing.B) {
 			// Short names: benchstat takes the turns' metric names as units.
 			names := []string{"mutex", "leasefence", "mutex-guarded-unlock"}
 			for i, im := range []impl{impls[1], impls[0], guardedUnlockMutex} {
-				var r requests
-				cli := newClient(b, c.Endpoints()[0], &r)
+				cli := newClient(b, c.Endpoints()[0], &requests{})
 				name := etcdtest.Name(b, "uncontended")
 				lk := im.make(b, cli, name)
 				turns = append(turns, turn{names[i], func() error {
@@ -241,7 +241,7 @@ func BenchmarkUncontended(b *testing.B) {
 
 // guardedUnlockMutex is concurrency.Mutex whose Unlock deletes the key only
 // if it is still the lock's (by its creation revision), in a transaction.
-var guardedUnlockMutex = impl{"Mutex+guarded-unlock", func(b *testing.B, cli *clientv3.Client, name string, _ ...lease.Option) locker {
+var guardedUnlockMutex = impl{"concurrency.Mutex+guarded-unlock", func(b *testing.B, cli *clientv3.Client, name string, _ ...lease.Option) locker {
 	s, err := concurrency.NewSession(cli)
 	if err != nil {
 		b.Fatal(err)

@@ -168,7 +168,7 @@ func TestKeeperInputAndClose(t *testing.T) {
 }
 
 // A waiter queued through a Keeper still sees its own key vanish at once
-// (exclusivity and token order through a Keeper: TestKeeperQueueChurn).
+// (exclusivity and token order through a Keeper: TestQueueChurn).
 func TestKeeperSharedQueue(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)

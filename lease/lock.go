@@ -38,8 +38,7 @@ type Lock struct {
 	cancel   context.CancelCauseFunc
 	finished chan struct{}
 	// stopFinish keeps finish from starting on a goroutine of its own
-	// once ctx ends, and reports whether it did: Unlock then runs finish
-	// itself, sparing a goroutine and a wake-up on every release.
+	// once ctx ends, and reports whether it did (see cancelWith).
 	stopFinish func() bool
 
 	w       watches       // the name's watches, which deliver deletions
@@ -143,11 +142,11 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // lives. The key's write is not cut off by ctx (a write cut off may still
 // be applied after the cleanup): if ctx ends while it is under way, Lock
 // waits for etcd's answer (or the session's end, within a TTL if etcd is
-// unreachable) and then removes the key. A waiter whose own key or session vanishes
-// returns at once, with an error wrapping ErrLost or ErrSessionClosed. A
-// waiter whose ctx ends gets an error that names the key it was waiting
-// behind and matches ctx's error (context.DeadlineExceeded or
-// context.Canceled).
+// unreachable) and then removes the key. A waiter whose own key or session
+// vanishes returns at once, with an error wrapping ErrLost or
+// ErrSessionClosed. A waiter whose ctx ends gets an error that names the
+// key it was waiting behind and matches ctx's error
+// (context.DeadlineExceeded or context.Canceled).
 func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Write, "", false)
 	if err != nil {
@@ -1016,21 +1015,17 @@ func (l *Lock) unlock(ctx context.Context) error {
 
 	l.mu.Lock()
 	released := (err == nil && resp.Succeeded) || (err != nil && l.phase == releasedOrTaken)
-	inline := false
+	finishHere := false
 	if released {
 		// Before the phase goes back: the own-key watch may see our own delete
 		// at any moment after, and must not call it a loss.
-		inline = l.stopFinish()
-		l.cancel(ErrUnlocked)
+		finishHere = l.cancelWith(ErrUnlocked)
 	}
 	l.phase = steady
 	l.mu.Unlock()
 	switch {
-	case released && inline:
-		l.finish()
-		return nil
 	case released:
-		l.end(ErrUnlocked)
+		l.finishOrWait(finishHere)
 		return nil
 	case err == nil:
 		l.end(ErrKeyDeleted)
@@ -1081,6 +1076,26 @@ func (l *Lock) setPhase(p phase) {
 
 // end ends the lock with cause and waits for it to finish.
 func (l *Lock) end(cause error) {
+	l.finishOrWait(l.cancelWith(cause))
+}
+
+// cancelWith ends the lock's context with cause. It reports whether
+// finish is left to the caller (finishOrWait): it is, unless the context
+// had ended already and finish has started on a goroutine of its own;
+// running it on the caller's goroutine spares a goroutine and a wake-up on
+// every release.
+func (l *Lock) cancelWith(cause error) (finishHere bool) {
+	finishHere = l.stopFinish()
 	l.cancel(cause)
+	return finishHere
+}
+
+// finishOrWait runs finish if cancelWith left it to the caller, and waits
+// for it to be done otherwise.
+func (l *Lock) finishOrWait(finishHere bool) {
+	if finishHere {
+		l.finish()
+		return
+	}
 	<-l.finished
 }
