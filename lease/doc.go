@@ -103,7 +103,10 @@
 //
 //   - Waiting is cheap per handoff, and holding costs no requests. Each
 //     session keeps, per name it uses, one long-lived watch of its own key
-//     (deletions only) that tells holders and waiters their key is gone.
+//     (deletions only) that tells holders and waiters their key is gone. A
+//     lock granted at once opens it only once held for 50 ms (then
+//     reading the key again), so a lock held briefly is not sent its own
+//     Unlock's deletion.
 //     A waiter with three keys or fewer ahead (for a reader, counting the
 //     readers' keys ahead, which do not block it) also follows a
 //     long-lived watch of the deletions under the name: the last deletion
@@ -168,6 +171,9 @@
 //
 // A lock learns that its key is gone from the key's deletion (expiry or
 // revocation of the lease, Close, someone deleting it, lockctl release).
+// A lock granted at once, with nobody ahead, learns of a deletion in its
+// first 50 ms only at their end, when it opens the watch of its key (the
+// lease's expiry it learns from the session as ever).
 // A foreign put that overwrites the key in place is not seen: it keeps the
 // creation revision, so the token and Held guards still hold.
 //

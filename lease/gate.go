@@ -85,7 +85,9 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 	}
 	g := gs.m[name]
 	if g == nil {
-		own, err := s.startWatch(lockKey(name, s.id), false, false)
+		// Paused: a lock granted as its key is put opens it only once
+		// held for ownWatchDelay (see Lock.look).
+		own, err := s.startWatch(lockKey(name, s.id), false, true)
 		if err != nil {
 			return nil, err
 		}

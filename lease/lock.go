@@ -77,6 +77,14 @@ type Lock struct {
 	synced   bool
 	pending  []deletion
 	holding  bool // nothing was left ahead: the lock is (or was) held
+	// fresh: the view is the one read as the key was put (or the
+	// Keeper's copy as it took the put), and nothing has been waited for
+	// since; such a view may grant the lock with the own-key watch not
+	// yet up (see look).
+	fresh bool
+	// watchOwn opens the own-key watch once the lock has been held for
+	// ownWatchDelay, when it was granted with that watch not up.
+	watchOwn *time.Timer
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -102,7 +110,9 @@ func (l *Lock) Token() int64 { return l.token }
 
 // Done is closed when ownership ends, for whatever reason: Unlock, Close of
 // the session, expiry of the lease, or deletion or replacement of the key.
-// By then the end has been logged and reported to the session's Hooks.
+// By then the end has been logged and reported to the session's Hooks. A
+// deletion of the key in the first 50 ms of a lock granted at once is seen
+// at their end (see the package doc).
 func (l *Lock) Done() <-chan struct{} { return l.finished }
 
 // Err is nil while the lock is held. After Done is closed it says why:
@@ -186,7 +196,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 		value = ReaderValue
 	}
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, value: value, gate: release, w: w}
-	if err := l.start(ctx); err != nil {
+	if err := l.start(); err != nil {
 		return nil, err
 	}
 	if err := l.queue(ctx, try); err != nil {
@@ -208,8 +218,10 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 
 // start gives the lock its own context, registered with the session so
 // that Close waits for the lock to finish, and makes it the subscriber of
-// its name's watches, once the own-key watch is up.
-func (l *Lock) start(ctx context.Context) error {
+// its name's watches. It does not wait for the own-key watch: a lock
+// granted as its key is put needs it only once held for ownWatchDelay,
+// and a waiter opens it before it relies on its view (look).
+func (l *Lock) start() error {
 	l.ctx, l.cancel = context.WithCancelCause(l.s.ctx)
 	l.changed = make(chan struct{}, 1)
 	l.finished = make(chan struct{})
@@ -219,12 +231,7 @@ func (l *Lock) start(ctx context.Context) error {
 		return err
 	}
 	l.stopFinish = context.AfterFunc(l.ctx, l.finish)
-	l.w.own.subscribe(l)
-	ownEpoch, err := l.w.own.upEpoch(ctx, l)
-	if err != nil {
-		l.end(ErrUnlocked)
-		return err
-	}
+	ownEpoch := l.w.own.subscribe(l)
 	epoch := l.w.queue.subscribe(l)
 	l.mu.Lock()
 	l.ownEpoch, l.epoch = ownEpoch, epoch
@@ -237,6 +244,11 @@ func (l *Lock) start(ctx context.Context) error {
 func (l *Lock) finish() {
 	defer l.s.wg.Done()
 	defer close(l.finished)
+	l.mu.Lock()
+	if l.watchOwn != nil {
+		l.watchOwn.Stop()
+	}
+	l.mu.Unlock()
 	l.w.own.unsubscribe(l)
 	l.w.queue.unsubscribe(l)
 	if m := l.w.queue.mirror; m != nil {
@@ -263,7 +275,11 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // queue ahead is empty (reached when nested locks' keys hid the queue from
 // create's first read).
 func (l *Lock) await(ctx context.Context, try bool) error {
-	if v := l.look(); v.held {
+	v := l.look()
+	l.mu.Lock()
+	l.fresh = false // from now on the lock has waited
+	l.mu.Unlock()
+	if v.held {
 		return nil
 	}
 	if !try {
@@ -355,6 +371,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		if resp.Succeeded {
 			l.token = resp.Header.Revision
 			l.setAhead(resp.Header.Revision, nil)
+			l.setFresh()
 			return nil
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
@@ -396,6 +413,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	l.token = resp.Header.Revision
 	l.s.probeKey.Store(l.key)
 	l.s.sawRevision(resp.Header.Revision)
+	l.setFresh()
 	if mirrored {
 		l.viewFromMirror(ctx)
 		return nil
@@ -409,6 +427,13 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		l.setAhead(resp.Header.Revision, page)
 	}
 	return nil
+}
+
+// setFresh marks the view about to be set as read with the key's put.
+func (l *Lock) setFresh() {
+	l.mu.Lock()
+	l.fresh = true
+	l.mu.Unlock()
 }
 
 // viewFromMirror makes the lock wait on its Keeper's copy of the queue,
@@ -591,7 +616,8 @@ func (l *Lock) keyGoneLocked() {
 // view is what a waiter knows of the queue ahead of it.
 type view struct {
 	held     bool             // nothing ahead: the lock is held
-	stale    bool             // the own-key watch went down since the last read
+	stale    bool             // the view must be read (again): it is unread, or its read failed
+	ownStale bool             // the own-key watch was not up all along since the view was read: the key must be read again once it is
 	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
 	current  bool             // the queue watch has kept the view current since it was read
 	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
@@ -602,6 +628,14 @@ type view struct {
 // as held from then on, for recheck: no key older than the lock's own can
 // appear later, and the own-key watch (current since the view was read)
 // would have reported the lock's own key gone.
+//
+// A fresh view (read as the key was put) that shows nothing ahead grants
+// the lock even if the own-key watch is not up: the key was there when
+// the view was read. The watch is opened once the lock has been held for
+// ownWatchDelay; it comes up reading the key again (recheck), so a
+// deletion meanwhile is reported then. A lock held for less opens no
+// watch: the event its own Unlock would send it is the largest cost of an
+// uncontended lock after the requests themselves.
 func (l *Lock) look() view {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -609,26 +643,56 @@ func (l *Lock) look() view {
 		return l.lookInMirror()
 	}
 	v := view{
-		stale:   l.ownEpoch != l.w.own.epoch.Load() || !l.synced,
-		near:    l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
-		current: l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified,
-		pred:    l.nearestAhead(),
+		stale:    !l.synced,
+		ownStale: l.ownStale(),
+		near:     l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
+		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified,
+		pred:     l.nearestAhead(),
 	}
-	if !v.stale && len(l.ahead) == 0 && !l.beyond {
+	if !v.stale && !v.ownStale && len(l.ahead) == 0 && !l.beyond {
+		l.grant()
 		v.held = true
-		l.holding = true
 	}
 	return v
+}
+
+// ownWatchDelay is how long a lock granted with its own-key watch not up
+// is held before that watch is opened (see look): until then the lock's
+// key's deletion by someone else is reported late, by up to this much. The
+// fence, not this report, is what keeps a late writer out.
+const ownWatchDelay = 50 * time.Millisecond
+
+// ownStale tells whether the lock's view cannot be relied on because the
+// own-key watch was not up all along since it was read; a fresh view can
+// while the watch has not come up since (see look). l.mu is held.
+func (l *Lock) ownStale() bool {
+	cur := l.w.own.epoch.Load()
+	if cur%2 == 1 {
+		return cur != l.ownEpoch
+	}
+	// The watch is not up. If it came up and went down since the view was
+	// read, the deletions it delivered meanwhile have been applied, and
+	// the recheck of its next coming up sees the lock as held.
+	return !l.fresh
+}
+
+// grant records that nothing is left ahead of the lock. If its own-key
+// watch is not up, it is opened after ownWatchDelay. l.mu is held.
+func (l *Lock) grant() {
+	l.holding = true
+	if l.w.own.epoch.Load()%2 == 0 && l.watchOwn == nil {
+		l.watchOwn = time.AfterFunc(ownWatchDelay, l.w.own.resume)
+	}
 }
 
 // lookInMirror is look for a lock waiting on its Keeper's copy of the
 // queue. Once held, it leaves the copy's waiters. l.mu is held.
 func (l *Lock) lookInMirror() view {
 	blocked, pred, ok := l.w.queue.mirror.blocked(l.epoch, l)
-	v := view{stale: !ok || l.ownEpoch != l.w.own.epoch.Load(), near: true, current: ok, mirrored: true, pred: pred}
-	if !v.stale && !blocked {
+	v := view{stale: !ok, ownStale: l.ownStale(), near: true, current: ok, mirrored: true, pred: pred}
+	if !v.stale && !v.ownStale && !blocked {
+		l.grant()
 		v.held = true
-		l.holding = true
 		l.w.queue.mirror.leave(l)
 	}
 	return v
@@ -648,6 +712,8 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		switch {
 		case v.held:
 			return nil
+		case v.ownStale && !v.stale:
+			err = l.confirmOwn(ctx)
 		case v.mirrored && !v.stale:
 			// The Keeper's copy wakes the lock when it may hold it.
 			select {
@@ -693,6 +759,28 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			return behind(v.pred, err)
 		}
 	}
+}
+
+// confirmOwn opens the own-key watch of a lock that has to wait, and reads
+// its key once the watch is up (linearizably, so the read is no older than
+// the watch): a deletion before then went unseen. The rest of the view
+// stays as it is.
+func (l *Lock) confirmOwn(ctx context.Context) error {
+	ownEpoch, err := l.w.own.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
+	g, err := l.s.client.Get(ctx, l.key)
+	if err != nil {
+		return err
+	}
+	if !l.ownsFirst(g.Kvs) {
+		return ErrKeyDeleted
+	}
+	l.mu.Lock()
+	l.ownEpoch = ownEpoch
+	l.mu.Unlock()
+	return nil
 }
 
 // onlyReadersAhead tells whether every key ahead is a reader's: they hold

@@ -621,3 +621,45 @@ func TestGivenUpLockLeavesNoKey(t *testing.T) {
 	l := mustLock(t, s, name) // nothing of the given-up calls is in the way
 	mustUnlock(t, l)
 }
+
+// A lock taken and released again and again, held briefly each time, opens
+// no watch and is sent none of its own deletions (after its two requests,
+// the largest cost of an uncontended lock). Held for longer, it opens the
+// watch of its key, and a deletion of the key by someone else ends it.
+func TestBriefLockOpensNoWatch(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	name := etcdtest.Name(t, "brief")
+	counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
+	cli := counts.client(t)
+	s := newSession(t, cli)
+	counts.keys[fmt.Sprintf("%s/%x", name, int64(s.Lease()))] = true
+	var slowest time.Duration
+	for i := 0; i < 20; i++ {
+		start := time.Now()
+		mustUnlock(t, mustLock(t, s, name))
+		slowest = max(slowest, time.Since(start))
+	}
+	select {
+	case <-counts.created:
+		if slowest < 25*time.Millisecond {
+			t.Errorf("brief locks (the slowest %v) opened a watch", slowest)
+		}
+	default:
+	}
+	if n := counts.deletes.Load(); n != 0 && slowest < 25*time.Millisecond {
+		t.Errorf("brief locks (the slowest %v) were sent %d of their own deletions, want 0", slowest, n)
+	}
+	held := mustLock(t, s, name)
+	select {
+	case <-counts.created:
+	case <-testCtx(t).Done():
+		t.Fatal("a lock held for long opened no watch of its key")
+	}
+	if _, err := etcd.Client(t).Delete(testCtx(t), held.Key()); err != nil {
+		t.Fatal(err)
+	}
+	expectDone(t, held.Done(), 2*time.Second, "Lock.Done after its key's deletion")
+	if !errors.Is(held.Err(), lease.ErrKeyDeleted) {
+		t.Errorf("Err() = %v, want ErrKeyDeleted", held.Err())
+	}
+}

@@ -285,11 +285,24 @@ func TestLockDelayReaders(t *testing.T) {
 }
 
 // readerDeletes counts the deletion events of some keys that a client
-// receives on its watches, and the watches it saw created.
+// receives on its watches, and the watches it saw created. keys is filled
+// before the client is used.
 type readerDeletes struct {
 	keys    map[string]bool
 	deletes atomic.Int64
 	created chan struct{}
+}
+
+// client is a client of the test's etcd whose watches r counts.
+func (r *readerDeletes) client(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(r.interceptor)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
 
 func (r *readerDeletes) interceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -339,13 +352,7 @@ func TestReaderBehindWriterIgnoresReaders(t *testing.T) {
 	for _, r := range readers {
 		counts.keys[r.Key()] = true
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(counts.interceptor)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	reader := rlockAsync(testCtx(t), newSession(t, cli), name)
+	reader := rlockAsync(testCtx(t), newSession(t, counts.client(t)), name)
 	waitQueued(t, etcd.Client(t), name, 7)
 	// Its own-key watch first, then the watch it waits with.
 	for i := 0; i < 2; i++ {

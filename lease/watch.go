@@ -28,8 +28,12 @@ const idleWatch = 30 * time.Second
 // read again to close a gap. It carries deletions only (etcd filters the
 // puts out), so waiters queueing up cost the watchers nothing.
 //
-//   - The own-key watch (one key: name/lease) is always on while the name
-//     is in use. It tells a holder, or a waiter, that its key was deleted.
+//   - The own-key watch (one key: name/lease) tells a holder, or a
+//     waiter, that its key was deleted. It starts paused: a waiter opens
+//     it before it relies on its view, and a lock granted as its key is
+//     put opens it only once held for ownWatchDelay, so that a lock held
+//     briefly is not sent its own Unlock's deletion. Once open it stays
+//     open while the name is in use.
 //   - The queue watch (the prefix name/) is on only while a lock of the
 //     session is near the head of the queue (nearAhead): there, every
 //     deletion ahead shrinks the waiter's view of the queue, and the last
@@ -309,9 +313,10 @@ func (w *keyWatch) subscribe(l *Lock) uint64 {
 	return w.epoch.Load()
 }
 
-// upEpoch waits until the watch is up and returns its epoch, until ctx or
-// the lock ends.
+// upEpoch opens the watch if it is paused, waits until it is up and
+// returns its epoch, until ctx or the lock ends.
 func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
+	w.resume()
 	for {
 		w.mu.Lock()
 		up := w.up
