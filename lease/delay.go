@@ -35,7 +35,9 @@ const MaxLockDelay = time.Minute
 // How it works, and what it rests on: every session with a lock delay
 // records in etcd, under the key DelayRecordKey(name), which holding it
 // granted ("held T") and which it released ("released T", written in the
-// same transaction as the release's delete). The next holder reads the
+// same transaction as the release's delete; a Lock given up before it
+// returned writes it too, as it removes its key, if the record names its
+// holding). The next holder reads the
 // record when its turn comes: a "held" record of an earlier token whose key
 // is gone means a loss. It then records the loss under a fresh lease of d
 // (rounded up to whole seconds, at least etcd's minimum TTL: 2 s with
@@ -125,6 +127,21 @@ func (l *Lock) releaseOps() []clientv3.Op {
 		return nil
 	}
 	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(l.name), formatRecord(recordReleased, l.token))}
+}
+
+// abandonOps are the operations a lock given up before it was handed to
+// the caller adds to the removal of its key: if the delay record says this
+// holding held the name, it says released instead (nobody wrote under a
+// lock never handed out). Any other record (a loss being waited out, say)
+// is left as it is.
+func (l *Lock) abandonOps() []clientv3.Op {
+	if l.s.lockDelay == 0 || l.mode == Read {
+		return nil
+	}
+	key := DelayRecordKey(l.name)
+	return []clientv3.Op{clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(key), "=", formatRecord(recordHeld, l.token))},
+		[]clientv3.Op{clientv3.OpPut(key, formatRecord(recordReleased, l.token))}, nil)}
 }
 
 // waitDelay runs once the lock's turn has come, for a session with a lock

@@ -280,3 +280,52 @@ func waitRecord(t *testing.T, cli *clientv3.Client, name, prefix string) {
 		}
 	}
 }
+
+// A lock given up before it was handed to the caller turns a delay record
+// that says it held the name (its own write of that record may have gone
+// through with the answer lost) into a release, so that the next holder
+// waits out no delay for it; a record about another holding is left as it
+// is.
+func TestGivenUpDelayedLockReleasesRecord(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		t.Run(fmt.Sprintf("record-names-the-waiter=%v", own), func(t *testing.T) {
+			cli := etcd.Client(t)
+			name := etcdtest.Name(t, "delay-given-up")
+			holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
+			waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
+			h := mustLock(t, holder, name)
+			ctx, cancel := context.WithCancel(testCtx(t))
+			defer cancel()
+			ch := lockAsync(ctx, waiter, name)
+			waitQueued(t, cli, name, 2)
+			waitRecord(t, cli, name, "held ")
+			token := h.Token()
+			if own {
+				g, err := cli.Get(testCtx(t), fmt.Sprintf("%s/%x", name, int64(waiter.Lease())))
+				if err != nil || len(g.Kvs) != 1 {
+					t.Fatalf("the waiter's key: %v %v", g, err)
+				}
+				token = g.Kvs[0].CreateRevision
+				if _, err := cli.Put(testCtx(t), lease.DelayRecordKey(name), fmt.Sprintf("held %d", token)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cancel()
+			if r := <-ch; r.err == nil {
+				t.Fatal("a Lock whose ctx ended while it waited succeeded")
+			}
+			want := fmt.Sprintf("held %d", token)
+			if own {
+				want = fmt.Sprintf("released %d", token)
+			}
+			g, err := cli.Get(testCtx(t), lease.DelayRecordKey(name))
+			if err != nil || len(g.Kvs) != 1 {
+				t.Fatalf("the delay record: %v %v", g, err)
+			}
+			if got := string(g.Kvs[0].Value); got != want {
+				t.Errorf("delay record after the waiter gave up: %q, want %q", got, want)
+			}
+			mustUnlock(t, h)
+		})
+	}
+}

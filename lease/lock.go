@@ -1042,21 +1042,25 @@ func (l *Lock) leave() {
 }
 
 // abandon gives up a lock that was never handed to the caller: its key is
-// removed if it still carries the token, and the lock is ended.
+// removed if it still carries the token, and the lock is ended. With a
+// lock delay, a delay record that says this holding held the name (its
+// write may have gone through with its answer lost) is turned into a
+// release in the same step, so the next holder sees no loss.
 func (l *Lock) abandon() {
-	l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
+	l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token), l.abandonOps()...)
 	l.end(ErrUnlocked)
 }
 
-// cleanup deletes the lock key if cmp holds, trying again until it is
-// done or the session ends, not bounded by the caller's ctx (which may be
-// what failed): a key left while the session lives would hold up every
-// later waiter. A session that cannot reach etcd ends within its TTL, and
-// its lease takes the key with it.
-func (l *Lock) cleanup(cmp clientv3.Cmp) {
+// cleanup deletes the lock key, with ops, if cmp holds, trying again until
+// it is done or the session ends, not bounded by the caller's ctx (which
+// may be what failed): a key left while the session lives would hold up
+// every later waiter. A session that cannot reach etcd ends within its
+// TTL, and its lease takes the key with it.
+func (l *Lock) cleanup(cmp clientv3.Cmp, ops ...clientv3.Op) {
 	retry := newBackoff(20*time.Millisecond, time.Second)
+	then := append([]clientv3.Op{clientv3.OpDelete(l.key)}, ops...)
 	for {
-		_, err := l.s.client.Txn(l.s.ctx).If(cmp).Then(clientv3.OpDelete(l.key)).Commit()
+		_, err := l.s.client.Txn(l.s.ctx).If(cmp).Then(then...).Commit()
 		if err == nil {
 			return
 		}
