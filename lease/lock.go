@@ -917,21 +917,14 @@ func (l *Lock) rereadAtHead(ctx context.Context, minRev int64) error {
 		return err
 	}
 	epoch := l.w.queue.epoch.Load()
-	l.mu.Lock()
-	l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
-	l.mu.Unlock()
 	pfx := l.name + "/"
-	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
-		return []clientv3.Op{clientv3.OpGet(l.key, opts...), clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
-			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.token-1), clientv3.WithLimit(queuePage))...)}
+	older, rev, err := l.readWithOwn(ctx, ownEpoch, epoch, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
+		return clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
+			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.token-1), clientv3.WithLimit(queuePage))...)
 	})
 	if err != nil {
 		return err
 	}
-	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
-		return ErrKeyDeleted
-	}
-	older := resp.Responses[1].GetResponseRange()
 	for _, kv := range older.Kvs {
 		if isChildKey(pfx, kv) { // perhaps a queue key: read in full
 			return l.readView(ctx, ownEpoch, epoch, minRev)
@@ -940,7 +933,7 @@ func (l *Lock) rereadAtHead(ctx context.Context, minRev int64) error {
 	if older.More {
 		return l.readView(ctx, ownEpoch, epoch, minRev)
 	}
-	l.setAhead(resp.Header.Revision, nil)
+	l.setAhead(rev, nil)
 	return nil
 }
 
@@ -963,23 +956,16 @@ func (l *Lock) rereadNear(ctx context.Context) error {
 // reader) are skipped, reading on, older, past a page full of them.
 func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
 	l.leaveMirror()
-	cli, pfx := l.s.client, l.name+"/"
+	pfx := l.name + "/"
 	maxRev := l.token - 1
 	for {
-		l.mu.Lock()
-		l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
-		l.mu.Unlock()
-		resp, err := readAtLeast(ctx, cli, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
-			return []clientv3.Op{clientv3.OpGet(l.key, opts...), newestFirst(pfx, maxRev, l.page(), opts...)}
+		page, rev, err := l.readWithOwn(ctx, ownEpoch, epoch, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
+			return newestFirst(pfx, maxRev, l.page(), opts...)
 		})
 		if err != nil {
 			return err
 		}
-		if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
-			return ErrKeyDeleted
-		}
-		page := resp.Responses[1].GetResponseRange()
-		l.setAhead(resp.Header.Revision, page)
+		l.setAhead(rev, page)
 		if len(page.Kvs) == 0 || !page.More {
 			return nil
 		}
@@ -996,6 +982,29 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 			return nil
 		}
 	}
+}
+
+// readWithOwn reads the lock's own key and the range rng builds together,
+// in a state no older than minRev and the token, with the view marked as
+// being read under the given watch epochs (deletions delivered meanwhile
+// are held back until it is set). It returns the range and the store
+// revision read at, or ErrKeyDeleted if the key is no longer this
+// holding's: a waiter whose key vanished must never be told it holds the
+// lock.
+func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
+	l.mu.Lock()
+	l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
+	l.mu.Unlock()
+	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(l.key, opts...), rng(opts...)}
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+		return nil, 0, ErrKeyDeleted
+	}
+	return resp.Responses[1].GetResponseRange(), resp.Header.Revision, nil
 }
 
 // recheck reads the key of a held lock again after its watch was down, in
