@@ -762,19 +762,22 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 }
 
 // confirmOwn opens the own-key watch of a lock that has to wait, and reads
-// its key once the watch is up (linearizably, so the read is no older than
-// the watch): a deletion before then went unseen. The rest of the view
-// stays as it is.
+// its key once the watch is up, in a state no older than the one the watch
+// came up at (readAtLeast: served by the member the client talks to when
+// it is that far, as the view's reads are): a deletion before then went
+// unseen. The rest of the view stays as it is.
 func (l *Lock) confirmOwn(ctx context.Context) error {
 	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
 		return err
 	}
-	g, err := l.s.client.Get(ctx, l.key)
+	resp, err := readAtLeast(ctx, l.s.client, max(l.w.own.upRev.Load(), l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(l.key, opts...)}
+	})
 	if err != nil {
 		return err
 	}
-	if !l.ownsFirst(g.Kvs) {
+	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
 		return ErrKeyDeleted
 	}
 	l.mu.Lock()

@@ -57,6 +57,9 @@ type keyWatch struct {
 	// odd exactly while the watch is up. A lock whose view was read under
 	// another epoch may have missed a deletion and reads it again.
 	epoch atomic.Uint64
+	// upRev is the store revision the watch last came up at: it reports
+	// every change after it.
+	upRev atomic.Int64
 
 	mu       sync.Mutex
 	running  bool          // run has started (a paused watch starts it on resume)
@@ -184,6 +187,7 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 		}
 		if wr.Created {
 			cameUp = true
+			w.upRev.Store(wr.Header.Revision)
 			if !w.isUp(ctx) {
 				return cameUp
 			}
