@@ -77,10 +77,13 @@
 //     (which is not ordered).
 //
 //   - A waiter is told it holds the lock only when no key older than its
-//     own is left in its view of the queue: a read that also found its own
-//     key with its token, kept current since by deletion watches that were
-//     up the whole time (otherwise it reads again). A waiter whose key or
-//     session vanishes returns at once with an error.
+//     own is left in its view of the queue: a read kept current since by
+//     deletion watches that were up the whole time (otherwise it reads
+//     again), with its own key found with its token by that read or by one
+//     made once the watch of its own key was up. A lock granted by the
+//     read that came back with its own key's put needs no watch for that.
+//     A waiter whose key or session vanishes returns at once with an
+//     error.
 //
 //   - Unlock deletes the key only if its creation revision is still the
 //     token, so it never removes a successor's key. A failed or cancelled
