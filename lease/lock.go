@@ -248,11 +248,12 @@ func (l *Lock) finish() {
 	if l.watchOwn != nil {
 		l.watchOwn.Stop()
 	}
+	token := l.token
 	l.mu.Unlock()
 	l.w.own.unsubscribe(l)
 	l.w.queue.unsubscribe(l)
 	if m := l.w.queue.mirror; m != nil {
-		m.leave(l)
+		m.leave(l, token)
 	}
 	l.s.unhold(l)
 	l.leave()
@@ -369,9 +370,8 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 			return err
 		}
 		if resp.Succeeded {
-			l.token = resp.Header.Revision
+			l.setToken(resp.Header.Revision)
 			l.setAhead(resp.Header.Revision, nil)
-			l.setFresh()
 			return nil
 		}
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
@@ -410,10 +410,9 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	if !resp.Succeeded {
 		return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
 	}
-	l.token = resp.Header.Revision
+	l.setToken(resp.Header.Revision)
 	l.s.probeKey.Store(l.key)
 	l.s.sawRevision(resp.Header.Revision)
-	l.setFresh()
 	if mirrored {
 		l.viewFromMirror(ctx)
 		return nil
@@ -429,10 +428,13 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	return nil
 }
 
-// setFresh marks the view about to be set as read with the key's put.
-func (l *Lock) setFresh() {
+// setToken records the lock's token as its key's put returns, and marks
+// the view about to be set as read with that put (fresh). Under l.mu: the
+// watches' deletions and a finish started by the session's end read the
+// token on goroutines of their own.
+func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
-	l.fresh = true
+	l.token, l.fresh = token, true
 	l.mu.Unlock()
 }
 
@@ -464,11 +466,11 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 // is gone (the watch went down) or the own-key watch restarted.
 func (l *Lock) leaveMirror() {
 	l.mu.Lock()
-	was := l.mirrored
+	was, token := l.mirrored, l.token
 	l.mirrored = false
 	l.mu.Unlock()
 	if was {
-		l.w.queue.mirror.leave(l)
+		l.w.queue.mirror.leave(l, token)
 		l.w.queue.subscribe(l)
 	}
 }
@@ -693,7 +695,7 @@ func (l *Lock) lookInMirror() view {
 	if !v.stale && !v.ownStale && !blocked {
 		l.grant()
 		v.held = true
-		l.w.queue.mirror.leave(l)
+		l.w.queue.mirror.leave(l, l.token)
 	}
 	return v
 }

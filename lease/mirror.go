@@ -243,12 +243,14 @@ func (m *queueMirror) blocked(epoch uint64, l *Lock) (blocked bool, pred *mvccpb
 	return true, nil, true
 }
 
-// leave unregisters a waiter (see join).
-func (m *queueMirror) leave(l *Lock) {
+// leave unregisters a waiter (see join) whose token is token (read by the
+// caller under the lock's mutex: the lock's finish may run while its
+// enqueue is returning).
+func (m *queueMirror) leave(l *Lock, token int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.waiters[l.token] == l {
-		delete(m.waiters, l.token)
+	if m.waiters[token] == l {
+		delete(m.waiters, token)
 		if l.mode == Read {
 			m.readers--
 		}
@@ -286,6 +288,14 @@ func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch uint
 			return false
 		}
 		if m.rev >= l.token {
+			select {
+			case <-done:
+				// The lock ended, and its finish may have left already:
+				// registered now, it would stay a waiter for good.
+				m.mu.Unlock()
+				return false
+			default:
+			}
 			if m.waiters == nil {
 				m.waiters = make(map[int64]*Lock)
 			}
