@@ -78,9 +78,9 @@ type Lock struct {
 	pending  []deletion
 	holding  bool // nothing was left ahead: the lock is (or was) held
 	// fresh: the view is the one read as the key was put (or the
-	// Keeper's copy as it took the put), and nothing has been waited for
-	// since; such a view may grant the lock with the own-key watch not
-	// yet up (see look).
+	// Keeper's copy as it took the put), and not yet looked at; such a
+	// view may grant the lock with the own-key watch not yet up (see
+	// look, which clears it).
 	fresh bool
 	// watchOwn opens the own-key watch once the lock has been held for
 	// ownWatchDelay, when it was granted with that watch not up.
@@ -276,11 +276,7 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // queue ahead is empty (reached when nested locks' keys hid the queue from
 // create's first read).
 func (l *Lock) await(ctx context.Context, try bool) error {
-	v := l.look()
-	l.mu.Lock()
-	l.fresh = false // from now on the lock has waited
-	l.mu.Unlock()
-	if v.held {
+	if v := l.look(); v.held {
 		return nil
 	}
 	if !try {
@@ -641,6 +637,9 @@ type view struct {
 func (l *Lock) look() view {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Only the first look may rely on a fresh view: after it, the lock
+	// waits.
+	defer func() { l.fresh = false }()
 	if l.mirrored {
 		return l.lookInMirror()
 	}
