@@ -558,19 +558,34 @@ type deletion struct {
 	rev int64
 }
 
-// deleted is called by the name's watches for each deletion, in revision
-// order. fromQueue tells that it came from the queue watch, in epoch.
-func (l *Lock) deleted(key string, rev int64, fromQueue bool, epoch uint64) {
+// deleted is called by the name's watches with the events of one watch
+// response, in revision order; it applies their deletions together, so
+// that the waiter never looks at a view that has some of them and not
+// others. fromQueue tells that they came from the queue watch, in epoch.
+//
+// The queue watch's deletion of the lock's own key counts as much as the
+// own-key watch's: the two are separate watches, and the client may hand
+// the own-key watch's events over later than the queue watch's, so a
+// waiter whose key went just before the last key ahead (or in the same
+// transaction) must learn it from the queue watch, which delivers both in
+// order.
+func (l *Lock) deleted(events []*clientv3.Event, fromQueue bool, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if fromQueue && (epoch != l.epoch || key == l.key) {
-		return // the view is read again before it is relied on; the own-key watch reports the key
+	if fromQueue && epoch != l.epoch {
+		return // the view is read again before it is relied on
 	}
-	if !l.synced {
-		l.pending = append(l.pending, deletion{key, rev})
-		return
+	for _, ev := range events {
+		if ev.Type != mvccpb.DELETE {
+			continue
+		}
+		key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
+		if !l.synced {
+			l.pending = append(l.pending, deletion{key, rev})
+			continue
+		}
+		l.applyDelete(key, rev)
 	}
-	l.applyDelete(key, rev)
 }
 
 // applyDelete applies a deletion at revision rev to the lock's view. l.mu
@@ -614,6 +629,7 @@ func (l *Lock) keyGoneLocked() {
 // view is what a waiter knows of the queue ahead of it.
 type view struct {
 	held     bool             // nothing ahead: the lock is held
+	ended    bool             // the lock has ended (see its context's cause): it is never held
 	stale    bool             // the view must be read (again): it is unread, or its read failed
 	ownStale bool             // the own-key watch was not up all along since the view was read: the key must be read again once it is
 	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
@@ -637,6 +653,11 @@ type view struct {
 func (l *Lock) look() view {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.ctx.Err() != nil {
+		// The lock ended while it waited (its key deleted, its session
+		// gone): it must not be granted, whatever its view says.
+		return view{ended: true}
+	}
 	// Only the first look may rely on a fresh view: after it, the lock
 	// waits.
 	defer func() { l.fresh = false }()
@@ -713,6 +734,8 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		switch {
 		case v.held:
 			return nil
+		case v.ended:
+			return context.Cause(l.ctx)
 		case v.ownStale && !v.stale:
 			err = l.confirmOwn(ctx)
 		case v.mirrored && !v.stale:

@@ -663,3 +663,67 @@ func TestBriefLockOpensNoWatch(t *testing.T) {
 		t.Errorf("Err() = %v, want ErrKeyDeleted", held.Err())
 	}
 }
+
+// A waiter whose key is deleted just before the key ahead of it, or in the
+// same transaction, is never told it holds the lock: the deletion that
+// empties its view comes through the queue watch, and its own key's
+// through the own-key watch, whose events the client may hand over later.
+// (CI caught a waiter granted in that order, token 55 while the key ahead,
+// 52, was gone.)
+func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cases := []struct {
+		name string
+		del  func(ctx context.Context, cli *clientv3.Client, waiter, head string) error
+	}{
+		{"one after the other", func(ctx context.Context, cli *clientv3.Client, waiter, head string) error {
+			if _, err := cli.Delete(ctx, waiter); err != nil {
+				return err
+			}
+			_, err := cli.Delete(ctx, head)
+			return err
+		}},
+		{"in one transaction", func(ctx context.Context, cli *clientv3.Client, waiter, head string) error {
+			_, err := cli.Txn(ctx).Then(clientv3.OpDelete(waiter), clientv3.OpDelete(head)).Commit()
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := etcd.Client(t)
+			counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
+			hs, ws := newSession(t, cli), newSession(t, counts.client(t))
+			for i := 0; i < 20; i++ {
+				name := etcdtest.Name(t, fmt.Sprintf("deleted-waiter-%d", i))
+				head := mustLock(t, hs, name)
+				ch := lockAsync(testCtx(t), ws, name)
+				// The waiter follows the queue once both its watches are
+				// up: the case where the two deletions race.
+				for up := 0; up < 2; up++ {
+					select {
+					case <-counts.created:
+					case <-testCtx(t).Done():
+						t.Fatal("the waiter's watches never came up")
+					}
+				}
+				waiterKey := fmt.Sprintf("%s/%x", name, int64(ws.Lease()))
+				if err := tc.del(testCtx(t), cli, waiterKey, head.Key()); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case r := <-ch:
+					if r.err == nil {
+						r.l.Unlock(testCtx(t))
+						t.Fatalf("round %d: waiter granted with token %d after its key was deleted", i, r.l.Token())
+					}
+					if !errors.Is(r.err, lease.ErrKeyDeleted) {
+						t.Fatalf("round %d: waiter returned %v, want ErrKeyDeleted", i, r.err)
+					}
+				case <-time.After(2 * time.Second):
+					t.Fatalf("round %d: waiter still waiting 2s after its key was deleted", i)
+				}
+				head.Unlock(testCtx(t))
+			}
+		})
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
@@ -200,14 +199,8 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 		if w.mirror != nil {
 			w.mirror.apply(w.key, wr.Events, epoch)
 		}
-		subs := w.subscribers()
-		for _, ev := range wr.Events {
-			if ev.Type != mvccpb.DELETE {
-				continue
-			}
-			for _, sub := range subs {
-				sub.deleted(string(ev.Kv.Key), ev.Kv.ModRevision, w.prefix, epoch)
-			}
+		for _, sub := range w.subscribers() {
+			sub.deleted(wr.Events, w.prefix, epoch)
 		}
 	}
 	return cameUp
