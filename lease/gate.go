@@ -102,6 +102,7 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 			return nil, err
 		}
 		g = &gate{ch: make(chan struct{}, 1), w: w}
+		g.drop = func() { gs.expire(name, g) }
 		gs.m[name] = g
 	}
 	g.join()
@@ -113,7 +114,7 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 func (gs *gates) leave(name string, g *gate) {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
-	g.lingering.leave(func() { gs.expire(name, g) })
+	g.lingering.leave()
 }
 
 // expire drops an idle gate and stops its watches.

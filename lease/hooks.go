@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Hooks receive the events of a session and its locks, for metrics. Every
@@ -78,7 +79,11 @@ func (h *Hooks) waiting(name string, delta int) {
 // recorded.
 func (l *Lock) reportGranted(waited time.Duration) {
 	s := l.s
-	s.lg.Info("lock granted", zap.String("key", l.key), zap.Int64("token", l.token), zap.Duration("waited", waited))
+	// Check first: building the fields of a message nobody logs would
+	// cost every Lock allocations.
+	if ce := s.lg.Check(zap.InfoLevel, "lock granted"); ce != nil {
+		ce.Write(zap.String("key", l.key), zap.Int64("token", l.token), zap.Duration("waited", waited))
+	}
 	if s.hooks.Acquired != nil {
 		s.hooks.Acquired(l.name, l.token, waited)
 	}
@@ -108,13 +113,21 @@ func (l *Lock) finishing() {
 func (l *Lock) reportEnd() {
 	s := l.s
 	why, held := context.Cause(l.ctx), time.Since(l.grantedAt)
-	fields := []zap.Field{zap.String("key", l.key), zap.Int64("token", l.token),
-		zap.Duration("held", held), zap.String("cause", Cause(why))}
-	switch Cause(why) {
-	case "released", "session_closed":
-		s.lg.Info("lock released", fields...)
-	default:
-		s.lg.Warn("lock lost", append(fields, zap.Error(why))...)
+	cause := Cause(why)
+	var ce *zapcore.CheckedEntry
+	lost := cause != "released" && cause != "session_closed"
+	if lost {
+		ce = s.lg.Check(zap.WarnLevel, "lock lost")
+	} else {
+		ce = s.lg.Check(zap.InfoLevel, "lock released")
+	}
+	if ce != nil {
+		fields := []zap.Field{zap.String("key", l.key), zap.Int64("token", l.token),
+			zap.Duration("held", held), zap.String("cause", cause)}
+		if lost {
+			fields = append(fields, zap.Error(why))
+		}
+		ce.Write(fields...)
 	}
 	if s.hooks.Ended != nil {
 		s.hooks.Ended(l.name, l.token, held, why)

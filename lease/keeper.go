@@ -152,6 +152,7 @@ func (k *Keeper) queueWatch(name string) (*keyWatch, error) {
 		}
 		w.mirror = newQueueMirror()
 		q = &sharedQueue{w: w}
+		q.drop = func() { k.dropQueue(name, q) }
 		k.queues[name] = q
 	}
 	q.join()
@@ -169,16 +170,19 @@ func (k *Keeper) releaseQueue(name string, w *keyWatch) {
 	if q == nil || q.w != w {
 		return
 	}
-	q.leave(func() {
-		k.mu.Lock()
-		if q.inUse() || k.queues[name] != q {
-			k.mu.Unlock()
-			return
-		}
-		delete(k.queues, name)
+	q.leave()
+}
+
+// dropQueue stops a queue watch that no session has used for idleWatch.
+func (k *Keeper) dropQueue(name string, q *sharedQueue) {
+	k.mu.Lock()
+	if q.inUse() || k.queues[name] != q {
 		k.mu.Unlock()
-		q.w.stop()
-	})
+		return
+	}
+	delete(k.queues, name)
+	k.mu.Unlock()
+	q.w.stop()
 }
 
 // add starts renewing s's lease.

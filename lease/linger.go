@@ -8,25 +8,34 @@ import "time"
 // again and again keeps its watches open. The owner's mutex guards it.
 type lingering struct {
 	users int
-	idle  *time.Timer // set while users is 0: drops the thing when it fires
+	// drop drops the thing; it takes the owner's mutex and checks inUse
+	// first: a user may have joined as the timer fired. Set once, as the
+	// thing is made.
+	drop func()
+	// idle runs drop idleWatch after the last user left. It is made once
+	// and reset on each last leave: a lock taken and released again and
+	// again makes no timer each time.
+	idle *time.Timer
 }
 
 // join counts a user in, keeping the thing from being dropped.
 func (l *lingering) join() {
 	if l.idle != nil {
 		l.idle.Stop()
-		l.idle = nil
 	}
 	l.users++
 }
 
-// leave counts a user out; after the last, drop runs in idleWatch. drop
-// takes the owner's mutex and checks inUse first: a user may have joined
-// as the timer fired.
-func (l *lingering) leave(drop func()) {
-	if l.users--; l.users == 0 {
-		l.idle = time.AfterFunc(idleWatch, drop)
+// leave counts a user out; after the last, drop runs in idleWatch.
+func (l *lingering) leave() {
+	if l.users--; l.users != 0 {
+		return
 	}
+	if l.idle == nil {
+		l.idle = time.AfterFunc(idleWatch, l.drop)
+		return
+	}
+	l.idle.Reset(idleWatch)
 }
 
 // inUse tells whether a user has joined since the last left.
