@@ -736,6 +736,10 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			return nil
 		case v.ended:
 			return context.Cause(l.ctx)
+		case try && !v.stale && v.pred != nil:
+			// Someone holds it: whether the lock's own key is still there
+			// changes nothing about that.
+			return lockedBy(v.pred)
 		case v.ownStale && !v.stale:
 			err = l.confirmOwn(ctx)
 		case v.mirrored && !v.stale:
@@ -749,8 +753,6 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			// The own-key watch went down, or the page read held no
 			// queue key but older keys lie past it: read again.
 			err = l.reread(ctx, 0)
-		case try:
-			return lockedBy(v.pred)
 		case v.near && v.current:
 			select {
 			case <-l.changed:

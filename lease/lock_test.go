@@ -727,3 +727,33 @@ func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
 		})
 	}
 }
+
+// A TryLock that finds the lock held only after nested locks' keys hid
+// the queue from its first read (so it queued, and then looked) reports
+// ErrLocked without opening a watch of its own key first, and leaves no
+// key behind.
+func TestTryLockBehindNestedKeysOpensNoWatch(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "try-nested")
+	// More nested holders than one page of the oldest keys, then the
+	// holder of name itself.
+	for i := 0; i < 20; i++ {
+		mustLock(t, newSession(t, cli), fmt.Sprintf("%s/sub%d", name, i))
+	}
+	holder := mustLock(t, newSession(t, cli), name)
+	counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
+	s := newSession(t, counts.client(t))
+	_, err := s.TryLock(testCtx(t), name)
+	if !errors.Is(err, lease.ErrLocked) || !strings.Contains(err.Error(), holder.Key()) {
+		t.Fatalf("TryLock behind nested keys: %v, want ErrLocked naming %s", err, holder.Key())
+	}
+	select {
+	case <-counts.created:
+		t.Error("a TryLock that found the lock held opened a watch")
+	default:
+	}
+	if keys := queueKeys(t, cli, name); len(keys) != 1 {
+		t.Errorf("keys queued under the name after the TryLock: %v, want the holder's alone", keys)
+	}
+}

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,7 +58,9 @@ func queueKeys(t *testing.T, cli *clientv3.Client, name string) []string {
 	}
 	var keys []string
 	for _, kv := range resp.Kvs {
-		keys = append(keys, string(kv.Key))
+		if !strings.Contains(strings.TrimPrefix(string(kv.Key), name+"/"), "/") {
+			keys = append(keys, string(kv.Key))
+		}
 	}
 	return keys
 }
