@@ -128,6 +128,7 @@ type labChild struct {
 	mu      sync.Mutex
 	lines   []timedLine
 	changed chan struct{}
+	ended   bool // the child's output has ended: no line will come
 }
 
 type timedLine struct {
@@ -157,6 +158,11 @@ func (c *labChild) follow() {
 		c.changed = make(chan struct{})
 		c.mu.Unlock()
 	}
+	c.mu.Lock()
+	c.ended = true
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
 }
 
 // await waits for the first line after since that starts with prefix.
@@ -176,7 +182,12 @@ func (c *labChild) awaitLine(ctx context.Context, since time.Time, what string, 
 				return l, nil
 			}
 		}
+		ended := c.ended
 		c.mu.Unlock()
+		if ended {
+			// Fail now rather than wait out ctx for a line that cannot come.
+			return timedLine{}, fmt.Errorf("%s: no %q line: its output ended\n%s", c.Name, what, c.Stderr())
+		}
 		select {
 		case <-changed:
 		case <-ctx.Done():

@@ -225,8 +225,14 @@ func TestPartitionMinorityWaiter(t *testing.T) {
 	_, followers := lc.leader(t, ctx)
 	minority := followers[0]
 	majority := lc.others(minority)
-	const sessionTTL = 4 * time.Second // the waiter's session outlives the cut
-	cutFor := sessionTTL / 2
+	// The waiter's session outlives the cut: its last answered keep-alive
+	// may have been sent a third of the TTL before the cut, and after the
+	// heal the minority member has to rejoin and the client's connection
+	// to resume (TCP retransmits back off while packets are dropped). With
+	// a 4 s TTL that left as little as 0.67 s, and CI once saw the
+	// waiter's session lost; 6 s leaves at least 2 s.
+	const sessionTTL = 6 * time.Second
+	const cutFor = 2 * time.Second
 	q := lc.queueTwo(t, ctx, sessionTTL, majority, []*netlab.Host{minority})
 	name, obs, holderHost, waiterHost, holder, waiter, token := q.name, lc.client(t, lc.obs, majority...), q.holderHost, q.waiterHost, q.holder, q.waiter, q.token
 	cutAt := time.Now()
