@@ -276,8 +276,11 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // queue ahead is empty (reached when nested locks' keys hid the queue from
 // create's first read).
 func (l *Lock) await(ctx context.Context, try bool) error {
-	if v := l.look(); v.held {
+	switch v := l.look(); {
+	case v.held:
 		return nil
+	case v.ended:
+		return context.Cause(l.ctx)
 	}
 	if !try {
 		l.s.hooks.waiting(l.name, +1)
