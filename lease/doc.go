@@ -83,7 +83,9 @@
 //     made once the watch of its own key was up. A lock granted by the
 //     read that came back with its own key's put needs no watch for that.
 //     A waiter whose key or session vanishes returns at once with an
-//     error.
+//     error, never the lock, even when its key goes in the same
+//     transaction as the last key ahead: the queue watch, which sees both
+//     deletions in order, reports its own key's too.
 //
 //   - Unlock deletes the key only if its creation revision is still the
 //     token, so it never removes a successor's key. A failed or cancelled
