@@ -48,45 +48,35 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64) (*clientv3.L
 // hangs up, and the client may see only the hang-up (a broken pipe, a
 // reset) when it writes before it reads the alert. gRPC then keeps
 // reporting the failure, without a new state, until a connection is ready
-// (its failure state is sticky), so after a hang-up the connection is
-// tried again at once, a few times, each probed shortly after: the next
-// attempt usually reads the alert.
+// (its failure state is sticky), so a failed connection is not waited on
+// for a new state: it is probed again and again, 20 ms apart at first and
+// at most 100 ms apart (a probe of a failed connection sends nothing), and
+// after a hang-up it is also made to try again at once, as the next
+// attempt usually reads the alert. (Waiting for a new
+// state after a few probes left one run in twenty of TestTLSAndAuth stuck
+// until its deadline.)
 func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 	conn := client.ActiveConnection()
+	retry := newBackoff(20*time.Millisecond, 100*time.Millisecond)
 	for {
 		state := conn.GetState()
 		switch state {
 		case connectivity.Ready:
 			return nil
 		case connectivity.TransientFailure:
-			if err := probeFailure(ctx, conn); err != nil {
+			hungUp, err := probe(ctx, conn)
+			if err != nil {
 				return err
 			}
+			if hungUp {
+				conn.ResetConnectBackoff()
+			}
+			if retry.wait(ctx) != nil {
+				return nil
+			}
+			continue
 		}
 		if !conn.WaitForStateChange(ctx, state) {
-			return nil
-		}
-	}
-}
-
-// hangUpRetries bounds the immediate attempts after a hang-up.
-const hangUpRetries = 5
-
-// probeFailure probes a failed connection; after a hang-up it makes the
-// connection try again at once and probes again, up to hangUpRetries
-// times, 20 ms more apart each time.
-func probeFailure(ctx context.Context, conn *grpc.ClientConn) error {
-	for i := 0; ; i++ {
-		hungUp, err := probe(ctx, conn)
-		if err != nil || !hungUp || i == hangUpRetries {
-			return err
-		}
-		conn.ResetConnectBackoff()
-		t := time.NewTimer(time.Duration(i+1) * 20 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
 			return nil
 		}
 	}
