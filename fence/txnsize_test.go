@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -12,15 +13,47 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
-// countingKV counts the transactions that reach etcd.
+// countingKV counts the transactions that reach etcd, and those of them
+// that nest a transaction.
 type countingKV struct {
 	clientv3.KV
-	sent int
+	sent, nested int
 }
 
 func (k *countingKV) Txn(ctx context.Context) clientv3.Txn {
 	k.sent++
-	return k.KV.Txn(ctx)
+	return &shapeTxn{Txn: k.KV.Txn(ctx), kv: k}
+}
+
+// shapeTxn tells its countingKV whether it nests a transaction.
+type shapeTxn struct {
+	clientv3.Txn
+	kv    *countingKV
+	nests bool
+}
+
+func (t *shapeTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.Txn = t.Txn.If(cs...)
+	return t
+}
+
+func (t *shapeTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.nests = t.nests || slices.ContainsFunc(ops, clientv3.Op.IsTxn)
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *shapeTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.nests = t.nests || slices.ContainsFunc(ops, clientv3.Op.IsTxn)
+	t.Txn = t.Txn.Else(ops...)
+	return t
+}
+
+func (t *shapeTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.nests {
+		t.kv.nested++
+	}
+	return t.Txn.Commit()
 }
 
 // TestTxnSizeBoundary commits, for every number of Held and Resource

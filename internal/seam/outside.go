@@ -14,9 +14,9 @@ import (
 // fence's comparisons decided in the writer's favour: the checks are still
 // built and sent, but a lock key always counts as held (a creation
 // revision comparison holds) and a record never counts as above the token
-// (a value comparison fails), so every guarded write lands and raises its
-// record. The suite's writes have no comparisons of their own, which this
-// would also rewrite.
+// (a value comparison with ">" fails, any other holds: "at most" and
+// "equal to" the token), so every guarded write lands. The suite's writes
+// have no comparisons of their own, which this would also rewrite.
 func KV(ctx context.Context, kv clientv3.KV) clientv3.KV {
 	if From(ctx).On() != NoFenceCompare {
 		return kv
@@ -51,12 +51,13 @@ func (t *unfencedTxn) Commit() (*clientv3.TxnResponse, error) {
 
 // writerWins replaces each comparison by one on the same key whose result
 // is fixed whatever the key's state (a creation revision is never
-// negative): true for the held check, false for the record check.
+// negative): false for a record checked as above the token, true for
+// every other check.
 func writerWins(cmps []clientv3.Cmp) []clientv3.Cmp {
 	out := make([]clientv3.Cmp, len(cmps))
 	for i, c := range cmps {
 		op := ">" // always true
-		if c.GetCompare().GetTarget() == pb.Compare_VALUE {
+		if pc := c.GetCompare(); pc.GetTarget() == pb.Compare_VALUE && pc.GetResult() == pb.Compare_GREATER {
 			op = "<" // always false
 		}
 		out[i] = clientv3.Compare(clientv3.CreateRevision(string(c.KeyBytes())), op, -1)
