@@ -28,7 +28,8 @@
 // Guards combine: NewTxn(ctx, kv, Held(l), Resource(k1, t), Resource(k2, t))
 // checks them all, with the caller's own If/Then/Else, in one etcd
 // transaction and one round trip (two for the write that finds a record
-// missing, its first; the first of the two writes nothing). A failed guard is an error (*NotHeldError
+// missing, its first, and for a check with no writes that finds a record
+// below its token; the first of the two writes nothing). A failed guard is an error (*NotHeldError
 // or *StaleError) and runs neither branch; a failed caller If is not, and
 // runs Else, as etcd would.
 //

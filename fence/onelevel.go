@@ -12,9 +12,11 @@ import clientv3 "go.etcd.io/etcd/client/v3"
 // two outcomes where the full shape has three (write, raise the record
 // and write, refuse), so each gives up one case to the full shape, sent
 // as a second round trip:
-//   - the steady shape (a Recorder that knows its record holds the token)
-//     writes only if every record equals its token, and writes no record;
-//   - the raising shape, for a caller's part that writes (callerWrites),
+//   - the compare-only shape (a Recorder that knows its record holds the
+//     token, or a caller's part that writes nothing: raises) writes only
+//     if every record equals its token, and writes no record; a record
+//     below its token takes the full shape;
+//   - the raising shape, for a caller's part that writes,
 //     writes if every record is at most its token, and sets every record
 //     to its token in the same step (in the steady state a rewrite of the
 //     same value: cheaper than the nesting that would skip it, measured
@@ -93,9 +95,10 @@ func (t *Txn) commitOneLevel(raise bool) (resp *clientv3.TxnResponse, done bool,
 	return nil, false, nil
 }
 
-// fullFits tells whether the full shape fits etcd's limits. The raising
-// shape is tried only for a write that the full shape can carry too, so
-// that whether a write is too large never depends on what etcd holds. A
+// fullFits tells whether the full shape fits etcd's limits. A one-level
+// shape is tried (a Recorder's steady one aside) only for a transaction
+// that the full shape can carry too, so that whether it is too large
+// never depends on what etcd holds. A
 // caller's part without transactions of its own is checked against the
 // documented allowance; one with them is laid out and measured.
 func (t *Txn) fullFits() bool {
@@ -117,12 +120,14 @@ func (t *Txn) noteRecorded() {
 	}
 }
 
-// callerWrites tells whether the caller's part may write. Only then is the
-// raising shape sent: a transaction that writes anyway takes the record's
-// rewrite into the same revision, while one that only checks (or reads)
-// would make a revision of its own with every call, where the full shape
-// writes nothing in the steady state.
-func (t *Txn) callerWrites() bool { return writes(t.then) || writes(t.els) }
+// raises tells which one-level shape to send: the raising one, unless the
+// Recorders know their records hold the tokens (steady), or the caller's
+// part does not write. A transaction that writes anyway takes the
+// record's rewrite into the revision it makes; a check alone (or with
+// reads) would make a revision of its own with every call, where the
+// compare-only shape writes nothing in either branch, so that etcd serves
+// it as a linearizable read: no raft entry, no fsync.
+func (t *Txn) raises() bool { return !t.steady() && (writes(t.then) || writes(t.els)) }
 
 // writes tells whether ops holds a put or a delete, at any depth.
 func writes(ops []clientv3.Op) bool {

@@ -89,10 +89,10 @@ func TestResourceOneLevel(t *testing.T) {
 }
 
 // A transaction whose caller's part writes nothing (a check alone, as
-// fencehttp's EtcdStore.Accept sends) keeps the full shape, which makes
-// no revision while the record holds the token, and still raises a record
-// below it, in one round trip either way.
-func TestResourceCheckAloneWritesNothingSteady(t *testing.T) {
+// fencehttp's EtcdStore.Accept sends) is sent as comparisons alone, which
+// makes no revision while the record holds the token (etcd serves it as a
+// read), and still raises a record below it, through the full shape.
+func TestResourceCheckAlone(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	rec := etcdtest.Name(t, "check") + "/fence"
@@ -100,27 +100,38 @@ func TestResourceCheckAloneWritesNothingSteady(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases := []struct {
-		name      string
-		token     int64
-		then      []clientv3.Op
-		wantMoved bool // the store's revision moves
+		name       string
+		token      int64
+		then       []clientv3.Op
+		wantMoved  bool // the store's revision moves
+		wantTrips  int
+		wantNested int
+		wantWrites int // transactions sent that may write (etcd serves the rest as reads)
+		wantErr    error
+		wantRecord int64
 	}{
-		{"raises the record below", 7, nil, true},
-		{"steady: no revision", 7, nil, false},
-		{"steady, with a read: no revision", 7, []clientv3.Op{clientv3.OpGet(rec)}, false},
+		{"raises the record below", 7, nil, true, 2, 1, 1, nil, 7},
+		{"steady: a read", 7, nil, false, 1, 0, 0, nil, 7},
+		{"steady, with a read of the caller's: a read", 7, []clientv3.Op{clientv3.OpGet(rec)}, false, 1, 0, 0, nil, 7},
+		{"refused: the record above", 6, nil, false, 1, 0, 0, fence.ErrStale, 7},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			before := revision(t, cli)
 			kv := &countingKV{KV: cli}
-			if _, err := fence.NewTxn(testCtx(t), kv, fence.Resource(rec, tc.token)).Then(tc.then...).Commit(); err != nil {
-				t.Fatal(err)
+			_, err := fence.NewTxn(testCtx(t), kv, fence.Resource(rec, tc.token)).Then(tc.then...).Commit()
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Fatalf("check: %v, want %v", err, tc.wantErr)
 			}
-			if moved := revision(t, cli) != before; moved != tc.wantMoved || kv.sent != 1 {
-				t.Errorf("revision moved: %v, want %v; %d round trips, want 1", moved, tc.wantMoved, kv.sent)
+			if moved := revision(t, cli) != before; moved != tc.wantMoved {
+				t.Errorf("revision moved: %v, want %v", moved, tc.wantMoved)
 			}
-			if v, _ := get(t, cli, rec); v != fence.EncodeToken(tc.token) {
-				t.Errorf("record %q, want token %d", v, tc.token)
+			if kv.sent != tc.wantTrips || kv.nested != tc.wantNested || kv.writing != tc.wantWrites {
+				t.Errorf("%d round trips, %d nested, %d that may write; want %d, %d, %d",
+					kv.sent, kv.nested, kv.writing, tc.wantTrips, tc.wantNested, tc.wantWrites)
+			}
+			if v, _ := get(t, cli, rec); v != fence.EncodeToken(tc.wantRecord) {
+				t.Errorf("record %q, want token %d", v, tc.wantRecord)
 			}
 		})
 	}

@@ -23,20 +23,23 @@ const MaxResourceGuards = 16
 
 // Txn is an etcd transaction whose writes happen only if every guard holds,
 // checked by etcd in the same atomic step. It is built like clientv3.Txn and
-// sent by Commit as one etcd transaction, in one round trip, with one
-// exception: the first write to a fence record that does not exist yet
-// takes two (the first, refused, writes nothing). Commit first sends a
-// shape with no nesting of its own, which compares every guard and every
-// record at one level and sets each record to its token with the caller's
-// writes; if a record is missing, it sends the full shape, in which the
+// sent by Commit as one etcd transaction, in one round trip, with two
+// exceptions, each taking two round trips (the first, refused, writes
+// nothing): the first write to a fence record that does not exist yet,
+// and a check alone that finds a record below its token. Commit first
+// sends a shape with no nesting of its own, which compares every guard and
+// every record at one level and sets each record to its token with the
+// caller's writes; if a record is missing, it sends the full shape, in which the
 // Held guards form the outer transaction, each Resource record a nested
 // one, and the caller's If, Then and Else the innermost. In the steady
 // state (a record already at the token) the record is written again with
 // the same value, in the revision the caller's writes make anyway: on
 // etcd 3.5 and 3.7 that costs the server less than a nested transaction
 // that would skip it (see onelevel.go). A transaction whose caller's part
-// writes nothing (a check alone) is sent in the full shape, which makes no
-// revision when every record holds its token already.
+// writes nothing (a check alone) is sent first as comparisons alone, which
+// etcd serves as a linearizable read, with no raft entry, when every
+// record holds its token already; a record below its token then takes the
+// full shape, a second round trip.
 //
 // The guards use part of etcd's allowance of MaxTxnOps operations. With h
 // Held and r > 0 Resource guards, and no If or Else of the caller's, Then
@@ -121,13 +124,8 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 	// A one-level shape first (onelevel.go): building the full one would
 	// cost a holder's every write most of the client's share of it, and
 	// etcd more than its nesting is worth.
-	switch {
-	case t.steady():
-		if resp, done, err := t.commitOneLevel(false); done {
-			return resp, err
-		}
-	case len(t.resources()) > 0 && t.callerWrites() && t.fullFits():
-		if resp, done, err := t.commitOneLevel(true); done {
+	if len(t.resources()) > 0 && (t.steady() || t.fullFits()) {
+		if resp, done, err := t.commitOneLevel(t.raises()); done {
 			return resp, err
 		}
 	}

@@ -13,11 +13,12 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
-// countingKV counts the transactions that reach etcd, and those of them
-// that nest a transaction.
+// countingKV counts the transactions that reach etcd, those of them that
+// nest a transaction, and those that may write (a put or delete in either
+// branch, at any depth: etcd serves any other as a read).
 type countingKV struct {
 	clientv3.KV
-	sent, nested int
+	sent, nested, writing int
 }
 
 func (k *countingKV) Txn(ctx context.Context) clientv3.Txn {
@@ -25,11 +26,12 @@ func (k *countingKV) Txn(ctx context.Context) clientv3.Txn {
 	return &shapeTxn{Txn: k.KV.Txn(ctx), kv: k}
 }
 
-// shapeTxn tells its countingKV whether it nests a transaction.
+// shapeTxn tells its countingKV whether it nests a transaction and
+// whether it may write.
 type shapeTxn struct {
 	clientv3.Txn
-	kv    *countingKV
-	nests bool
+	kv           *countingKV
+	nests, write bool
 }
 
 func (t *shapeTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
@@ -38,20 +40,41 @@ func (t *shapeTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
 }
 
 func (t *shapeTxn) Then(ops ...clientv3.Op) clientv3.Txn {
-	t.nests = t.nests || slices.ContainsFunc(ops, clientv3.Op.IsTxn)
+	t.note(ops)
 	t.Txn = t.Txn.Then(ops...)
 	return t
 }
 
 func (t *shapeTxn) Else(ops ...clientv3.Op) clientv3.Txn {
-	t.nests = t.nests || slices.ContainsFunc(ops, clientv3.Op.IsTxn)
+	t.note(ops)
 	t.Txn = t.Txn.Else(ops...)
 	return t
+}
+
+func (t *shapeTxn) note(ops []clientv3.Op) {
+	t.nests = t.nests || slices.ContainsFunc(ops, clientv3.Op.IsTxn)
+	t.write = t.write || mayWrite(ops)
+}
+
+// mayWrite tells whether ops hold a put or a delete, at any depth.
+func mayWrite(ops []clientv3.Op) bool {
+	for _, op := range ops {
+		if op.IsPut() || op.IsDelete() {
+			return true
+		}
+		if _, then, els := op.Txn(); op.IsTxn() && (mayWrite(then) || mayWrite(els)) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *shapeTxn) Commit() (*clientv3.TxnResponse, error) {
 	if t.nests {
 		t.kv.nested++
+	}
+	if t.write {
+		t.kv.writing++
 	}
 	return t.Txn.Commit()
 }
