@@ -24,22 +24,22 @@ const MaxResourceGuards = 16
 // Txn is an etcd transaction whose writes happen only if every guard holds,
 // checked by etcd in the same atomic step. It is built like clientv3.Txn and
 // sent by Commit as one etcd transaction, in one round trip, with two
-// exceptions, each taking two round trips (the first, refused, writes
+// exceptions that take two (the first of them refused, having written
 // nothing): the first write to a fence record that does not exist yet,
-// and a check alone that finds a record below its token. Commit first
-// sends a shape with no nesting of its own, which compares every guard and
-// every record at one level and sets each record to its token with the
-// caller's writes; if a record is missing, it sends the full shape, in which the
-// Held guards form the outer transaction, each Resource record a nested
-// one, and the caller's If, Then and Else the innermost. In the steady
-// state (a record already at the token) the record is written again with
-// the same value, in the revision the caller's writes make anyway: on
-// etcd 3.5 and 3.7 that costs the server less than a nested transaction
-// that would skip it (see onelevel.go). A transaction whose caller's part
-// writes nothing (a check alone) is sent first as comparisons alone, which
-// etcd serves as a linearizable read, with no raft entry, when every
-// record holds its token already; a record below its token then takes the
-// full shape, a second round trip.
+// and a check alone that finds a record below its token.
+//
+// Commit first sends a shape with no nesting of its own:
+// every guard and every record compared at one level, then each record
+// set to its token with the caller's writes. In the steady state (a record
+// already at the token) that writes the record again with the same value,
+// in the revision the caller's writes make anyway: on etcd 3.5 and 3.7
+// that costs the server less than the nesting that would skip it. A
+// transaction whose caller's part writes nothing (a check alone) is sent
+// as comparisons alone instead, which etcd serves as a linearizable read,
+// with no raft entry. When a one-level shape cannot decide (a record
+// missing; below its token, for a check alone), Commit sends the full
+// shape: the Held guards form the outer transaction, each Resource record
+// a nested one, and the caller's If, Then and Else the innermost.
 //
 // The guards use part of etcd's allowance of MaxTxnOps operations. With h
 // Held and r > 0 Resource guards, and no If or Else of the caller's, Then
