@@ -29,9 +29,9 @@
 // checks them all, with the caller's own If/Then/Else, in one etcd
 // transaction and one round trip (two for the write that finds a record
 // missing, its first, and for a check with no writes that finds a record
-// below its token; the first of the two writes nothing). A failed guard is an error (*NotHeldError
-// or *StaleError) and runs neither branch; a failed caller If is not, and
-// runs Else, as etcd would.
+// below its token; the first of the two writes nothing). A failed guard is
+// an error (*NotHeldError or *StaleError) and runs neither branch; a
+// failed caller If is not, and runs Else, as etcd would.
 //
 // # What is guaranteed
 //

@@ -13,12 +13,12 @@ import clientv3 "go.etcd.io/etcd/client/v3"
 // and write, refuse), so each gives up one case to the full shape, sent
 // as a second round trip:
 //   - the compare-only shape (a Recorder that knows its record holds the
-//     token, or a caller's part that writes nothing: raises) writes only
-//     if every record equals its token, and writes no record; a record
-//     below its token takes the full shape;
-//   - the raising shape, for a caller's part that writes,
-//     writes if every record is at most its token, and sets every record
-//     to its token in the same step (in the steady state a rewrite of the
+//     token, or a caller's part that writes nothing: callerWrites) writes
+//     only if every record equals its token, and writes no record; a
+//     record below its token takes the full shape;
+//   - the raising shape, for a caller's part that writes, writes if every
+//     record is at most its token, and sets every record to its token in
+//     the same step (in the steady state a rewrite of the
 //     same value: cheaper than the nesting that would skip it, measured
 //     on etcd 3.5 as on 3.7). etcd fails every value comparison on a
 //     missing key, so a record that was never written takes the full
@@ -120,14 +120,14 @@ func (t *Txn) noteRecorded() {
 	}
 }
 
-// raises tells which one-level shape to send: the raising one, unless the
-// Recorders know their records hold the tokens (steady), or the caller's
-// part does not write. A transaction that writes anyway takes the
+// callerWrites tells whether the caller's part may write: only then, and
+// unless the Recorders know their records hold the tokens (steady), is
+// the raising shape sent. A transaction that writes anyway takes the
 // record's rewrite into the revision it makes; a check alone (or with
 // reads) would make a revision of its own with every call, where the
 // compare-only shape writes nothing in either branch, so that etcd serves
 // it as a linearizable read: no raft entry, no fsync.
-func (t *Txn) raises() bool { return !t.steady() && (writes(t.then) || writes(t.els)) }
+func (t *Txn) callerWrites() bool { return writes(t.then) || writes(t.els) }
 
 // writes tells whether ops holds a put or a delete, at any depth.
 func writes(ops []clientv3.Op) bool {

@@ -124,9 +124,12 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 	// A one-level shape first (onelevel.go): building the full one would
 	// cost a holder's every write most of the client's share of it, and
 	// etcd more than its nesting is worth.
-	if len(t.resources()) > 0 && (t.steady() || t.fullFits()) {
-		if resp, done, err := t.commitOneLevel(t.raises()); done {
-			return resp, err
+	if len(t.resources()) > 0 {
+		steady := t.steady()
+		if steady || t.fullFits() {
+			if resp, done, err := t.commitOneLevel(!steady && t.callerWrites()); done {
+				return resp, err
+			}
 		}
 	}
 	cmps, then, els := t.build()

@@ -52,9 +52,9 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64) (*clientv3.L
 // for a new state: it is probed again and again, 20 ms apart at first and
 // at most 100 ms apart (a probe of a failed connection sends nothing), and
 // after a hang-up it is also made to try again at once, as the next
-// attempt usually reads the alert. (Waiting for a new
-// state after a few probes left one run in twenty of TestTLSAndAuth stuck
-// until its deadline.)
+// attempt usually reads the alert. (Waiting for a new state after a few
+// probes left one run in twenty of TestTLSAndAuth stuck until its
+// deadline.)
 func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 	conn := client.ActiveConnection()
 	retry := newBackoff(20*time.Millisecond, 100*time.Millisecond)

@@ -154,15 +154,19 @@ func (c *labChild) follow() {
 	for line := range c.Child.Lines() {
 		c.mu.Lock()
 		c.lines = append(c.lines, timedLine{line, time.Now()})
-		close(c.changed)
-		c.changed = make(chan struct{})
+		c.wake()
 		c.mu.Unlock()
 	}
 	c.mu.Lock()
 	c.ended = true
+	c.wake()
+	c.mu.Unlock()
+}
+
+// wake tells the child's waiters that something changed; c.mu is held.
+func (c *labChild) wake() {
 	close(c.changed)
 	c.changed = make(chan struct{})
-	c.mu.Unlock()
 }
 
 // await waits for the first line after since that starts with prefix.
