@@ -116,16 +116,22 @@
 //     readers' keys ahead, which do not block it) also follows a
 //     long-lived watch of the deletions under the name: the last deletion
 //     ahead grants it the lock with no read, so a handoff costs the
-//     holder's delete and one event. A waiter further back watches only
-//     the key just ahead of it (for a reader, the newest writer's), and
-//     when that key goes asks, keys-only, whether any key under the name
-//     is older than its own (a serializable
-//     read at a known revision; etcd 3.7 answers it from its index), so
-//     that a long queue does not send every deletion to every waiter. A
-//     writer whose last lock of the name queued that far back also queues
-//     with a keys-only read, counting every key under the name as a writer
-//     ahead until the read of the key just ahead (or a full read near the
-//     head) shows otherwise: a full read makes etcd fetch every key under
+//     holder's delete and one event. A waiter further back follows only
+//     the two newest keys ahead of it (for a reader, the newest writers'),
+//     through watches of single keys that the session keeps across its
+//     locks of the name: lock keys are named by session, so in a queue of
+//     steady contenders a waiter queues behind the same two sessions round
+//     after round and opens no watch. When the older of the two goes, the
+//     newer one usually holds the lock; the waiter then asks, keys-only,
+//     which keys under the name are older than its own (a serializable
+//     read at a known revision; etcd 3.7 answers it from its index), and
+//     when the newer one goes it is granted with no read. A long queue
+//     thus does not send every deletion to every waiter, and the read
+//     stays off the path of the handoff. A writer whose last lock of the
+//     name queued behind more than a page (16 keys) also queues with a
+//     keys-only read, counting every key under the name as a writer ahead
+//     until it reads the keys it follows (or the whole view, near the
+//     head) in full: a full read makes etcd fetch every key under
 //     the name to sort them, a keys-only one on 3.7 does not. Sessions renewed
 //     through one Keeper share each name's queue watch (one message per
 //     put or deletion reaches the process), which keeps a copy of the

@@ -24,17 +24,20 @@ type gate struct {
 	lingering
 }
 
-// watches are a name's two long-lived watches on a session (see keyWatch).
-// The queue watch is the session's own, or shared by every session of its
-// Keeper (shared set).
+// watches are a name's long-lived watches on a session (see keyWatch): of
+// its own key, of the queue, and of single keys ahead (follows). The queue
+// watch is the session's own, or shared by every session of its Keeper
+// (shared set).
 type watches struct {
 	own, queue *keyWatch
+	follows    *follows
 	name       string
 	shared     *Keeper
 }
 
 func (w watches) stop() {
 	w.own.stop()
+	w.follows.stop()
 	if w.shared != nil {
 		w.shared.releaseQueue(w.name, w.queue)
 	} else {
@@ -91,7 +94,7 @@ func (gs *gates) join(s *Session, name string) (*gate, error) {
 		if err != nil {
 			return nil, err
 		}
-		w := watches{own: own, name: name, shared: s.keeper}
+		w := watches{own: own, follows: &follows{s: s}, name: name, shared: s.keeper}
 		if s.keeper != nil {
 			w.queue, err = s.keeper.queueWatch(name)
 		} else {

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -72,11 +71,23 @@ type Lock struct {
 	// mirrored: the lock waits on its Keeper's copy of the queue
 	// (viewFromMirror), which knows what is ahead; ahead is unused.
 	mirrored bool
-	epoch    uint64 // of the queue watch
-	ownEpoch uint64 // of the own-key watch
-	synced   bool
-	pending  []deletion
-	holding  bool // nothing was left ahead: the lock is (or was) held
+	// far: the lock waited far back in the queue, following only the
+	// newest keys ahead through watches of single keys (follows); it does
+	// so until it is granted. followEpochs are those watches' epochs as
+	// the view was read, or as follow confirmed a key; refollow says that
+	// a followed key went and the view must be read again.
+	far          bool
+	refollow     bool
+	followEpochs map[string]uint64
+	// deletedRev is the highest revision of a deletion applied to the
+	// view: a later read must not be older, or it would show the key again
+	// with its deletion already spent.
+	deletedRev int64
+	epoch      uint64 // of the queue watch
+	ownEpoch   uint64 // of the own-key watch
+	synced     bool
+	pending    []deletion
+	holding    bool // nothing was left ahead: the lock is (or was) held
 	// fresh: the view is the one read as the key was put (or the
 	// Keeper's copy as it took the put), and not yet looked at; such a
 	// view may grant the lock with the own-key watch not yet up (see
@@ -233,8 +244,9 @@ func (l *Lock) start() error {
 	l.stopFinish = context.AfterFunc(l.ctx, l.finish)
 	ownEpoch := l.w.own.subscribe(l)
 	epoch := l.w.queue.subscribe(l)
+	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
-	l.ownEpoch, l.epoch = ownEpoch, epoch
+	l.ownEpoch, l.epoch, l.followEpochs = ownEpoch, epoch, follows
 	l.mu.Unlock()
 	return nil
 }
@@ -252,6 +264,7 @@ func (l *Lock) finish() {
 	l.mu.Unlock()
 	l.w.own.unsubscribe(l)
 	l.w.queue.unsubscribe(l)
+	l.w.follows.unsubscribe(l)
 	if m := l.w.queue.mirror; m != nil {
 		m.leave(l, token)
 	}
@@ -322,8 +335,8 @@ func (l *Lock) page() int64 {
 
 // nearAhead is how many keys ahead a waiter may have and still follow
 // every deletion in the queue through the queue watch. Further back it
-// watches only the key just ahead (waitGone): otherwise every deletion
-// would reach every waiter of a long queue. A reader counts the readers'
+// follows only the two newest keys ahead (followKeys): otherwise every
+// deletion would reach every waiter of a long queue. A reader counts the readers'
 // keys ahead too, though they do not block it: readers behind a writer
 // that followed every reader's deletion were sent so many events (with 16
 // sessions on one client) that etcd moved their watchers to its 100 ms
@@ -382,10 +395,12 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		// seen: queue up, then look again.
 	}
 	mirrored := !try && l.w.queue.mirror != nil
-	// A writer whose last lock of the name queued far back reads only the
-	// keys ahead, keys-only: etcd 3.7 answers that from its index, where
-	// a full read fetches every key under the name to sort them. Such a
-	// waiter needs only the key just ahead, and reads that one in full.
+	// A writer whose last lock of the name queued behind more keys than a
+	// page holds reads only the keys ahead, keys-only: etcd 3.7 answers
+	// that from its index, where a full read fetches every key under the
+	// name to sort them. Such a waiter follows only the newest keys
+	// ahead, and reads those in full (follow). Behind a shorter queue the
+	// full read is cheap, and spares that second read.
 	keysOnly := !try && !mirrored && l.mode == Write && l.w.queue.farBack.Load()
 	then := []clientv3.Op{put}
 	switch {
@@ -418,7 +433,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	}
 	// The page holds the new key itself, the newest under the name.
 	page := resp.Responses[1].GetResponseRange()
-	l.w.queue.farBack.Store(len(page.Kvs)-1 > nearAhead)
+	l.w.queue.farBack.Store(page.More)
 	if keysOnly {
 		l.setCandidates(resp.Header.Revision, page)
 	} else {
@@ -496,9 +511,10 @@ func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOptio
 
 // ahead is a queue key older than the lock's own, as last read.
 type ahead struct {
-	token  int64 // its creation revision
-	seenAt int64 // the store revision it was read at: only a later delete removes it
-	reader bool  // a read holding's key
+	token     int64 // its creation revision
+	seenAt    int64 // the store revision it was read at: only a later delete removes it
+	reader    bool  // a read holding's key
+	candidate bool  // seen in a keys-only read only: perhaps not a queue key
 }
 
 // setAhead makes page, read at store revision rev, the lock's view of the
@@ -513,8 +529,9 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 // key's lease nor its value: every key directly under the name counts as
 // a writer's queue key ahead (a superset of the true view, so the lock is
 // never granted too early), and the view is unverified until a full read
-// (near the head) or the read of the key just ahead (further back) shows
-// what they are.
+// (near the head) or the read of the keys a far waiter follows (follow)
+// shows what they are. Keys the view already held, read in full with the
+// same token, keep what that read showed.
 func (l *Lock) setCandidates(rev int64, page *pb.RangeResponse) {
 	l.setView(rev, page, true)
 }
@@ -524,7 +541,8 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.beyond, l.unverified, l.sharing = false, false, 0
+	known := l.ahead
+	l.beyond, l.unverified, l.sharing, l.refollow = false, false, 0, false
 	if page == nil {
 		l.ahead = make(map[string]ahead)
 	} else {
@@ -535,12 +553,17 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 				continue
 			}
 			older++
+			k, was := string(kv.Key), known[string(kv.Key)]
 			switch {
+			case candidates && isChildKey(pfx, kv) && !was.candidate && was.token == kv.CreateRevision:
+				// Read in full before, as this same key: still known.
+				was.seenAt = rev
+				l.ahead[k] = was
 			case candidates && isChildKey(pfx, kv):
-				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev, false}
+				l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, candidate: true}
 				l.unverified = true
 			case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
-				l.ahead[string(kv.Key)] = ahead{kv.CreateRevision, rev, modeOf(kv) == Read}
+				l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, reader: modeOf(kv) == Read}
 			case !candidates && isQueueKey(pfx, kv):
 				l.sharing++
 			}
@@ -605,7 +628,11 @@ func (l *Lock) applyDelete(key string, rev int64) {
 	}
 	if a, ok := l.ahead[key]; ok && rev > a.seenAt {
 		delete(l.ahead, key)
-		if len(l.ahead) == 0 {
+		l.deletedRev = max(l.deletedRev, rev)
+		if l.far {
+			l.refollow = true
+		}
+		if len(l.ahead) == 0 || l.far {
 			l.poke()
 		}
 	}
@@ -637,6 +664,9 @@ type view struct {
 	ownStale bool             // the own-key watch was not up all along since the view was read: the key must be read again once it is
 	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
 	current  bool             // the queue watch has kept the view current since it was read
+	far      bool             // the lock follows only the newest keys ahead (see Lock.far)
+	followed bool             // ... and their watches keep the view current: a deletion of one wakes it
+	refollow bool             // ... and one of them went: the view must be read again
 	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
 	mirrored bool             // the lock waits on its Keeper's copy of the queue
 }
@@ -673,6 +703,13 @@ func (l *Lock) look() view {
 		near:     l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
 		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified,
 		pred:     l.nearestAhead(),
+	}
+	// Once far back, a waiter keeps following single keys until granted:
+	// as the queue drains it is second in line, and switching to the
+	// queue watch there would cost a read on the path of the handoff.
+	if l.w.shared == nil && (l.far || !v.near) {
+		l.far = true
+		v.far, v.followed, v.refollow = true, l.followingLocked(), l.refollow
 	}
 	if !v.stale && !v.ownStale && len(l.ahead) == 0 && !l.beyond {
 		l.grant()
@@ -725,14 +762,20 @@ func (l *Lock) lookInMirror() view {
 
 // wait blocks until no queue key older than the lock's own is left. Near
 // the head of the queue it follows the queue watch's deletions, and the
-// last one ahead grants the lock with no read; further back it waits for
-// the key just ahead to go, and then reads its view again. With try set it
+// last one ahead grants the lock with no read; further back it follows
+// the two newest keys ahead (follow), reads its view again when one goes
+// (rereadFar), and is granted with no read when the last one goes. With try set it
 // looks once and returns ErrLocked if a key is ahead. If ctx ends, the
 // error names the key it was waiting behind.
 func (l *Lock) wait(ctx context.Context, try bool) error {
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
 		v := l.look()
+		if v.far {
+			// The view follows single keys ahead: the queue watch would
+			// only send this session every deletion in the queue.
+			l.w.queue.pause()
+		}
 		var err error
 		switch {
 		case v.held:
@@ -756,24 +799,19 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			// The own-key watch went down, or the page read held no
 			// queue key but older keys lie past it: read again.
 			err = l.reread(ctx, 0)
-		case v.near && v.current:
+		case v.followed || (v.near && v.current):
 			select {
 			case <-l.changed:
 			case <-ctx.Done():
 				err = ctx.Err()
 			}
-		case v.near:
+		case v.far && v.refollow:
+			err = l.rereadFar(ctx)
+		case v.far:
+			err = l.follow(ctx)
+		default:
 			l.w.queue.resume()
 			err = l.rereadNear(ctx)
-		default:
-			l.w.queue.pause()
-			var gone int64
-			switch gone, err = l.waitGone(ctx, v.pred); {
-			case errors.Is(err, errNotAhead):
-				err = l.reread(ctx, 0) // the view was a keys-only one: read it in full
-			case err == nil:
-				err = l.rereadAtHead(ctx, gone)
-			}
 		}
 		if err == nil {
 			retry.reset()
@@ -844,70 +882,6 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
-// errNotAhead is waitGone's error when the key it was to wait for, taken
-// from a keys-only view, turns out not to block the lock.
-var errNotAhead = errors.New("the key ahead does not block the lock")
-
-// waitGone waits until pred is deleted, through a watch of that one key,
-// and returns a store revision at which it is known gone. The watch is
-// opened at the current revision (served at once), and pred is read again
-// once etcd confirms the watch, so a deletion in between is never missed.
-// That read also shows whether pred blocks the lock at all (errNotAhead if
-// not: a keys-only view counts every key under the name).
-func (l *Lock) waitGone(ctx context.Context, pred *mvccpb.KeyValue) (int64, error) {
-	cli := l.s.client
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := cli.Watch(wctx, string(pred.Key), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	var created int64
-	select {
-	case wr, ok := <-wch:
-		if !ok || wr.Err() != nil || !wr.Created {
-			return 0, errWatchEnded(ctx)
-		}
-		created = wr.Header.Revision
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	g, err := readAtLeast(ctx, cli, created, func(opts ...clientv3.OpOption) []clientv3.Op {
-		return []clientv3.Op{clientv3.OpGet(string(pred.Key), opts...)}
-	})
-	if err != nil {
-		return 0, err
-	}
-	kvs := g.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 || kvs[0].CreateRevision != pred.CreateRevision {
-		return g.Header.Revision, nil
-	}
-	if !isQueueKey(l.name+"/", kvs[0]) || !l.blocks(kvs[0]) {
-		return 0, errNotAhead
-	}
-	for {
-		select {
-		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
-				return 0, errWatchEnded(ctx)
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					return ev.Kv.ModRevision, nil
-				}
-			}
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-	}
-}
-
-// errWatchEnded is the error of a watch that ended while ctx lives: etcd
-// lost its leader or the connection, for a moment.
-func errWatchEnded(ctx context.Context) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return rpcerr.ErrWatchEnded
-}
-
 // readAtLeast runs the read-only ops built by ops, serializable (answered
 // by the member the client talks to, without a quorum round), and again
 // linearizably if that member had not yet applied store revision minRev.
@@ -931,38 +905,6 @@ func (l *Lock) reread(ctx context.Context, minRev int64) error {
 		return err
 	}
 	return l.readView(ctx, ownEpoch, l.w.queue.epoch.Load(), minRev)
-}
-
-// rereadAtHead reads the view again after the key just ahead went, when
-// the waiter is usually at the head of the queue. It first asks only
-// whether any key under the name is older than its own, keys-only (etcd
-// 3.7 answers that from its index, where a full read fetches every key
-// under the name to sort them); only if some are does it read them in
-// full, to tell queue keys, readers and nested locks apart.
-func (l *Lock) rereadAtHead(ctx context.Context, minRev int64) error {
-	ownEpoch, err := l.w.own.upEpoch(ctx, l)
-	if err != nil {
-		return err
-	}
-	epoch := l.w.queue.epoch.Load()
-	pfx := l.name + "/"
-	older, rev, err := l.readWithOwn(ctx, ownEpoch, epoch, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
-		return clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
-			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.token-1), clientv3.WithLimit(queuePage))...)
-	})
-	if err != nil {
-		return err
-	}
-	for _, kv := range older.Kvs {
-		if isChildKey(pfx, kv) { // perhaps a queue key: read in full
-			return l.readView(ctx, ownEpoch, epoch, minRev)
-		}
-	}
-	if older.More {
-		return l.readView(ctx, ownEpoch, epoch, minRev)
-	}
-	l.setAhead(rev, nil)
-	return nil
 }
 
 // rereadNear reads the view again once the queue watch is up too, so that
@@ -1020,10 +962,12 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 // holding's: a waiter whose key vanished must never be told it holds the
 // lock.
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
+	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
-	l.ownEpoch, l.epoch, l.synced, l.pending = ownEpoch, epoch, false, nil
+	l.ownEpoch, l.epoch, l.followEpochs, l.synced, l.pending = ownEpoch, epoch, follows, false, nil
+	minRev = max(minRev, l.token, l.deletedRev)
 	l.mu.Unlock()
-	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+	resp, err := readAtLeast(ctx, l.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...), rng(opts...)}
 	})
 	if err != nil {

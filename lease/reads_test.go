@@ -152,8 +152,8 @@ func countingClient(t *testing.T, name string) (*queueReads, *clientv3.Client) {
 	return reads, cli
 }
 
-// A writer whose last lock of a name queued far back reads the queue
-// keys-only as it queues again, and counts every key under the name as a
+// A writer whose last lock of a name queued behind more keys than one
+// page read holds (16) reads the queue keys-only as it queues again, and counts every key under the name as a
 // writer ahead until it knows better: keys that are not in the queue (a
 // data key kept under the name, even as the key just ahead of it) must not
 // hold it up once the queue ahead has drained, and it is still granted in
@@ -165,7 +165,8 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 	if _, err := cli.Put(testCtx(t), name+"/checkpoint", "older than every waiter"); err != nil {
 		t.Fatal(err)
 	}
-	queued := make(chan struct{}, 16)
+	const ahead = 17 // waiters ahead of x, behind a holder: more than a page
+	queued := make(chan struct{}, ahead+1)
 	hooks := &lease.Hooks{Waiting: func(_ string, delta int) {
 		if delta > 0 {
 			queued <- struct{}{}
@@ -175,7 +176,7 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 	for round, dataJustAhead := range []bool{false, true} {
 		holder := mustLock(t, newSession(t, cli), name)
 		var waiters []<-chan lockResult // in queue order
-		for i := 0; i < 5; i++ {
+		for i := 0; i < ahead; i++ {
 			waiters = append(waiters, lockAsync(testCtx(t), newSession(t, cli, lease.WithHooks(hooks)), name))
 			<-queued
 		}
@@ -204,7 +205,7 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 				last = r.l.Token()
 				mustUnlock(t, r.l)
 			case r := <-xres:
-				t.Fatalf("x granted (token %d, %v) with %d of 5 waiters ahead still queued", tokenOf(r.l), r.err, 5-i)
+				t.Fatalf("x granted (token %d, %v) with %d of %d waiters ahead still queued", tokenOf(r.l), r.err, ahead-i, ahead)
 			}
 		}
 		select {

@@ -37,8 +37,13 @@ const idleWatch = 30 * time.Second
 //     session is near the head of the queue (nearAhead): there, every
 //     deletion ahead shrinks the waiter's view of the queue, and the last
 //     one grants it the lock with no read at all. Further back, a waiter
-//     pauses it and watches only the key just ahead of it (waitGone), so
-//     that a long queue does not send every deletion to every waiter.
+//     pauses it and follows only the two newest keys ahead of it, so that
+//     a long queue does not send every deletion to every waiter.
+//   - The watches of keys ahead (follows: one key each, up to keptFollows
+//     per name) serve those far waiters. Lock keys are named by session,
+//     so a session that queues behind the same sessions again (as steady
+//     contenders do) finds their watches up, and reads nothing to start
+//     following them.
 type keyWatch struct {
 	client *clientv3.Client
 	owner  watchOwner // the session, or the Keeper for a queue watch shared by its sessions
@@ -49,8 +54,12 @@ type keyWatch struct {
 	// lock of the name queued with more than nearAhead keys ahead: the
 	// next then reads the queue keys-only as it queues (see create).
 	farBack atomic.Bool
-	ctx     context.Context
-	stop    context.CancelFunc
+	// ahead: a watch of a queue key ahead of the session's own (follows).
+	// Coming up, it wakes its subscribers, as the queue watch does; the
+	// own-key watch instead reads the holder's key again.
+	ahead bool
+	ctx   context.Context
+	stop  context.CancelFunc
 
 	// epoch grows by one whenever the watch comes up or goes down: it is
 	// odd exactly while the watch is up. A lock whose view was read under
@@ -217,7 +226,7 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	}
 	w.mu.Unlock()
 	for _, sub := range w.subscribers() {
-		if w.prefix {
+		if w.prefix || w.ahead {
 			sub.poke()
 		} else if sub.recheck(ctx) != nil {
 			return false

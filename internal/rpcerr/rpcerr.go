@@ -45,11 +45,6 @@ func Transient(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && code(err) == codes.Unavailable
 }
 
-// ErrWatchEnded stands for a watch that etcd or the connection ended
-// (no leader, a reconnect) while the caller still wanted it: transient, as
-// an unavailable member is.
-var ErrWatchEnded = status.Error(codes.Unavailable, "etcd watch ended")
-
 // WatchRefusal is the error of a watch that etcd cancelled for a reason
 // that sending it again will not change (no permission, a bad token), or
 // nil. The client hands such a cancellation on as a plain error carrying

@@ -1,0 +1,318 @@
+package lease
+
+import (
+	"context"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// followKeys is how many of the keys ahead a waiter far back follows: the
+// two newest. When the older of the two goes, the newer one usually holds
+// the lock, and the waiter reads its view again while it does; when the
+// newer one then goes, the waiter is granted with no read on the path of
+// the handoff. Following only the key just ahead would put that read
+// between the holder's delete and the grant.
+const followKeys = 2
+
+// keptFollows is how many watches of single keys ahead a session keeps per
+// lock name. In a queue of steady contenders each waiter queues behind the
+// same two sessions round after round, so two are reused for ever; the
+// rest absorb a change of order, and the least recently used is closed.
+const keptFollows = 2
+
+// follows are a name's watches of single queue keys ahead of the session's
+// own, kept across the session's locks of the name like its other
+// watches: a far waiter that follows the same keys as the last one opens
+// nothing and reads nothing to start following them. Lock keys are named
+// by session, so a session that takes the lock again puts a key of the
+// same name, and the watch of that name sees its next deletion too.
+type follows struct {
+	s *Session
+
+	mu   sync.Mutex
+	m    map[string]*followed
+	tick uint64 // counts ensure calls, for least recently used
+}
+
+// followed is one watch of a key ahead.
+type followed struct {
+	w    *keyWatch
+	used uint64
+}
+
+// subscribe makes l a subscriber of every watch kept, and returns the
+// epoch of each, as a view is about to be read: a key whose watch was up
+// (odd epoch) through the read is followed from the read on.
+func (f *follows) subscribe(l *Lock) map[string]uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	epochs := make(map[string]uint64, len(f.m))
+	for k, fw := range f.m {
+		epochs[k] = fw.w.subscribe(l)
+	}
+	return epochs
+}
+
+// epochOf is the current epoch of the watch of key, if one is kept.
+func (f *follows) epochOf(key string) (uint64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fw, ok := f.m[key]
+	if !ok {
+		return 0, false
+	}
+	return fw.w.epoch.Load(), true
+}
+
+// ensure opens the watches of keys that are not kept yet, closes the least
+// recently used beyond keptFollows, subscribes l, and waits until each
+// watch is up. It returns their epochs and the highest store revision one
+// of them came up at: a read no older than it, with the watches' events
+// after it, misses no deletion of the keys.
+func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[string]uint64, int64, error) {
+	ws, err := f.take(keys)
+	if err != nil {
+		return nil, 0, err
+	}
+	epochs := make(map[string]uint64, len(keys))
+	var upRev int64
+	for i, w := range ws {
+		w.subscribe(l)
+		epoch, err := w.upEpoch(ctx, l)
+		if err != nil {
+			return nil, 0, err
+		}
+		epochs[keys[i]] = epoch
+		upRev = max(upRev, w.upRev.Load())
+	}
+	return epochs, upRev, nil
+}
+
+// take returns the watches of keys, starting those not kept, and closes
+// the least recently used ones beyond keptFollows.
+func (f *follows) take(keys []string) ([]*keyWatch, error) {
+	f.mu.Lock()
+	if f.m == nil {
+		f.m = make(map[string]*followed)
+	}
+	f.tick++
+	ws := make([]*keyWatch, len(keys))
+	for i, k := range keys {
+		fw := f.m[k]
+		if fw == nil {
+			w, err := f.s.startFollowWatch(k)
+			if err != nil {
+				f.mu.Unlock()
+				return nil, err
+			}
+			fw = &followed{w: w}
+			f.m[k] = fw
+		}
+		fw.used = f.tick
+		ws[i] = fw.w
+	}
+	var evicted []*keyWatch
+	for len(f.m) > keptFollows {
+		oldest := ""
+		for k, fw := range f.m {
+			if fw.used != f.tick && (oldest == "" || fw.used < f.m[oldest].used) {
+				oldest = k
+			}
+		}
+		if oldest == "" {
+			break
+		}
+		evicted = append(evicted, f.m[oldest].w)
+		delete(f.m, oldest)
+	}
+	f.mu.Unlock()
+	for _, w := range evicted {
+		w.stop()
+	}
+	return ws, nil
+}
+
+// unsubscribe stops every kept watch's events going to l.
+func (f *follows) unsubscribe(l *Lock) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fw := range f.m {
+		fw.w.unsubscribe(l)
+	}
+}
+
+// stop closes every kept watch.
+func (f *follows) stop() {
+	f.mu.Lock()
+	m := f.m
+	f.m = nil
+	f.mu.Unlock()
+	for _, fw := range m {
+		fw.w.stop()
+	}
+}
+
+// startFollowWatch starts a watch of the deletions of key, a queue key
+// ahead of one of the session's locks.
+func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
+	w, err := s.startWatch(key, false, true)
+	if err != nil {
+		return nil, err
+	}
+	w.ahead = true // before resume starts its goroutine
+	w.resume()
+	return w, nil
+}
+
+// newestAhead is the keys of the n newest keys ahead, newest first. l.mu is
+// held.
+func (l *Lock) newestAhead(n int) []string {
+	keys := make([]string, 0, n)
+	for len(keys) < n {
+		best, bestToken := "", int64(0)
+		for k, a := range l.ahead {
+			if a.token > bestToken && !contains(keys, k) {
+				best, bestToken = k, a.token
+			}
+		}
+		if best == "" {
+			break
+		}
+		keys = append(keys, best)
+	}
+	return keys
+}
+
+func contains(keys []string, k string) bool {
+	for _, x := range keys {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// followingLocked tells whether a far waiter's view is kept current by its
+// watches of single keys: each of the newest followKeys keys ahead is
+// known to be a queue key that blocks the lock, and its watch has been up
+// since before the read that last showed it (or that confirmed it,
+// follow). A deletion of one of them is then delivered, and wakes the
+// waiter. l.mu is held.
+func (l *Lock) followingLocked() bool {
+	keys := l.newestAhead(followKeys)
+	if len(keys) == 0 {
+		return false
+	}
+	for _, k := range keys {
+		if l.ahead[k].candidate {
+			return false
+		}
+		read, ok := l.followEpochs[k]
+		if !ok || read%2 == 0 {
+			return false
+		}
+		if cur, ok := l.w.follows.epochOf(k); !ok || cur != read {
+			return false
+		}
+	}
+	return true
+}
+
+// follow starts following the newest keys ahead of a far waiter: it opens
+// their watches if they are not kept already, and once the watches are up
+// reads the keys, which must still be there with the tokens of the view
+// (a deletion before the watches came up went unseen) and must be queue
+// keys that block the lock (a keys-only view counts every key under the
+// name). A key found gone is applied as a deletion; one that does not
+// block is dropped from the view.
+func (l *Lock) follow(ctx context.Context) error {
+	l.mu.Lock()
+	keys := l.newestAhead(followKeys)
+	minRev := max(l.token, l.deletedRev)
+	for _, k := range keys {
+		minRev = max(minRev, l.ahead[k].seenAt)
+	}
+	l.mu.Unlock()
+	epochs, upRev, err := l.w.follows.ensure(ctx, l, keys)
+	if err != nil {
+		return err
+	}
+	resp, err := readAtLeast(ctx, l.s.client, max(minRev, upRev), func(opts ...clientv3.OpOption) []clientv3.Op {
+		ops := make([]clientv3.Op, len(keys))
+		for i, k := range keys {
+			ops[i] = clientv3.OpGet(k, opts...)
+		}
+		return ops
+	})
+	if err != nil {
+		return err
+	}
+	pfx := l.name + "/"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, k := range keys {
+		a, ok := l.ahead[k]
+		if !ok {
+			continue // its deletion came meanwhile
+		}
+		kvs := resp.Responses[i].GetResponseRange().Kvs
+		switch {
+		case len(kvs) == 0 || kvs[0].CreateRevision != a.token:
+			l.applyDelete(k, resp.Header.Revision)
+		case !isQueueKey(pfx, kvs[0]) || !l.blocks(kvs[0]):
+			delete(l.ahead, k)
+			l.refollow = true
+		default:
+			a.candidate, a.reader = false, modeOf(kvs[0]) == Read
+			l.ahead[k] = a
+			l.followEpochs[k] = epochs[k]
+		}
+	}
+	return nil
+}
+
+// rereadFar reads a far waiter's view again after a key it followed went.
+// Usually the waiter is then second in line, behind the newer key it
+// follows, which now holds the lock: it asks only which keys under the
+// name are older than its own, keys-only (answered from etcd 3.7's
+// index), and reads in full only if that shows keys it does not know.
+func (l *Lock) rereadFar(ctx context.Context) error {
+	ownEpoch, err := l.w.own.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
+	epoch := l.w.queue.epoch.Load()
+	pfx := l.name + "/"
+	older, rev, err := l.readWithOwn(ctx, ownEpoch, epoch, 0, func(opts ...clientv3.OpOption) clientv3.Op {
+		return clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
+			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.token-1), clientv3.WithLimit(queuePage))...)
+	})
+	if err != nil {
+		return err
+	}
+	if older.More || !l.knowsAll(pfx, older.Kvs) {
+		return l.readView(ctx, ownEpoch, epoch, 0)
+	}
+	l.setCandidates(rev, older)
+	return nil
+}
+
+// knowsAll tells whether every key directly under the name in kvs (a
+// keys-only read) is in the view already, read in full with the same
+// token: the view made from kvs then needs no full read.
+func (l *Lock) knowsAll(pfx string, kvs []*mvccpb.KeyValue) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, kv := range kvs {
+		if !isChildKey(pfx, kv) {
+			continue
+		}
+		a, ok := l.ahead[string(kv.Key)]
+		if !ok || a.candidate || a.token != kv.CreateRevision {
+			return false
+		}
+	}
+	return true
+}

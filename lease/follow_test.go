@@ -1,0 +1,210 @@
+package lease_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// watchCreates counts the watches a client asks etcd to create on keys
+// under a prefix.
+type watchCreates struct {
+	prefix string
+	n      atomic.Int64
+}
+
+func (c *watchCreates) interceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return createCounting{s, c}, nil
+}
+
+type createCounting struct {
+	grpc.ClientStream
+	c *watchCreates
+}
+
+func (s createCounting) SendMsg(m any) error {
+	if w, ok := m.(*pb.WatchRequest); ok {
+		if cr := w.GetCreateRequest(); cr != nil && strings.HasPrefix(string(cr.Key), s.c.prefix) {
+			s.c.n.Add(1)
+		}
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+// Waiters far back in a queue of steady contenders follow the two newest
+// keys ahead through watches that outlive each lock (a session's key keeps
+// its name from one lock to the next). Once the order has settled a
+// handoff opens no watch, and a waiter reads the queue once in full as it
+// queues and once keys-only when the older of its two keys goes: the
+// newer one then holds the lock, and its deletion grants the waiter with
+// no read. The locks are granted in token order throughout.
+func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	name := etcdtest.Name(t, "follow")
+	reads := &queueReads{prefix: name + "/"}
+	creates := &watchCreates{prefix: name + "/"}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(reads.interceptor), grpc.WithChainStreamInterceptor(creates.interceptor)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+
+	// Eight contenders: each queues behind seven keys, more than nearAhead.
+	const contenders, rounds, settle = 8, 8, 3
+	queued := make(chan struct{}, contenders)
+	hooks := &lease.Hooks{Waiting: func(_ string, delta int) {
+		if delta > 0 {
+			select {
+			case queued <- struct{}{}:
+			default:
+			}
+		}
+	}}
+	holder := mustLock(t, newSession(t, cli), name)
+
+	type counts struct{ creates, full, keysOnly int64 }
+	read := func() counts { return counts{creates.n.Load(), reads.n.Load(), reads.keysOnly.Load()} }
+	var (
+		mu     sync.Mutex
+		tokens []int64 // in the order the locks were held
+		steady counts  // read once settle rounds were done
+	)
+	errs := make(chan error, contenders)
+	var wg sync.WaitGroup
+	for i := 0; i < contenders; i++ {
+		s := newSession(t, cli, lease.WithHooks(hooks))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < rounds; r++ {
+				l, err := s.Lock(testCtx(t), name)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if tokens = append(tokens, l.Token()); len(tokens) == contenders*settle {
+					steady = read()
+				}
+				mu.Unlock()
+				if err := l.Unlock(testCtx(t)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		<-queued // one at a time, so that each first queues behind the last
+	}
+	mustUnlock(t, holder)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	end := read()
+
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("held with token %d after %d", tokens[i], tokens[i-1])
+		}
+	}
+	handoffs := int64(contenders * (rounds - settle))
+	got := counts{end.creates - steady.creates, end.full - steady.full, end.keysOnly - steady.keysOnly}
+	t.Logf("%d handoffs once settled: %d watches opened, %d full reads of the queue, %d keys-only", handoffs, got.creates, got.full, got.keysOnly)
+	// A change in the order of the queue (two releasers queueing again
+	// in the other order) costs a few; each far wait with a watch of its
+	// own would cost one per handoff.
+	if got.creates > handoffs/4 {
+		t.Errorf("%d watches opened in %d handoffs, want few: the watches of keys ahead should outlive each lock", got.creates, handoffs)
+	}
+	if got.full > handoffs+handoffs/4 {
+		t.Errorf("%d full reads of the queue in %d handoffs, want about one each (as it queues)", got.full, handoffs)
+	}
+	if got.keysOnly > handoffs+handoffs/4 {
+		t.Errorf("%d keys-only reads in %d handoffs, want about one each (when the older followed key goes)", got.keysOnly, handoffs)
+	}
+}
+
+// A far waiter whose followed keys go without having held the lock (their
+// waiters gave up) reads its view again and follows the next keys: it is
+// granted only once every key ahead of it has gone, in token order.
+func TestFarWaiterWhoseFollowedKeysGiveUp(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	name := etcdtest.Name(t, "follow-give-up")
+	cli := etcd.Client(t)
+	queued := make(chan struct{}, 8)
+	hooks := &lease.Hooks{Waiting: func(_ string, delta int) {
+		if delta > 0 {
+			queued <- struct{}{}
+		}
+	}}
+	holder := mustLock(t, newSession(t, cli), name)
+	var waiters []<-chan lockResult // in queue order
+	var cancels []context.CancelFunc
+	for i := 0; i < 6; i++ {
+		ctx, cancel := context.WithCancel(testCtx(t))
+		t.Cleanup(cancel)
+		waiters = append(waiters, lockAsync(ctx, newSession(t, cli, lease.WithHooks(hooks)), name))
+		cancels = append(cancels, cancel)
+		<-queued
+	}
+	// The last waiter has six keys ahead and follows the two newest, the
+	// waiters just before it; both give up.
+	last := waiters[5]
+	for _, i := range []int{4, 3} {
+		cancels[i]()
+		if r := <-waiters[i]; r.err == nil {
+			t.Fatalf("waiter %d was granted; want it to give up", i)
+		}
+	}
+	select {
+	case r := <-last:
+		t.Fatalf("last waiter granted (token %d, %v) with the holder and three waiters ahead", tokenOf(r.l), r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	prev := holder.Token()
+	mustUnlock(t, holder)
+	for i := 0; i < 3; i++ {
+		select {
+		case r := <-waiters[i]:
+			if r.err != nil {
+				t.Fatalf("waiter %d: %v", i, r.err)
+			}
+			if r.l.Token() <= prev {
+				t.Errorf("waiter %d granted token %d after %d", i, r.l.Token(), prev)
+			}
+			prev = r.l.Token()
+			mustUnlock(t, r.l)
+		case r := <-last:
+			t.Fatalf("last waiter granted (token %d, %v) with %d waiters ahead", tokenOf(r.l), r.err, 3-i)
+		}
+	}
+	select {
+	case r := <-last:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.l.Token() <= prev {
+			t.Errorf("last waiter granted token %d after %d", r.l.Token(), prev)
+		}
+		mustUnlock(t, r.l)
+	case <-time.After(5 * time.Second):
+		t.Fatal("last waiter not granted 5 s after the queue ahead drained")
+	}
+}
