@@ -44,15 +44,24 @@ type followed struct {
 
 // subscribe makes l a subscriber of every watch kept, and returns the
 // epoch of each, as a view is about to be read: a key whose watch was up
-// (odd epoch) through the read is followed from the read on.
-func (f *follows) subscribe(l *Lock) map[string]uint64 {
+// (odd epoch) through the read is followed from the read on. It also
+// returns the highest revision the watches handed on before l
+// subscribed: a read must be no older, or it could show a key whose
+// deletion l was never sent (the watch and the read may be served by
+// different members).
+func (f *follows) subscribe(l *Lock) (map[string]uint64, int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.m) == 0 {
+		return nil, 0 // no far wait yet: nothing to allocate for
+	}
 	epochs := make(map[string]uint64, len(f.m))
+	var seen int64
 	for k, fw := range f.m {
 		epochs[k] = fw.w.subscribe(l)
+		seen = max(seen, fw.w.seenRev.Load())
 	}
-	return epochs
+	return epochs, seen
 }
 
 // epochOf is the current epoch of the watch of key, if one is kept.
@@ -69,8 +78,9 @@ func (f *follows) epochOf(key string) (uint64, bool) {
 // ensure opens the watches of keys that are not kept yet, closes the least
 // recently used beyond keptFollows, subscribes l, and waits until each
 // watch is up. It returns their epochs and the highest store revision one
-// of them came up at: a read no older than it, with the watches' events
-// after it, misses no deletion of the keys.
+// of them came up at or handed on before l subscribed: a read no older
+// than it, with the watches' events after it, misses no deletion of the
+// keys.
 func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[string]uint64, int64, error) {
 	ws, err := f.take(keys)
 	if err != nil {
@@ -85,7 +95,7 @@ func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[strin
 			return nil, 0, err
 		}
 		epochs[keys[i]] = epoch
-		upRev = max(upRev, w.upRev.Load())
+		upRev = max(upRev, w.upRev.Load(), w.seenRev.Load())
 	}
 	return epochs, upRev, nil
 }
@@ -267,6 +277,9 @@ func (l *Lock) follow(ctx context.Context) error {
 		default:
 			a.candidate, a.reader = false, modeOf(kvs[0]) == Read
 			l.ahead[k] = a
+			if l.followEpochs == nil {
+				l.followEpochs = make(map[string]uint64, followKeys)
+			}
 			l.followEpochs[k] = epochs[k]
 		}
 	}

@@ -244,7 +244,9 @@ func (l *Lock) start() error {
 	l.stopFinish = context.AfterFunc(l.ctx, l.finish)
 	ownEpoch := l.w.own.subscribe(l)
 	epoch := l.w.queue.subscribe(l)
-	follows := l.w.follows.subscribe(l)
+	// The enqueue is a write, newer than anything a watch handed on
+	// before this subscription.
+	follows, _ := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.ownEpoch, l.epoch, l.followEpochs = ownEpoch, epoch, follows
 	l.mu.Unlock()
@@ -962,10 +964,10 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 // holding's: a waiter whose key vanished must never be told it holds the
 // lock.
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
-	follows := l.w.follows.subscribe(l)
+	follows, seen := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.ownEpoch, l.epoch, l.followEpochs, l.synced, l.pending = ownEpoch, epoch, follows, false, nil
-	minRev = max(minRev, l.token, l.deletedRev)
+	minRev = max(minRev, l.token, l.deletedRev, seen)
 	l.mu.Unlock()
 	resp, err := readAtLeast(ctx, l.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...), rng(opts...)}

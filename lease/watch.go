@@ -68,6 +68,10 @@ type keyWatch struct {
 	// upRev is the store revision the watch last came up at: it reports
 	// every change after it.
 	upRev atomic.Int64
+	// seenRev is the store revision of the last response the watch handed
+	// to its subscribers (stored before it does): a lock that subscribes
+	// later has missed what came before, and reads at least this revision.
+	seenRev atomic.Int64
 
 	mu       sync.Mutex
 	running  bool          // run has started (a paused watch starts it on resume)
@@ -193,6 +197,7 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			}
 			return cameUp
 		}
+		w.seenRev.Store(max(w.seenRev.Load(), wr.Header.Revision))
 		if wr.Created {
 			cameUp = true
 			w.upRev.Store(wr.Header.Revision)
