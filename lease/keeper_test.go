@@ -211,7 +211,7 @@ func TestKeeperSharedQueue(t *testing.T) {
 // of the holdings before it. Through a Keeper, its copy of the queue wakes
 // only the waiters a deletion grants; through sessions of their own,
 // waiters near the head follow every deletion and those further back (a
-// reader behind a writer with a crowd ahead) the key just ahead. A waiter
+// reader behind a writer with a crowd ahead) the two newest keys ahead. A waiter
 // left unwoken would hang here, and one woken too early would overlap.
 func TestQueueChurn(t *testing.T) {
 	etcdtest.LeakCheck(t)

@@ -65,9 +65,9 @@ func (q *queueReads) count(r *pb.RangeRequest) {
 // Keeper's copy, kept by the shared watch: its enqueue is a put alone and
 // it is granted with no read, however many wait ahead of it. Through
 // sessions of their own, each waiter reads the queue in full as it
-// queues; one far back, once the key just ahead is gone, confirms that
-// nothing older is left with a keys-only read (served from etcd's index on
-// 3.7) rather than a second full read.
+// queues; one far back, once the older of the two keys it follows is
+// gone, asks what is left ahead with a keys-only read (served from etcd's
+// index on 3.7) rather than a second full read.
 func TestQueueReads(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	for _, keeper := range []bool{true, false} {

@@ -17,9 +17,9 @@ import (
 const idleWatch = 30 * time.Second
 
 // keyWatch is one long-lived watch of deletions, of the session's own key
-// for a name or of the whole queue under the name, serving every lock of
-// that name taken through the session, one after the other (the name's
-// gate makes them take turns).
+// for a name, of the whole queue under the name, or of one key ahead in
+// it, serving every lock of that name taken through the session, one
+// after the other (the name's gate makes them take turns).
 //
 // Because it outlives each lock, a lock opens no watch of its own in the
 // common cases: the watch already delivers events when the lock's key is
@@ -51,8 +51,8 @@ type keyWatch struct {
 	prefix bool
 	mirror *queueMirror // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
 	// farBack remembers, for a session's queue watch, whether the last
-	// lock of the name queued with more than nearAhead keys ahead: the
-	// next then reads the queue keys-only as it queues (see create).
+	// lock of the name queued behind more keys than one page read holds:
+	// the next then reads the queue keys-only as it queues (see enqueue).
 	farBack atomic.Bool
 	// ahead: a watch of a queue key ahead of the session's own (follows).
 	// Coming up, it wakes its subscribers, as the queue watch does; the
