@@ -100,13 +100,21 @@ func TestMutantsAreCaught(t *testing.T) {
 		},
 		"10 chaos": func(tb testing.TB, ctx context.Context) error {
 			// A run can miss (the successor wrote other registers than the
-			// victim's late writes hit); up to five valid runs get a chance.
-			for seed := uint64(99); seed < 104; seed++ {
+			// victim's late writes hit), or prove nothing (no successor
+			// wrote while the victim was paused, which a loaded machine
+			// makes likelier): up to five valid runs get a chance, out of
+			// at most twelve.
+			valid := 0
+			for seed := uint64(99); valid < 5 && seed < 99+12; seed++ {
 				cfg := runConfig{seed: seed, clients: 8, names: 2, fenced: true, fault: faultPause,
 					mutant: seam.From(ctx).On(), endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", int(seed))}
 				cfg.db, cfg.sqlf = newSQL(tb)
 				r := run(tb, cfg)
-				if r.valid && (r.check != porcupine.Ok || r.staleAccepted > 0) {
+				if !r.valid {
+					continue
+				}
+				valid++
+				if r.check != porcupine.Ok || r.staleAccepted > 0 {
 					return fmt.Errorf("checker: %s, %d stale writes accepted", r.check, r.staleAccepted)
 				}
 			}
