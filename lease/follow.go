@@ -183,6 +183,9 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 // newestAhead is the keys of the n newest keys ahead, newest first. l.mu is
 // held.
 func (l *Lock) newestAhead(n int) []string {
+	if len(l.ahead) == 0 {
+		return nil
+	}
 	keys := make([]string, 0, n)
 	for len(keys) < n {
 		best, bestToken := "", int64(0)

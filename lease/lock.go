@@ -65,9 +65,6 @@ type Lock struct {
 	// block it (for a reader, other readers' keys), as of the last read:
 	// their deletions, too, reach a waiter that follows the queue watch.
 	sharing int
-	// unverified: the view came from a keys-only read (setCandidates)
-	// and may count keys that do not block the lock.
-	unverified bool
 	// mirrored: the lock waits on its Keeper's copy of the queue
 	// (viewFromMirror), which knows what is ahead; ahead is unused.
 	mirrored bool
@@ -470,7 +467,7 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.w.queue.unsubscribe(l)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.mirrored, l.ahead, l.beyond, l.unverified, l.synced = true, nil, false, false, true
+	l.mirrored, l.ahead, l.beyond, l.synced = true, nil, false, true
 	for _, d := range l.pending {
 		l.applyDelete(d.key, d.rev) // the own key's deletion, if it came
 	}
@@ -544,7 +541,7 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	known := l.ahead
-	l.beyond, l.unverified, l.sharing, l.refollow = false, false, 0, false
+	l.beyond, l.sharing, l.refollow = false, 0, false
 	if page == nil {
 		l.ahead = make(map[string]ahead)
 	} else {
@@ -563,7 +560,6 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 				l.ahead[k] = was
 			case candidates && isChildKey(pfx, kv):
 				l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, candidate: true}
-				l.unverified = true
 			case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
 				l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, reader: modeOf(kv) == Read}
 			case !candidates && isQueueKey(pfx, kv):
@@ -703,7 +699,7 @@ func (l *Lock) look() view {
 		stale:    !l.synced,
 		ownStale: l.ownStale(),
 		near:     l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
-		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified,
+		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified(),
 		pred:     l.nearestAhead(),
 	}
 	// Once far back, a waiter keeps following single keys until granted:
@@ -867,13 +863,22 @@ func (l *Lock) onlyReadersAhead() bool {
 // nearestAhead is the newest key ahead, the one a waiter names. l.mu is
 // held.
 func (l *Lock) nearestAhead() *mvccpb.KeyValue {
-	var kv *mvccpb.KeyValue
-	for k, a := range l.ahead {
-		if kv == nil || a.token > kv.CreateRevision {
-			kv = &mvccpb.KeyValue{Key: []byte(k), CreateRevision: a.token}
+	keys := l.newestAhead(1)
+	if len(keys) == 0 {
+		return nil
+	}
+	return &mvccpb.KeyValue{Key: []byte(keys[0]), CreateRevision: l.ahead[keys[0]].token}
+}
+
+// unverified tells whether the view counts a key seen in a keys-only read
+// only (setCandidates), which may not block the lock. l.mu is held.
+func (l *Lock) unverified() bool {
+	for _, a := range l.ahead {
+		if a.candidate {
+			return true
 		}
 	}
-	return kv
+	return false
 }
 
 // behind says which key a waiter was waiting behind when err ended it.
