@@ -90,6 +90,11 @@ type Lock struct {
 	// view may grant the lock with the own-key watch not yet up (see
 	// look, which clears it).
 	fresh bool
+	// atOnce: the lock was granted at its first look, by the view read
+	// with its put or by the Keeper's copy as it took the put; onlyKey:
+	// the copy then held no other key under the name. See restQueue and
+	// restOwn.
+	atOnce, onlyKey bool
 	// watchOwn opens the own-key watch once the lock has been held for
 	// ownWatchDelay, when it was granted with that watch not up.
 	watchOwn *time.Timer
@@ -219,6 +224,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 		l.abandon()
 		return nil, err
 	}
+	l.restQueue()
 	l.s.hold(l)
 	l.reportGranted(time.Since(start))
 	return l, nil
@@ -393,7 +399,9 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		// Only keys of nested locks (or, for a reader, of readers) were
 		// seen: queue up, then look again.
 	}
-	mirrored := !try && l.w.queue.mirror != nil
+	// A Keeper's watch at rest (keyWatch.granted) keeps no copy: the
+	// enqueue then reads, as a session's own would.
+	mirrored := !try && l.w.queue.mirror != nil && !l.w.queue.isPaused()
 	// A writer whose last lock of the name queued behind more keys than a
 	// page holds reads only the keys ahead, keys-only: etcd 3.7 answers
 	// that from its index, where a full read fetches every key under the
@@ -710,6 +718,7 @@ func (l *Lock) look() view {
 		v.far, v.followed, v.refollow = true, l.followingLocked(), l.refollow
 	}
 	if !v.stale && !v.ownStale && len(l.ahead) == 0 && !l.beyond {
+		l.atOnce = l.fresh
 		l.grant()
 		v.held = true
 	}
@@ -736,6 +745,33 @@ func (l *Lock) ownStale() bool {
 	return !l.fresh
 }
 
+// restQueue tells the name's queue watch whether the lock was granted
+// with nobody else queued, so that the watch rests while the name is
+// uncontended (keyWatch.granted). A Keeper's watch serves its other
+// sessions too: only its copy can tell that none of them is queued
+// behind.
+func (l *Lock) restQueue() {
+	l.mu.Lock()
+	alone := l.atOnce && (l.w.shared == nil || l.onlyKey)
+	l.mu.Unlock()
+	l.w.queue.granted(alone)
+}
+
+// restOwn, as Unlock is about to delete the key, tells the own-key watch
+// whether the lock was granted at once and held for less than
+// ownWatchDelay (as a lock granted with the watch down would never have
+// opened it), so that the watch rests while the name is uncontended and
+// held briefly; it reports whether the watch was paused now, before the
+// delete, which it then does not hear. A lock held longer opens the
+// watch again anyway, so pausing it for such locks would only add the
+// watch's closing and opening to each.
+func (l *Lock) restOwn() bool {
+	l.mu.Lock()
+	brief := l.atOnce && time.Since(l.grantedAt) < ownWatchDelay
+	l.mu.Unlock()
+	return l.w.own.granted(brief)
+}
+
 // grant records that nothing is left ahead of the lock. If its own-key
 // watch is not up, it is opened after ownWatchDelay. l.mu is held.
 func (l *Lock) grant() {
@@ -753,6 +789,7 @@ func (l *Lock) lookInMirror() view {
 	if !v.stale && !v.ownStale && !blocked {
 		l.grant()
 		v.held = true
+		l.atOnce, l.onlyKey = l.fresh, l.w.queue.mirror.only(l)
 		l.w.queue.mirror.leave(l, l.token)
 	}
 	return v
@@ -1105,6 +1142,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 		return context.Cause(l.ctx)
 	}
 	l.setPhase(releasing)
+	rested := l.restOwn()
 	resp, err := l.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
 		Then(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.releaseOps()...)...).
@@ -1128,6 +1166,10 @@ func (l *Lock) unlock(ctx context.Context) error {
 		l.end(ErrKeyDeleted)
 		return ErrKeyDeleted
 	default:
+		if rested {
+			// Still held, perhaps: its key's deletion must be heard.
+			l.w.own.resume()
+		}
 		return err
 	}
 }

@@ -243,6 +243,15 @@ func (m *queueMirror) blocked(epoch uint64, l *Lock) (blocked bool, pred *mvccpb
 	return true, nil, true
 }
 
+// only tells whether lock l's own key is the only key under the name in
+// the copy: nobody else is queued, before or after it.
+func (m *queueMirror) only(l *Lock) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	own := m.keys[l.key]
+	return m.valid && len(m.keys) == 1 && own != nil && own.CreateRevision == l.token
+}
+
 // leave unregisters a waiter (see join) whose token is token (read by the
 // caller under the lock's mutex: the lock's finish may run while its
 // enqueue is returning).

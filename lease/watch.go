@@ -68,6 +68,9 @@ type keyWatch struct {
 	// upRev is the store revision the watch last came up at: it reports
 	// every change after it.
 	upRev atomic.Int64
+	// quiet counts the locks granted in a row with nobody else queued
+	// (granted).
+	quiet atomic.Int32
 	// seenRev is the store revision of the last response the watch handed
 	// to its subscribers (stored before it does): a lock that subscribes
 	// later has missed what came before, and reads at least this revision.
@@ -267,17 +270,18 @@ func (w *keyWatch) down() {
 	}
 }
 
-// pause closes the watch until resume.
-func (w *keyWatch) pause() {
+// pause closes the watch until resume, and reports whether it was open.
+func (w *keyWatch) pause() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.paused {
-		return
+		return false
 	}
 	w.paused = true
 	if w.endServe != nil {
 		w.endServe()
 	}
+	return true
 }
 
 // resume opens a paused watch again. If the session has ended it does
@@ -296,6 +300,35 @@ func (w *keyWatch) resume() {
 	case w.resumed <- struct{}{}:
 	default:
 	}
+}
+
+// restAfter is how many locks of a name in a row that did not need the
+// name's queue watch, or its own-key watch, pause that watch (granted).
+// While it runs, the queue watch sends every deletion under the name, a
+// lock's own Unlock's too, and a Keeper's also every put, to keep its
+// copy; the own-key watch, once a waiter has opened it, sends each
+// Unlock's deletion. For a name no longer contended that was the whole of
+// its stream traffic. Paused, they cost nothing: the next lock that has
+// to wait opens them again (wait), reading its view once they are up; a
+// Keeper's locks read as they queue until then; a lock held for
+// ownWatchDelay opens its own-key watch (grant). Eight in a row keep a
+// name that is contended now and then from closing and opening them for
+// each lock.
+const restAfter = 8
+
+// granted is told, by each lock of the name, whether it was one the
+// watch was not needed for (Lock.restQueue, Lock.restOwn); restAfter such
+// locks in a row pause the watch, and it reports whether this one did.
+func (w *keyWatch) granted(unneeded bool) (paused bool) {
+	if !unneeded {
+		w.quiet.Store(0)
+		return false
+	}
+	if w.quiet.Add(1) < restAfter {
+		return false
+	}
+	w.quiet.Store(0)
+	return w.pause()
 }
 
 func (w *keyWatch) isPaused() bool {
