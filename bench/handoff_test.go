@@ -198,6 +198,44 @@ func handoffs(b *testing.B, lockers []locker, lat *latencies) float64 {
 	return float64(b.N) / time.Since(start).Seconds()
 }
 
+// BenchmarkAfterContention is BenchmarkHandoff's one contender on a name
+// that was contended just before: four contenders first hand the lock
+// round a hundred times, then one of them alone takes and releases it,
+// measured. A service whose lock is contended now and then spends most
+// of its time so; the watches contention opened may cost it on every
+// lock after (this library rests them, see lease's restAfter), where
+// concurrency.Mutex opens a watch only while it waits.
+func BenchmarkAfterContention(b *testing.B) {
+	for _, fs := range fsyncModes {
+		for _, shape := range shapes {
+			for _, im := range impls {
+				if shape == "keeper" && im.name != "leasefence" {
+					continue
+				}
+				b.Run(fmt.Sprintf("fsync=%s/shape=%s/impl=%s", fs.name, shape, im.name), func(b *testing.B) {
+					c := cluster(b, 1, fs.off)
+					var r requests
+					name := etcdtest.Name(b, "after")
+					lockers := contenders(b, im, shape, 4, c.Endpoints()[0], name, &r)
+					warm := &testing.B{N: 100}
+					handoffs(warm, lockers, &latencies{})
+					bound := commitBound(b, newClient(b, c.Endpoints()[0], &requests{}), name+"-bound")
+					before, cpu := r.read(), cpuTime()
+					var lat latencies
+					b.ResetTimer()
+					rate := handoffs(b, lockers[:1], &lat)
+					b.StopTimer()
+					b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
+					r.report(b, before, b.N)
+					lat.report(b)
+					b.ReportMetric(rate, "sections/s")
+					b.ReportMetric(100*rate/bound, "%bound")
+				})
+			}
+		}
+	}
+}
+
 // BenchmarkUncontended is one Lock, one put guarded by the lock's token, and
 // Unlock, with nobody else around: this library and concurrency.Mutex in
 // turns (interleave), each on a client of its own; ratios are to Mutex. A

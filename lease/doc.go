@@ -140,8 +140,10 @@
 //     granted with no read at any depth (up to 4,096 keys under the name;
 //     past that, and while the watch is down, they read as above). Watches are opened at
 //     the current revision, which etcd serves at once, and outlive the
-//     last lock of their name by 30 seconds, so that a lock taken again and
-//     again opens them once.
+//     last lock of their name by 1 second, so that a lock taken again and
+//     again opens them once; they rest after eight locks in a row that did
+//     not need them (granted at once, and, for the own-key watch, held
+//     briefly), and open again for the next lock that waits.
 //
 //   - Bad input (an empty name, a name ending in "/", with an empty
 //     segment or a control character; a nil client or option) is refused

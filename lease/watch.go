@@ -13,8 +13,12 @@ import (
 
 // idleWatch is how long a name's watches outlive the last lock of that name
 // on the session, so that a service that takes the same lock again and
-// again opens them once.
-const idleWatch = 30 * time.Second
+// again opens them once. Not longer: a session that stopped locking the
+// name would be sent every deletion the others' handoffs make (with four
+// contenders of which one went on alone, 3 messages per lock and release
+// of that one, for 30 s when this was 30 s), and opening them again costs
+// a lock that waits no more than it costs a session the first time.
+const idleWatch = time.Second
 
 // keyWatch is one long-lived watch of deletions, of the session's own key
 // for a name, of the whole queue under the name, or of one key ahead in
@@ -32,11 +36,13 @@ const idleWatch = 30 * time.Second
 //     it before it relies on its view, and a lock granted as its key is
 //     put opens it only once held for ownWatchDelay, so that a lock held
 //     briefly is not sent its own Unlock's deletion. Once open it stays
-//     open while the name is in use.
+//     open while the name is in use, until restAfter locks in a row were
+//     granted at once and held briefly (granted).
 //   - The queue watch (the prefix name/) is on only while a lock of the
 //     session is near the head of the queue (nearAhead): there, every
 //     deletion ahead shrinks the waiter's view of the queue, and the last
-//     one grants it the lock with no read at all. Further back, a waiter
+//     one grants it the lock with no read at all. It rests again once
+//     restAfter locks in a row were granted at once. Further back, a waiter
 //     pauses it and follows only the two newest keys ahead of it, so that
 //     a long queue does not send every deletion to every waiter.
 //   - The watches of keys ahead (follows: one key each, up to keptFollows
