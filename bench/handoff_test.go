@@ -236,6 +236,45 @@ func BenchmarkAfterContention(b *testing.B) {
 	}
 }
 
+// BenchmarkAfterContentionTurns is BenchmarkAfterContention's measured
+// part taken in turns (interleave), so that the machine's drift reaches
+// every case alike: concurrency.Mutex on one shared client (the first
+// turn, which the ratios are to), and this library on one shared client,
+// through a Keeper and with a client each, each on a name of its own that
+// four contenders handed round a hundred times just before.
+func BenchmarkAfterContentionTurns(b *testing.B) {
+	for _, fs := range fsyncModes {
+		b.Run("fsync="+fs.name, func(b *testing.B) {
+			c := cluster(b, 1, fs.off)
+			ctx := context.Background()
+			cases := []struct {
+				turn, shape string
+				im          impl
+			}{
+				{"mutex", "shared", impls[1]},
+				{"shared", "shared", impls[0]},
+				{"keeper", "keeper", impls[0]},
+				{"each", "each", impls[0]},
+			}
+			var turns []turn
+			for _, tc := range cases {
+				name := etcdtest.Name(b, "after-"+tc.turn)
+				lockers := contenders(b, tc.im, tc.shape, 4, c.Endpoints()[0], name, &requests{})
+				handoffs(&testing.B{N: 100}, lockers, &latencies{})
+				lk := lockers[0]
+				turns = append(turns, turn{tc.turn, func() error {
+					_, _, unlock, err := lk.lock(ctx)
+					if err != nil {
+						return err
+					}
+					return unlock(ctx)
+				}})
+			}
+			interleave(b, turns)
+		})
+	}
+}
+
 // BenchmarkUncontended is one Lock, one put guarded by the lock's token, and
 // Unlock, with nobody else around: this library and concurrency.Mutex in
 // turns (interleave), each on a client of its own; ratios are to Mutex. A
