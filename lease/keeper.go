@@ -24,10 +24,11 @@ const keeperBatch = 100 * time.Millisecond
 // and keeps a copy of the queue in order (up to 4,096 keys) that their
 // locks wait on: an enqueue is a put alone, a deletion wakes only the
 // waiters it grants, and they are granted without a read, however long
-// the queue. A
-// service that holds many sessions on one client (a session per tenant, per
-// shard or per worker, say) makes one Keeper and passes it to each with
-// WithKeeper.
+// the queue. While nobody else is queued on a name (restAfter locks in a
+// row), the watch rests and the name's locks read as they queue, as a
+// session's own would, until one has to wait. A service that holds many
+// sessions on one client (a session per tenant, per shard or per worker,
+// say) makes one Keeper and passes it to each with WithKeeper.
 //
 // Each session keeps its own conservative deadline, from the send time of
 // its own keep-alives, and loses its lease exactly as it would on its own
