@@ -154,11 +154,19 @@ func handoffBench(b *testing.B, im impl, shape string, n int, endpoint string) {
 	var r requests
 	name := etcdtest.Name(b, "handoff")
 	lockers := contenders(b, im, shape, n, endpoint, name, &r)
+	measureHandoffs(b, lockers, &r, endpoint, name)
+}
+
+// measureHandoffs measures the commit bound on a client of its own, then
+// runs b.N handoffs among lockers and reports them per second, as a share
+// of the bound, with the CPU, the requests (counted into r) and the
+// acquire latency per handoff.
+func measureHandoffs(b *testing.B, lockers []locker, r *requests, endpoint, name string) {
 	bound := commitBound(b, newClient(b, endpoint, &requests{}), name+"-bound")
 	before, cpu := r.read(), cpuTime()
 	var lat latencies
 	b.ResetTimer()
-	rate := handoffs(b, lockers, &lat)
+	rate := handoffs(b, lockers, b.N, &lat)
 	b.StopTimer()
 	b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
 	r.report(b, before, b.N)
@@ -167,11 +175,11 @@ func handoffBench(b *testing.B, im impl, shape string, n int, endpoint string) {
 	b.ReportMetric(100*rate/bound, "%bound")
 }
 
-// handoffs runs b.N critical sections spread over lockers, all contending
+// handoffs runs n critical sections spread over lockers, all contending
 // for one name, and returns them per second.
-func handoffs(b *testing.B, lockers []locker, lat *latencies) float64 {
+func handoffs(b *testing.B, lockers []locker, n int, lat *latencies) float64 {
 	var left atomic.Int64
-	left.Store(int64(b.N))
+	left.Store(int64(n))
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -195,7 +203,7 @@ func handoffs(b *testing.B, lockers []locker, lat *latencies) float64 {
 		}()
 	}
 	wg.Wait()
-	return float64(b.N) / time.Since(start).Seconds()
+	return float64(n) / time.Since(start).Seconds()
 }
 
 // BenchmarkAfterContention is BenchmarkHandoff's one contender on a name
@@ -217,23 +225,18 @@ func BenchmarkAfterContention(b *testing.B) {
 					var r requests
 					name := etcdtest.Name(b, "after")
 					lockers := contenders(b, im, shape, 4, c.Endpoints()[0], name, &r)
-					warm := &testing.B{N: 100}
-					handoffs(warm, lockers, &latencies{})
-					bound := commitBound(b, newClient(b, c.Endpoints()[0], &requests{}), name+"-bound")
-					before, cpu := r.read(), cpuTime()
-					var lat latencies
-					b.ResetTimer()
-					rate := handoffs(b, lockers[:1], &lat)
-					b.StopTimer()
-					b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
-					r.report(b, before, b.N)
-					lat.report(b)
-					b.ReportMetric(rate, "sections/s")
-					b.ReportMetric(100*rate/bound, "%bound")
+					contend(b, lockers)
+					measureHandoffs(b, lockers[:1], &r, c.Endpoints()[0], name)
 				})
 			}
 		}
 	}
+}
+
+// contend has lockers hand the lock round a hundred times, all at once as
+// in handoffs, unmeasured.
+func contend(b *testing.B, lockers []locker) {
+	handoffs(b, lockers, 100, &latencies{})
 }
 
 // BenchmarkAfterContentionTurns is BenchmarkAfterContention's measured
@@ -260,7 +263,7 @@ func BenchmarkAfterContentionTurns(b *testing.B) {
 			for _, tc := range cases {
 				name := etcdtest.Name(b, "after-"+tc.turn)
 				lockers := contenders(b, tc.im, tc.shape, 4, c.Endpoints()[0], name, &requests{})
-				handoffs(&testing.B{N: 100}, lockers, &latencies{})
+				contend(b, lockers)
 				lk := lockers[0]
 				turns = append(turns, turn{tc.turn, func() error {
 					_, _, unlock, err := lk.lock(ctx)

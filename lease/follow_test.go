@@ -2,13 +2,10 @@ package lease_test
 
 import (
 	"context"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -16,35 +13,6 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
-
-// watchCreates counts the watches a client asks etcd to create on keys
-// under a prefix.
-type watchCreates struct {
-	prefix string
-	n      atomic.Int64
-}
-
-func (c *watchCreates) interceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return createCounting{s, c}, nil
-}
-
-type createCounting struct {
-	grpc.ClientStream
-	c *watchCreates
-}
-
-func (s createCounting) SendMsg(m any) error {
-	if w, ok := m.(*pb.WatchRequest); ok {
-		if cr := w.GetCreateRequest(); cr != nil && strings.HasPrefix(string(cr.Key), s.c.prefix) {
-			s.c.n.Add(1)
-		}
-	}
-	return s.ClientStream.SendMsg(m)
-}
 
 // Waiters far back in a queue of steady contenders follow the two newest
 // keys ahead through watches that outlive each lock (a session's key keeps
@@ -57,7 +25,7 @@ func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	name := etcdtest.Name(t, "follow")
 	reads := &queueReads{prefix: name + "/"}
-	creates := &watchCreates{prefix: name + "/"}
+	creates := watchCreatesUnder(name + "/")
 	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(reads.interceptor), grpc.WithChainStreamInterceptor(creates.interceptor)}})
 	if err != nil {

@@ -1,15 +1,11 @@
 package lease_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -17,34 +13,6 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
-
-// watchEvents counts the watch responses a client receives that carry
-// events of keys under a prefix.
-type watchEvents struct {
-	prefix string
-	n      atomic.Int64
-}
-
-func (c *watchEvents) interceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return eventCounting{s, c}, nil
-}
-
-type eventCounting struct {
-	grpc.ClientStream
-	c *watchEvents
-}
-
-func (s eventCounting) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if w, ok := m.(*pb.WatchResponse); ok && err == nil && len(w.Events) > 0 && strings.HasPrefix(string(w.Events[0].Kv.Key), s.c.prefix) {
-		s.c.n.Add(1)
-	}
-	return err
-}
 
 // Once a name is no longer contended, its queue watch rests: after a
 // round of contention has opened it, a session that locks and releases
@@ -59,7 +27,7 @@ func TestQueueWatchRestsWhileUncontended(t *testing.T) {
 	for _, keeper := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keeper=%v", keeper), func(t *testing.T) {
 			name := etcdtest.Name(t, "rest")
-			events := &watchEvents{prefix: name + "/"}
+			events := watchEventsUnder(name + "/")
 			cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 				DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(events.interceptor)}})
 			if err != nil {
