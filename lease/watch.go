@@ -74,7 +74,7 @@ type keyWatch struct {
 	// upRev is the store revision the watch last came up at: it reports
 	// every change after it.
 	upRev atomic.Int64
-	// quiet counts the locks granted in a row with nobody else queued
+	// quiet counts the locks in a row that did not need the watch
 	// (granted).
 	quiet atomic.Int32
 	// seenRev is the store revision of the last response the watch handed
