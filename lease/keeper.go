@@ -38,7 +38,10 @@ type Keeper struct {
 	client *clientv3.Client
 	ctx    context.Context
 	cancel context.CancelFunc
-	done   chan struct{}
+	// leaderCtx is ctx with etcd's require-leader metadata, the parent of
+	// its streams (the keep-alive, the shared queue watches).
+	leaderCtx context.Context
+	done      chan struct{}
 
 	mu       sync.Mutex
 	sessions map[clientv3.LeaseID]*keptSession
@@ -70,7 +73,7 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 		return nil, failed("keeper", errNilClient)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &Keeper{client: client, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+	k := &Keeper{client: client, ctx: ctx, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx), done: make(chan struct{}),
 		sessions: make(map[clientv3.LeaseID]*keptSession), queues: make(map[string]*sharedQueue),
 		wake: make(chan struct{}, 1)}
 	go k.run()
@@ -146,7 +149,7 @@ func (k *Keeper) queueWatch(name string) (*keyWatch, error) {
 	if q == nil {
 		// Started paused, so that its goroutine is launched (resume) with
 		// k.mu released: launching registers it with the Keeper.
-		w, err := startWatch(k.ctx, k.client, k, name+"/", true, true)
+		w, err := startWatch(k.leaderCtx, k.client, k, name+"/", true, true)
 		if err != nil {
 			k.mu.Unlock()
 			return nil, err
@@ -231,7 +234,7 @@ func (k *Keeper) run() {
 // stream runs one keep-alive stream until it fails or the Keeper stops. It
 // reports whether it carried an answer.
 func (k *Keeper) stream() (answered bool) {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(k.ctx))
+	ctx, cancel := context.WithCancel(k.leaderCtx)
 	defer cancel()
 	stream, err := pb.NewLeaseClient(k.client.ActiveConnection()).LeaseKeepAlive(ctx)
 	if err != nil {

@@ -45,6 +45,11 @@ type Session struct {
 	// session is closed. Every lock's own context derives from it.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// leaderCtx is ctx with etcd's require-leader metadata, the parent of
+	// the session's streams (its watches, its keep-alive): made once,
+	// where each watch's opening would make it again (0.5 KB a held
+	// lock).
+	leaderCtx context.Context
 
 	mu       sync.Mutex // guards closed, deadline and holdings
 	closed   bool
@@ -102,6 +107,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		deadline:  sent.Add(granted),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	s.leaderCtx = clientv3.WithRequireLeader(s.ctx)
 	if s.keeper != nil {
 		if err := s.keeper.add(s); err != nil {
 			s.cancel(err)
@@ -300,7 +306,7 @@ type keepAliveResult struct {
 
 // keepAliveStream runs one stream until it fails or the session ends.
 func (s *Session) keepAliveStream(expiry timer) error {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+	ctx, cancel := context.WithCancel(s.leaderCtx)
 	defer cancel()
 	stream, err := pb.NewLeaseClient(s.client.ActiveConnection()).LeaseKeepAlive(ctx)
 	if err != nil {

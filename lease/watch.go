@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,12 +83,14 @@ type keyWatch struct {
 	// later has missed what came before, and reads at least this revision.
 	seenRev atomic.Int64
 
-	mu       sync.Mutex
-	running  bool          // run has started (a paused watch starts it on resume)
-	up       chan struct{} // closed while the watch is up; replaced when it goes down
-	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
-	refusal  error
-	subs     map[*Lock]struct{} // the locks of this name now waiting or held
+	mu      sync.Mutex
+	running bool          // run has started (a paused watch starts it on resume)
+	up      chan struct{} // closed while the watch is up; replaced when it goes down
+	refused chan struct{} // closed when etcd refuses the watch for good (refusal says why)
+	refusal error
+	// subs are the locks of this name now waiting or held: usually one,
+	// so a slice (a map cost 0.1 KB more per held lock).
+	subs     []*Lock
 	paused   bool               // the watch is off until resume
 	resumed  chan struct{}      // poked by resume
 	endServe context.CancelFunc // ends the current watch, for pause
@@ -107,15 +110,15 @@ func (s *Session) untrack() { s.wg.Done() }
 // is called. A paused watch opens nothing, and has no goroutine, until
 // resume.
 func (s *Session) startWatch(key string, prefix, paused bool) (*keyWatch, error) {
-	return startWatch(s.ctx, s.client, s, key, prefix, paused)
+	return startWatch(s.leaderCtx, s.client, s, key, prefix, paused)
 }
 
 // startWatch starts a watch owned by owner, which stops when parent ends.
+// parent carries etcd's require-leader metadata (serve).
 func startWatch(parent context.Context, client *clientv3.Client, owner watchOwner, key string, prefix, paused bool) (*keyWatch, error) {
 	ctx, stop := context.WithCancel(parent)
 	w := &keyWatch{client: client, owner: owner, key: key, prefix: prefix, ctx: ctx, stop: stop,
-		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1),
-		subs: make(map[*Lock]struct{})}
+		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
 	if !paused {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -146,11 +149,13 @@ func (w *keyWatch) run() {
 	defer w.owner.untrack()
 	retry := newBackoff(50*time.Millisecond, time.Second)
 	for {
-		ctx, ok := w.wanted()
+		ctx, endServe, ok := w.wanted()
 		if !ok {
 			return
 		}
-		if w.serve(ctx) {
+		cameUp := w.serve(ctx)
+		endServe() // ends etcd's watch if serve returned before it ended
+		if cameUp {
 			retry.reset()
 		}
 		w.down()
@@ -164,34 +169,38 @@ func (w *keyWatch) run() {
 }
 
 // wanted waits while the watch is paused, and returns the context of its
-// next opening; false once the watch is stopped.
-func (w *keyWatch) wanted() (context.Context, bool) {
+// next opening and the function that ends it (which pause calls too);
+// false once the watch is stopped.
+func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 	for {
 		w.mu.Lock()
 		if !w.paused {
 			ctx, cancel := context.WithCancel(w.ctx)
 			w.endServe = cancel
 			w.mu.Unlock()
-			return ctx, w.ctx.Err() == nil
+			if w.ctx.Err() != nil {
+				cancel()
+				return nil, nil, false
+			}
+			return ctx, cancel, true
 		}
 		w.mu.Unlock()
 		select {
 		case <-w.resumed:
 		case <-w.ctx.Done():
-			return nil, false
+			return nil, nil, false
 		}
 	}
 }
 
-// serve runs one watch until it ends, and reports whether it came up. It
-// is opened with no start revision, so etcd serves it at once (a start
-// revision already in the past would wait for etcd's 100 ms catch-up loop).
-// It requires a leader: a member cut off from the quorum ends it rather
-// than leaving it silent. A watch that keeps a mirror also receives puts,
-// and fills the mirror when it comes up.
+// serve runs one watch until it ends, and reports whether it came up; its
+// caller ends ctx after. It is opened with no start revision, so etcd
+// serves it at once (a start revision already in the past would wait for
+// etcd's 100 ms catch-up loop). It requires a leader (ctx carries the
+// metadata, from startWatch's parent): a member cut off from the quorum
+// ends it rather than leaving it silent. A watch that keeps a mirror also
+// receives puts, and fills the mirror when it comes up.
 func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
 	if w.mirror == nil {
 		opts = append(opts, clientv3.WithFilterPut())
@@ -346,11 +355,7 @@ func (w *keyWatch) isPaused() bool {
 func (w *keyWatch) subscribers() []*Lock {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	subs := make([]*Lock, 0, len(w.subs))
-	for l := range w.subs {
-		subs = append(subs, l)
-	}
-	return subs
+	return slices.Clone(w.subs)
 }
 
 // subscribe makes l one of the locks that the watch's events go to, and
@@ -359,7 +364,9 @@ func (w *keyWatch) subscribers() []*Lock {
 func (w *keyWatch) subscribe(l *Lock) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.subs[l] = struct{}{}
+	if !slices.Contains(w.subs, l) {
+		w.subs = append(w.subs, l)
+	}
 	return w.epoch.Load()
 }
 
@@ -389,6 +396,11 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 // unsubscribe stops the watch's events going to l.
 func (w *keyWatch) unsubscribe(l *Lock) {
 	w.mu.Lock()
-	delete(w.subs, l)
+	if i := slices.Index(w.subs, l); i >= 0 {
+		last := len(w.subs) - 1
+		w.subs[i] = w.subs[last]
+		w.subs[last] = nil // not kept alive by the array
+		w.subs = w.subs[:last]
+	}
 	w.mu.Unlock()
 }
