@@ -104,39 +104,37 @@ func TestQueueWatchRestsWhileUncontended(t *testing.T) {
 func waitBehind(t *testing.T, holder, waiter *lease.Session, name string, queued <-chan struct{}) {
 	t.Helper()
 	h := mustLock(t, holder, name)
-	res := make(chan *lease.Lock, 1)
-	errs := make(chan error, 1)
-	go func() {
-		l, err := waiter.Lock(testCtx(t), name)
-		if err != nil {
-			errs <- err
-			return
-		}
-		res <- l
-	}()
+	ch := lockAsync(testCtx(t), waiter, name)
 	select {
 	case <-queued:
-	case err := <-errs:
-		t.Fatal(err)
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Fatalf("waiter granted (token %d) while the holder (token %d) held", r.l.Token(), h.Token())
 	}
 	select {
-	case l := <-res:
-		t.Fatalf("waiter granted (token %d) while the holder (token %d) held", l.Token(), h.Token())
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		t.Fatalf("waiter granted (token %d) while the holder (token %d) held", r.l.Token(), h.Token())
 	default:
 	}
 	if err := h.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case l := <-res:
-		if l.Token() <= h.Token() {
-			t.Errorf("waiter granted token %d after %d", l.Token(), h.Token())
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
 		}
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if r.l.Token() <= h.Token() {
+			t.Errorf("waiter granted token %d after %d", r.l.Token(), h.Token())
+		}
+		if err := r.l.Unlock(testCtx(t)); err != nil {
 			t.Fatal(err)
 		}
-	case err := <-errs:
-		t.Fatal(err)
 	case <-testCtx(t).Done():
 		t.Fatal("waiter not granted after the holder released")
 	}

@@ -396,11 +396,6 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 // unsubscribe stops the watch's events going to l.
 func (w *keyWatch) unsubscribe(l *Lock) {
 	w.mu.Lock()
-	if i := slices.Index(w.subs, l); i >= 0 {
-		last := len(w.subs) - 1
-		w.subs[i] = w.subs[last]
-		w.subs[last] = nil // not kept alive by the array
-		w.subs = w.subs[:last]
-	}
+	w.subs = slices.DeleteFunc(w.subs, func(s *Lock) bool { return s == l }) // zeroes the tail: l is not kept alive
 	w.mu.Unlock()
 }
