@@ -19,6 +19,10 @@ type QueueEntry struct {
 	TTL   time.Duration
 	Value string // empty for a lock; the candidate's value in an election; ReaderValue for a reader
 	Mode  Mode   // Read for a reader (RLock), Write for anyone else
+	// Owner is the holder's identity, as its session gave it (WithOwner),
+	// or empty if the session recorded none (etcd's own lock code, an
+	// older version of this package, or a session whose lease has gone).
+	Owner string
 }
 
 // Inspect reads the queue of the lock (or election) name: the holder
