@@ -16,6 +16,13 @@
 //     writes many times through one record keeps a Recorder for it: its
 //     guards are Resource guards, sent after the first write as one flat
 //     comparison (the record already holds the token), as cheap as Held.
+//   - A new holder about to read what a record fences: Claim, in the
+//     transaction of its first read. It raises the record to the holder's
+//     token in the same atomic step as the read, so no earlier holder's
+//     write can land after it. A plain read at the start of a holding is
+//     not enough: the previous holder's last write may still be in flight,
+//     and it passes the record until the new holder's first write raises
+//     it.
 //   - Rows in a SQL database: package fence/sqlfence, the same rule in one
 //     UPDATE statement.
 //
@@ -37,7 +44,12 @@
 //
 // A write guarded by Held lands only while the lock is held by that very
 // holding. A write guarded by Resource lands only if no higher token has
-// been accepted by that record. Records store tokens in a fixed-width,
+// been accepted by that record; once a Claim has committed, no write with a
+// lower token lands through that record, and the claim's reads saw the
+// state no such write can change any more. A key attached to a lease (a
+// lock key) is never taken as a record: such a transaction is refused with
+// ErrBadRecord and changes nothing, and a Txn without guards is refused as
+// bad input. Records store tokens in a fixed-width,
 // order-preserving encoding (EncodeToken), because etcd compares values as
 // bytes. An answer that did not arrive is reported as ErrOutcomeUnknown, never
 // as a failure, and such a transaction is never re-sent by this package; a

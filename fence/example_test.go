@@ -46,6 +46,25 @@ func ExampleResource() {
 	}
 }
 
+// A new holder resumes from the state its predecessor left: it claims the
+// record and reads in one transaction, so that a late write of an earlier
+// holder can no longer land after the read.
+func ExampleClaim() {
+	ctx := context.Background()
+	var cli *clientv3.Client
+	var l *lease.Lock
+	resp, err := fence.NewTxn(ctx, cli, fence.Claim("shards/7/fence", l.Token())).
+		Then(clientv3.OpGet("shards/7/offset")).
+		Commit()
+	if err != nil {
+		log.Print(err) // a *StaleError: a later holder has claimed already
+		return
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		log.Printf("resuming from offset %s", kvs[0].Value)
+	}
+}
+
 // A writer that writes many times through one fence record keeps a
 // Recorder: after its first write with a token, each write is one flat
 // comparison, as cheap as a Held guard.

@@ -55,6 +55,7 @@ type Guard struct {
 	token  int64
 	holder Holder
 	rec    *Recorder // set for a Recorder's guards
+	claim  bool      // a Claim: the record is set even when nothing else is written
 }
 
 // Held is the lock-service check: the lock key still exists with the
@@ -84,8 +85,28 @@ func Held(h Holder) Guard {
 // for writers that reached the resource by other paths: what it protects
 // is the order of tokens, not the lock. Tokens of different lock names are
 // unrelated, so a record must only ever see tokens of one lock name.
+//
+// A record key is never a key attached to a lease, such as a lock key: a
+// transaction whose record key has a lease is refused with an error
+// wrapping ErrBadRecord, having changed nothing.
 func Resource(key string, token int64) Guard {
 	return Guard{kind: resourceGuard, key: key, token: token}
+}
+
+// Claim is Resource for a holder that is about to read what the record
+// fences: the record is set to token in the transaction whatever else it
+// does, also when its operations are only reads, so that those reads and
+// the claim are one atomic step. From then on no lower token passes the
+// record. A record above token refuses the claim with a *StaleError, and
+// the reads do not run.
+//
+// A new holder should claim before its first read of the resource. A plain
+// read at the start of a holding is not enough: until the new holder's
+// first write raises the record, a write of the previous holder that was
+// still in flight can land after the read, and the new holder then builds
+// on a state that has changed under it.
+func Claim(key string, token int64) Guard {
+	return Guard{kind: resourceGuard, key: key, token: token, claim: true}
 }
 
 func (g Guard) validate() error {
@@ -108,6 +129,9 @@ func (g Guard) String() string {
 	case heldGuard:
 		return fmt.Sprintf("held(%s@%d)", g.key, g.token)
 	case resourceGuard:
+		if g.claim {
+			return fmt.Sprintf("claim(%s>=%d)", g.key, g.token)
+		}
 		return fmt.Sprintf("resource(%s>=%d)", g.key, g.token)
 	}
 	return "invalid guard"

@@ -1,6 +1,11 @@
 package fence
 
-import clientv3 "go.etcd.io/etcd/client/v3"
+import (
+	"fmt"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
 
 // The one-level shapes carry the caller's part with no nested transaction
 // of the guards' own. They are tried before the full shape (build), which
@@ -37,7 +42,9 @@ func (t *Txn) oneLevel(raise bool) (cmps []clientv3.Cmp, then, els []clientv3.Op
 			// No value sorts between enc and enc+"\x00", so "below
 			// enc+\x00" is "at most enc": at most the token, since tokens
 			// are encoded at one width and byte order is numeric order.
-			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "<", enc+"\x00"))
+			// A lock key's value (empty, say) is below it too: only the
+			// lease comparison keeps the put from taking the key over.
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "<", enc+"\x00"), unleased(g.key))
 			then = append(then, clientv3.OpPut(g.key, enc))
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "=", enc))
@@ -78,6 +85,9 @@ func (t *Txn) commitOneLevel(raise bool) (resp *clientv3.TxnResponse, done bool,
 		return nil, true, err
 	}
 	held := len(els) - len(recs) // the records' reads follow the lock keys'
+	if err := leased(recs, r.Responses[held:]); err != nil {
+		return nil, true, err
+	}
 	for i, g := range recs {
 		kvs := r.Responses[held+i].GetResponseRange().Kvs
 		if len(kvs) == 0 {
@@ -103,8 +113,9 @@ func (t *Txn) commitOneLevel(raise bool) (resp *clientv3.TxnResponse, done bool,
 // documented allowance; one with them is laid out and measured.
 func (t *Txn) fullFits() bool {
 	if !t.nested() && !hasTxn(t.then) {
-		h := len(t.guards) - len(t.resources())
-		return len(t.then) <= MaxTxnOps-max(h, 1)-2*len(t.resources())
+		r := len(t.resources())
+		h := len(t.guards) - r
+		return len(t.then) <= MaxTxnOps-max(h+r, 1)-2*r
 	}
 	cmps, then, els := t.build()
 	return fits(cmps, then, els, MaxTxnOps) == nil
@@ -128,6 +139,37 @@ func (t *Txn) noteRecorded() {
 // compare-only shape writes nothing in either branch, so that etcd serves
 // it as a linearizable read: no raft entry, no fsync.
 func (t *Txn) callerWrites() bool { return writes(t.then) || writes(t.els) }
+
+// claims tells whether a guard is a Claim, which raises its record even
+// when the caller's part writes nothing.
+func (t *Txn) claims() bool {
+	for _, g := range t.resources() {
+		if g.claim {
+			return true
+		}
+	}
+	return false
+}
+
+// unleased is the comparison that keeps a record's write off a key
+// attached to a lease: a lock key, whose value a raise would replace,
+// dropping its lease, with nothing telling the lock. A missing key has
+// lease 0 and passes.
+func unleased(key string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.LeaseValue(key), "=", 0)
+}
+
+// leased is the error for the first record, read in full in reads, that is
+// attached to a lease; nil if none is.
+func leased(recs []Guard, reads []*pb.ResponseOp) error {
+	for i, g := range recs {
+		kvs := reads[i].GetResponseRange().Kvs
+		if len(kvs) > 0 && kvs[0].Lease != 0 {
+			return fmt.Errorf("%w: %q is attached to lease %x: a key with a lease (a lock key, say) is never a fence record", ErrBadRecord, g.key, kvs[0].Lease)
+		}
+	}
+	return nil
+}
 
 // writes tells whether ops holds a put or a delete, at any depth.
 func writes(ops []clientv3.Op) bool {

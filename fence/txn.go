@@ -38,12 +38,15 @@ const MaxResourceGuards = 16
 // as comparisons alone instead, which etcd serves as a linearizable read,
 // with no raft entry. When a one-level shape cannot decide (a record
 // missing; below its token, for a check alone), Commit sends the full
-// shape: the Held guards form the outer transaction, each Resource record
-// a nested one, and the caller's If, Then and Else the innermost.
+// shape: the Held guards (and a check that no record key is attached to a
+// lease) form the outer transaction, each Resource record a nested one,
+// and the caller's If, Then and Else the innermost. A Claim is never sent
+// as comparisons alone: it raises its record even when the caller's part
+// writes nothing.
 //
 // The guards use part of etcd's allowance of MaxTxnOps operations. With h
 // Held and r > 0 Resource guards, and no If or Else of the caller's, Then
-// takes up to MaxTxnOps - max(h, 1) - 2r operations (125 for one Held and
+// takes up to MaxTxnOps - (h + r) - 2r operations (124 for one Held and
 // one Resource guard); with Held guards alone, MaxTxnOps. Commit
 // computes the exact allowance of the full shape, the caller's own
 // nested transactions included, and refuses a larger transaction before
@@ -127,7 +130,7 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 	if len(t.resources()) > 0 {
 		steady := t.steady()
 		if steady || t.fullFits() {
-			if resp, done, err := t.commitOneLevel(!steady && t.callerWrites()); done {
+			if resp, done, err := t.commitOneLevel(!steady && (t.callerWrites() || t.claims())); done {
 				return resp, err
 			}
 		}
@@ -179,6 +182,10 @@ func (t *Txn) nested() bool { return len(t.cmps) > 0 || len(t.els) > 0 }
 // decide.
 func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 	cmps, els = t.heldChecks()
+	for _, g := range t.resources() {
+		cmps = append(cmps, unleased(g.key))
+		els = append(els, clientv3.OpGet(g.key))
+	}
 	return cmps, t.level(t.resources()), els
 }
 
@@ -296,6 +303,10 @@ func (t *Txn) notHeld(resp *clientv3.TxnResponse) error {
 	if err := t.heldFailures(resp); err != nil {
 		return err
 	}
+	recs := t.resources()
+	if err := leased(recs, resp.Responses[len(resp.Responses)-len(recs):]); err != nil {
+		return err
+	}
 	return fmt.Errorf("%w: a Held guard failed, yet every lock key reads as held", ErrNotHeld)
 }
 
@@ -323,6 +334,9 @@ func (t *Txn) heldFailures(resp *clientv3.TxnResponse) error {
 func (t *Txn) validate() error {
 	if t.kv == nil {
 		return fmt.Errorf("%w: nil etcd KV", ErrInvalidArgument)
+	}
+	if len(t.guards) == 0 {
+		return fmt.Errorf("%w: a Txn with no guard would commit unfenced: give Held, Resource or Claim (or use clientv3's own Txn)", ErrInvalidArgument)
 	}
 	var records [][]byte
 	t.recs = nil

@@ -199,6 +199,8 @@ func TestBadInput(t *testing.T) {
 		{"prefix delete covering the record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(clientv3.OpDelete(rec[:5], clientv3.WithPrefix()))},
 		{"nested put on the record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpPut(rec, "x")}, nil))},
 		{"too many operations", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(many...)},
+		{"no guard", fence.NewTxn(testCtx(t), cli).Then(clientv3.OpPut(rec+"-data", "unfenced"))},
+		{"claim with token zero", fence.NewTxn(testCtx(t), cli, fence.Claim(rec, 0)).Then(clientv3.OpGet(rec))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -106,7 +106,7 @@ func TestTxnSizeBoundary(t *testing.T) {
 				}
 				limit := fence.MaxTxnOps
 				if res > 0 {
-					limit = fence.MaxTxnOps - max(held, 1) - 2*res
+					limit = fence.MaxTxnOps - (held + res) - 2*res
 				}
 				puts := func(n int) []clientv3.Op {
 					ops := make([]clientv3.Op, n)
