@@ -9,6 +9,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
@@ -20,16 +21,25 @@ import (
 // ready connection and retries the handshake. While the grant waits, grant
 // follows the connection's state, asks a failed connection for its reason,
 // and fails at once with ErrTLSHandshake if it is a certificate's.
-func grant(ctx context.Context, client *clientv3.Client, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+//
+// A grant that etcd leaves unanswered is logged at warn level, with the
+// endpoints, and reported to Hooks.Unanswered, first after
+// unansweredFirst and then every unansweredEvery while it keeps waiting:
+// an unreachable etcd would otherwise look like a silent hang.
+func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (*clientv3.LeaseGrantResponse, error) {
 	gctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		if err := handshakeFailure(gctx, client); err != nil {
 			cancel(err)
 		}
+	}()
+	go func() {
+		defer wg.Done()
+		warnUnanswered(gctx, client, o)
 	}()
 	resp, err := client.Grant(gctx, ttl)
 	cancel(nil) // ends the watcher; a cause it set first stays
@@ -107,4 +117,32 @@ func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) 
 		}
 	}
 	return false, nil
+}
+
+// How long a lease grant may go unanswered before it is reported, and how
+// often after that.
+const (
+	unansweredFirst = 2 * time.Second
+	unansweredEvery = 10 * time.Second
+)
+
+// warnUnanswered reports a grant still waiting for etcd, until ctx ends.
+func warnUnanswered(ctx context.Context, client *clientv3.Client, o options) {
+	start := time.Now()
+	t := time.NewTimer(unansweredFirst)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		waited := time.Since(start)
+		o.logger.Warn("etcd has not answered a lease grant; still trying",
+			zap.Strings("endpoints", client.Endpoints()), zap.Duration("waited", waited))
+		if o.hooks.Unanswered != nil {
+			o.hooks.Unanswered(waited)
+		}
+		t.Reset(unansweredEvery)
+	}
 }

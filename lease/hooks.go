@@ -33,6 +33,11 @@ type Hooks struct {
 	// SessionLost is called once when the session's lease is lost (not
 	// when it is closed), with the reason, which wraps ErrLost.
 	SessionLost func(why error)
+	// Unanswered is called while NewSession (and so Run and Lead) waits
+	// for etcd to answer its lease grant: after 2 s without an answer,
+	// then every 10 s, with how long it has waited. An etcd that cannot
+	// be reached shows here, and in a warning logged with the endpoints.
+	Unanswered func(waited time.Duration)
 }
 
 // WithHooks sets the hooks that receive the session's events. A nil *Hooks

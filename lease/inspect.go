@@ -29,9 +29,9 @@ type QueueEntry struct {
 // first, then the waiters in the order they will be granted. Keys under the
 // name that are not places in the queue (data keys, nested names) are
 // left out. It makes two round trips whatever the queue's length: one read
-// of the queue, then the TTLs of its leases, asked all at once. The read is
-// one snapshot; the TTLs come a moment later. It is safe for concurrent
-// use and writes nothing.
+// of the queue, then the TTLs and owners of its leases, asked all at once.
+// The read is one snapshot; the TTLs and owners come a moment later. It is
+// safe for concurrent use and writes nothing.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
 	op := fmt.Sprintf("inspect %q", name)
 	if client == nil {
@@ -73,7 +73,8 @@ func Holding(entries []QueueEntry) int {
 	return n
 }
 
-// fillTTLs asks etcd for the TTL of every entry's lease at once.
+// fillTTLs asks etcd for the TTL and the owner of every entry's lease at
+// once.
 func fillTTLs(ctx context.Context, client *clientv3.Client, entries []QueueEntry) error {
 	errs := make([]error, len(entries))
 	var wg sync.WaitGroup
@@ -87,6 +88,7 @@ func fillTTLs(ctx context.Context, client *clientv3.Client, entries []QueueEntry
 				return
 			}
 			entries[i].TTL = max(time.Duration(resp.TTL)*time.Second, 0)
+			entries[i].Owner, errs[i] = readOwner(ctx, client, entries[i].Lease)
 		}()
 	}
 	wg.Wait()

@@ -8,6 +8,12 @@ import "context"
 // child.
 func linkCause(parent, ender context.Context) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(parent)
+	// AfterFunc runs its func on a goroutine of its own even when ender
+	// has ended already: the child would look alive for a moment after
+	// the call. Ended is ended at once.
+	if ender.Err() != nil {
+		cancel(context.Cause(ender))
+	}
 	unlink := context.AfterFunc(ender, func() { cancel(context.Cause(ender)) })
 	return ctx, func() {
 		unlink()

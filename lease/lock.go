@@ -2,12 +2,14 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -284,6 +286,12 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 	cctx, stop := l.s.bound(ctx)
 	err := l.create(cctx, try)
 	stop()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// etcd knows the lease is gone (revoked, or expired) before the
+		// keep-alives have told the session: end it now, so that this
+		// call and every later one say so.
+		l.s.lose("etcd refused a put on the lease: lease not found")
+	}
 	if err != nil && l.s.ctx.Err() != nil {
 		err = context.Cause(l.s.ctx)
 	}

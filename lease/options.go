@@ -22,6 +22,9 @@ type options struct {
 	hooks     Hooks
 	keeper    *Keeper
 	lockDelay time.Duration
+	// owner is WithOwner's; ownerGiven tells it from the default.
+	owner      string
+	ownerGiven bool
 }
 
 // WithTTL sets the lease TTL the session asks for. It is rounded up to whole

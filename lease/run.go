@@ -34,6 +34,13 @@ import (
 //     2 s), takes the lock again, on a new session if the old one ended,
 //     and calls fn again with the new Lock, whose token is larger. fn must
 //     therefore resume from the state its fence protects, not from memory.
+//
+// fn's first read of that state should be a claim made with its token
+// (fence.Claim in the read's etcd transaction, sqlfence's Claim in the
+// read's SQL transaction, a fencehttp claim request), not a plain read.
+// Until fn's first write raises the fence, a write the previous holder
+// still had in flight passes it, and could land after fn's plain read,
+// leaving fn to build on a state that has since changed.
 //   - ctx ends: fn's context ends, Run waits for fn, releases the lock,
 //     closes the session and returns an error wrapping ctx's error.
 //

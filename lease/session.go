@@ -40,6 +40,7 @@ type Session struct {
 	// releases.
 	lockDelay time.Duration
 	holdings  map[*Lock]struct{}
+	owner     string // as recorded; empty if not
 
 	// ctx ends, with the reason as its cause, when the lease is lost or the
 	// session is closed. Every lock's own context derives from it.
@@ -89,7 +90,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		return nil, fmt.Errorf("%w: the Keeper renews leases through another client", ErrInvalidArgument)
 	}
 	sent := o.clock.Now()
-	resp, err := grant(ctx, client, ttlSeconds(o.ttl))
+	resp, err := grant(ctx, client, ttlSeconds(o.ttl), o)
 	if err != nil {
 		return nil, failed("grant", err)
 	}
@@ -105,6 +106,10 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		keeper:    o.keeper,
 		lockDelay: o.lockDelay,
 		deadline:  sent.Add(granted),
+	}
+	if err := s.recordOwner(ctx, o); err != nil {
+		s.revoke()
+		return nil, failed("session", err)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.leaderCtx = clientv3.WithRequireLeader(s.ctx)

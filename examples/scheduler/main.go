@@ -364,18 +364,28 @@ func scheduler(in io.Reader, out io.Writer) error {
 }
 
 // schedule runs job steps while leading: each step reads the checkpoint,
-// works, and writes the next step fenced by the leadership's token. It
-// returns when the leadership ends (its ctx ends), or when a write is
+// works, and writes the next step fenced by the leadership's token. Its
+// first read claims the checkpoint's fence record in the same transaction
+// (fence.Claim): a plain read at the start of a leadership could be
+// followed by a late write of the previous leader, which the record lets
+// through until this leader's own first write raises it. It returns when
+// the leadership ends (its ctx ends), or when a write or the claim is
 // refused as stale (the leadership has ended even if this process has not
 // noticed yet); lease.Lead then campaigns again.
 func schedule(ctx context.Context, cli *clientv3.Client, prefix string, l *lease.Leadership, out io.Writer) error {
 	tok := l.Token()
 	fmt.Fprintln(out, "LEADER", tok)
+	claimed := false
 	for ctx.Err() == nil {
-		g, err := cli.Get(ctx, prefix+"/checkpoint")
+		g, err := readCheckpoint(ctx, cli, prefix, tok, claimed)
+		if errors.Is(err, fence.ErrStale) {
+			fmt.Fprintln(out, "REFUSED", tok, err)
+			return err
+		}
 		if err != nil {
 			continue
 		}
+		claimed = true
 		var cp, modRev int64 // modRev 0: no checkpoint yet
 		if len(g.Kvs) == 1 {
 			cp, _ = strconv.ParseInt(string(g.Kvs[0].Value), 10, 64)
@@ -403,4 +413,20 @@ func schedule(ctx context.Context, cli *clientv3.Client, prefix string, l *lease
 	}
 	fmt.Fprintln(out, "LOST", tok, context.Cause(ctx))
 	return nil
+}
+
+// readCheckpoint reads the checkpoint; the leadership's first read claims
+// its fence record in the same transaction, after which no earlier
+// leader's write can land, and later reads need no claim.
+func readCheckpoint(ctx context.Context, cli *clientv3.Client, prefix string, tok int64, claimed bool) (*clientv3.GetResponse, error) {
+	if claimed {
+		return cli.Get(ctx, prefix+"/checkpoint")
+	}
+	resp, err := fence.NewTxn(ctx, cli, fence.Claim(prefix+"/checkpoint-fence", tok)).
+		Then(clientv3.OpGet(prefix + "/checkpoint")).
+		Commit()
+	if err != nil {
+		return nil, err
+	}
+	return (*clientv3.GetResponse)(resp.Responses[0].GetResponseRange()), nil
 }

@@ -21,6 +21,7 @@ type Metrics struct {
 	lost           *prometheus.CounterVec
 	margin         prometheus.Histogram
 	sessionsLost   prometheus.Counter
+	unanswered     prometheus.Counter
 	refused        *prometheus.CounterVec
 	outcomeUnknown prometheus.Counter
 	collectors     []prometheus.Collector
@@ -70,11 +71,13 @@ func New(opts ...Option) (*Metrics, error) {
 		Buckets: prometheus.LinearBuckets(0.5, 0.5, 20)})
 	m.sessionsLost = prometheus.NewCounter(prometheus.CounterOpts{Name: "leasefence_sessions_lost_total",
 		Help: "Sessions whose lease was lost."})
+	m.unanswered = prometheus.NewCounter(prometheus.CounterOpts{Name: "leasefence_session_grant_unanswered_total",
+		Help: "Times a new session's lease grant had gone unanswered by etcd (after 2 s, then every 10 s)."})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leasefence_fence_refused_total",
 		Help: "Writes refused by a fence, by guard."}, []string{"guard"})
 	m.outcomeUnknown = prometheus.NewCounter(prometheus.CounterOpts{Name: "leasefence_fence_outcome_unknown_total",
 		Help: "Fenced writes whose outcome is unknown (no answer)."})
-	m.collectors = []prometheus.Collector{m.held, m.waiting, m.acquire, m.hold, m.lost, m.margin, m.sessionsLost, m.refused, m.outcomeUnknown}
+	m.collectors = []prometheus.Collector{m.held, m.waiting, m.acquire, m.hold, m.lost, m.margin, m.sessionsLost, m.unanswered, m.refused, m.outcomeUnknown}
 	return m, nil
 }
 
@@ -112,6 +115,7 @@ func (m *Metrics) LeaseHooks() *lease.Hooks {
 		},
 		Renewed:     func(margin time.Duration) { m.margin.Observe(margin.Seconds()) },
 		SessionLost: func(error) { m.sessionsLost.Inc() },
+		Unanswered:  func(time.Duration) { m.unanswered.Inc() },
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
@@ -234,5 +236,52 @@ func TestMetricsFromRealEvents(t *testing.T) {
 	}
 	if v := value(t, reg, "leasefence_session_keepalive_margin_seconds"); v < 3 {
 		t.Errorf("keep-alive margin observations = %v, want one per session at least", v)
+	}
+}
+
+// A lease grant that etcd leaves unanswered is counted.
+func TestUnansweredGrantCounted(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	reg := prometheus.NewRegistry()
+	m, err := fenceprom.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(m)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nobody listens there now
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	hooks := m.LeaseHooks()
+	reported := make(chan struct{})
+	count := hooks.Unanswered
+	hooks.Unanswered = func(d time.Duration) {
+		count(d)
+		close(reported)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := lease.NewSession(ctx, cli, lease.WithHooks(hooks))
+		done <- err
+	}()
+	select {
+	case <-reported:
+	case err := <-done:
+		t.Fatalf("NewSession returned before the grant was reported: %v", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("NewSession after cancel: %v", err)
+	}
+	if v := value(t, reg, "leasefence_session_grant_unanswered_total"); v != 1 {
+		t.Errorf("unanswered grants = %v, want 1", v)
 	}
 }
