@@ -58,8 +58,20 @@ func ExampleRun() {
 		// late one is refused by the fence rather than cut off unanswered.
 		wctx, cancel := l.WriteContext(ctx)
 		defer cancel()
-		_, err := fence.NewTxn(wctx, cli, fence.Resource("shards/7/fence", l.Token())).
-			Then(clientv3.OpPut("shards/7/checkpoint", "offset 42")).
+		// Resume: claim the fence and read in one transaction, so that
+		// no earlier holder's late write can land after this read.
+		resp, err := fence.NewTxn(wctx, cli, fence.Claim("shards/7/fence", l.Token())).
+			Then(clientv3.OpGet("shards/7/checkpoint")).
+			Commit()
+		if err != nil {
+			return err
+		}
+		offset := "offset 0"
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			offset = string(kvs[0].Value)
+		}
+		_, err = fence.NewTxn(wctx, cli, fence.Resource("shards/7/fence", l.Token())).
+			Then(clientv3.OpPut("shards/7/checkpoint", offset+"+1")).
 			Commit()
 		return err
 	}, lease.WithTTL(10*time.Second))
