@@ -1,0 +1,24 @@
+//go:build leasefence_mutants
+
+package lease
+
+// grantSeam carries a deliberate bug in the grant rule, for the explorer
+// to show that it catches it.
+type grantSeam struct{ mutation grantMutation }
+
+// grantMutation names a deliberate bug in the grant rule.
+type grantMutation int
+
+const (
+	_ grantMutation = iota // the plain rule
+	// grantIgnoresStart lets a watch vouch for revisions before it
+	// started (the hang and the stale view of a read answered by a
+	// lagging member).
+	grantIgnoresStart
+	// grantIgnoresOwn grants with no knowledge of the own key past the
+	// snapshot (a far waiter granted after its own key went).
+	grantIgnoresOwn
+)
+
+func (s grantSeam) ignoresStart() bool { return s.mutation == grantIgnoresStart }
+func (s grantSeam) ignoresOwn() bool   { return s.mutation == grantIgnoresOwn }
