@@ -63,6 +63,21 @@ func Attach(req *http.Request, h fence.Holder) error {
 	return nil
 }
 
+// AttachClaim is Attach for a claim: it also sets HeaderClaim, so that the
+// middleware records h's token before the handler runs, whatever the
+// method. A new holder claims before it first reads what the lock
+// protects; a GET with a claim is "claim, then read" in one round trip (the
+// package documentation says what a claim guarantees). It fails as Attach
+// does, and then sets nothing. Through a Transport, a request claims with
+// HeaderClaim set to "1" on it.
+func AttachClaim(req *http.Request, h fence.Holder) error {
+	if err := Attach(req, h); err != nil {
+		return err
+	}
+	req.Header.Set(HeaderClaim, "1")
+	return nil
+}
+
 func claimOf(h fence.Holder) (Claim, error) {
 	if h == nil {
 		return Claim{}, fmt.Errorf("fencehttp: %w: nil Holder", fence.ErrInvalidArgument)
@@ -77,9 +92,10 @@ func claimOf(h fence.Holder) (Claim, error) {
 	return c, nil
 }
 
-// CheckResponse turns a middleware's 409 answer into the *fence.StaleError
-// it reports (errors.Is fence.ErrStale). Any other response gives nil. It
-// reads headers only, so the body stays unread for the caller.
+// CheckResponse turns a middleware's 409 answer, to a claim as to any other
+// request, into the *fence.StaleError it reports (errors.Is
+// fence.ErrStale). Any other response gives nil. It reads headers only, so
+// the body stays unread for the caller.
 func CheckResponse(resp *http.Response) error {
 	if resp.StatusCode != http.StatusConflict {
 		return nil

@@ -2,10 +2,13 @@ package fencehttp_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -60,4 +63,76 @@ func ExampleTransport() {
 	if err := fencehttp.CheckResponse(resp); err != nil {
 		log.Printf("refused: %v", err) // a *fence.StaleError: a newer holder wrote first
 	}
+}
+
+// fixedHolder is a lock holding with a fixed token, standing in for a
+// *lease.Lock where no etcd runs.
+type fixedHolder struct {
+	name  string
+	token int64
+}
+
+func (h fixedHolder) Name() string { return h.name }
+func (h fixedHolder) Key() string  { return h.name }
+func (h fixedHolder) Token() int64 { return h.token }
+
+// A new holder claims before it reads. A (token 3) wrote version 1 and has
+// a second write still in the network when B (token 6) takes the lock. B's
+// GET carries a claim, so the middleware records token 6 before the read
+// runs, and A's late write, arriving after B's read, is refused: B's read
+// is still the current state when B writes.
+func ExampleAttachClaim() {
+	var (
+		mu     sync.Mutex
+		report string
+	)
+	files := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Method == http.MethodGet {
+			fmt.Fprint(w, report)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		report = string(body)
+	})
+	mw, err := fencehttp.NewMiddleware(fencehttp.NewMemoryStore(), fencehttp.WithLockName("reports/writer"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Wrap(files))
+	defer srv.Close()
+
+	send := func(method, body string, attach func(*http.Request, fence.Holder) error, h fence.Holder) (*http.Response, string) {
+		req, _ := http.NewRequest(method, srv.URL+"/report.csv", strings.NewReader(body))
+		if err := attach(req, h); err != nil {
+			log.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp, string(got)
+	}
+	a := fixedHolder{name: "reports/writer", token: 3}
+	b := fixedHolder{name: "reports/writer", token: 6}
+
+	send(http.MethodPut, "version 1", fencehttp.Attach, a)
+	_, read := send(http.MethodGet, "", fencehttp.AttachClaim, b) // claim, then read
+	fmt.Printf("B claims and reads %q\n", read)
+
+	late, _ := send(http.MethodPut, "version 2", fencehttp.Attach, a) // A's late write
+	fmt.Println("A's late write:", late.Status)
+	fmt.Println(fencehttp.CheckResponse(late))
+
+	send(http.MethodPut, read+", then B", fencehttp.Attach, b)
+	_, read = send(http.MethodGet, "", fencehttp.Attach, b)
+	fmt.Printf("report: %q\n", read)
+	// Output:
+	// B claims and reads "version 1"
+	// A's late write: 409 Conflict
+	// fence: stale token 3 at "reports/writer": token 6 already accepted
+	// report: "version 1, then B"
 }

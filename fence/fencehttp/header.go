@@ -14,6 +14,10 @@ const (
 	HeaderLock    = "Leasefence-Lock"
 	HeaderToken   = "Leasefence-Token"
 	HeaderHighest = "Leasefence-Highest" // on a 409: the highest accepted token
+	// HeaderClaim, sent as "1" with the two fencing headers, asks the
+	// middleware to record the request's token before the handler runs,
+	// whatever the method: see AttachClaim.
+	HeaderClaim = "Leasefence-Claim"
 )
 
 // MaxNameLen bounds the lock name a request may carry.
@@ -79,6 +83,22 @@ func ParseToken(s string) (int64, error) {
 		return 0, fmt.Errorf("%w: %s %q overflows a 63-bit token", ErrBadHeader, HeaderToken, s)
 	}
 	return t, nil
+}
+
+// claimed reads the claim header: absent is no claim, a single "1" is one.
+// Anything else is refused rather than read as no claim, since a client
+// that meant to claim would then read unprotected without knowing it.
+func claimed(h http.Header) (bool, error) {
+	vs := h.Values(HeaderClaim)
+	switch {
+	case len(vs) == 0:
+		return false, nil
+	case len(vs) > 1:
+		return false, fmt.Errorf("%w: %s given %d times", ErrBadHeader, HeaderClaim, len(vs))
+	case vs[0] != "1":
+		return false, fmt.Errorf("%w: %s %.30q: the only value is \"1\"", ErrBadHeader, HeaderClaim, vs[0])
+	}
+	return true, nil
 }
 
 func single(h http.Header, key string) (string, error) {

@@ -45,33 +45,56 @@ func ClaimFrom(ctx context.Context) (Claim, bool) {
 // Wrap returns next behind the fence. A checked request reaches next only
 // with both headers well formed, the lock name the server expects, and a
 // token the Store accepted (which it then records; with WithCheckInHandler
-// the handler's write does this). Otherwise the answer is
+// the handler's write does this). A request carrying HeaderClaim is always
+// checked, and its token recorded by the Store before next runs, whatever
+// its method and even with WithCheckInHandler; a claim on a request the
+// server does not fence is refused. Otherwise the answer is
 // 400 (bad or missing header, wrong lock), 409 (stale token) or 503 (the
 // Store could not answer), and next does not run.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if m.opts.unchecked[r.Method] {
-			next.ServeHTTP(w, r)
-			return
-		}
-		want := m.opts.lockName(r)
-		if want == "" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		c, err := ParseHeaders(r.Header)
-		if err == nil && c.Name != want {
-			err = fmt.Errorf("%w: token is for lock %q, this resource is fenced by %q", ErrBadHeader, c.Name, want)
-		}
-		if err == nil && !m.opts.inHandler {
-			err = m.store.Accept(r.Context(), c.Name, c.Token)
-		}
-		if err != nil {
+		c, fenced, err := m.check(r)
+		switch {
+		case err != nil:
 			m.refuse(w, r, c, err)
-			return
+		case fenced:
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), claimKey{}, c)))
+		default:
+			next.ServeHTTP(w, r)
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), claimKey{}, c)))
 	})
+}
+
+// check decides whether r is fenced and, if it is, whether it may pass. The
+// claim header is read first: a malformed one must not turn a claim into
+// an unchecked read that the client believes protected.
+func (m *Middleware) check(r *http.Request) (c Claim, fenced bool, err error) {
+	claim, err := claimed(r.Header)
+	if err != nil {
+		return Claim{}, false, err
+	}
+	if !claim && m.opts.unchecked[r.Method] {
+		return Claim{}, false, nil
+	}
+	want := m.opts.lockName(r)
+	switch {
+	case want == "" && claim:
+		// Nothing would record the claim: answering 200 would promise a
+		// protection the server does not give.
+		return Claim{}, false, fmt.Errorf("%w: %s on a request this server does not fence", ErrBadHeader, HeaderClaim)
+	case want == "":
+		return Claim{}, false, nil
+	}
+	c, err = ParseHeaders(r.Header)
+	if err == nil && c.Name != want {
+		err = fmt.Errorf("%w: token is for lock %q, this resource is fenced by %q", ErrBadHeader, c.Name, want)
+	}
+	// A claim is recorded here even when the handler checks: its read does
+	// not go through the Store, so nothing else would raise the record.
+	if err == nil && (claim || !m.opts.inHandler) {
+		err = m.store.Accept(r.Context(), c.Name, c.Token)
+	}
+	return c, err == nil, err
 }
 
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c Claim, err error) {
