@@ -42,6 +42,9 @@ type NotHeldError struct {
 	// Cause is the holder's own Err when it had already ended and nothing
 	// was sent; nil when etcd refused the guard.
 	Cause error
+	// Detached: the key still has the token, but someone else's put
+	// moved it off its lease, so it no longer goes with the holder.
+	Detached bool
 }
 
 func (e *NotHeldError) Error() string {
@@ -50,6 +53,8 @@ func (e *NotHeldError) Error() string {
 		return fmt.Sprintf("fence: lock not held: %q (token %d) has ended: %v", e.Key, e.Token, e.Cause)
 	case e.Current == 0:
 		return fmt.Sprintf("fence: lock not held: key %q (token %d) is gone", e.Key, e.Token)
+	case e.Detached:
+		return fmt.Sprintf("fence: lock not held: key %q (token %d) is no longer attached to a lease", e.Key, e.Token)
 	}
 	return fmt.Sprintf("fence: lock not held: key %q has token %d, not %d", e.Key, e.Current, e.Token)
 }

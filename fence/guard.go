@@ -59,8 +59,10 @@ type Guard struct {
 }
 
 // Held is the lock-service check: the lock key still exists with the
-// holder's token, so the holder has not lost the lock, at the moment etcd
-// applies the transaction. Use it for state kept in the same etcd as the
+// holder's token, attached to a lease, so the holder has not lost the
+// lock, at the moment etcd applies the transaction. (A put by someone
+// else that drops the key's lease keeps its creation revision; Held
+// refuses such a key.) Use it for state kept in the same etcd as the
 // lock.
 //
 // If the holder also has an Err method (as *lease.Lock does) and it reports

@@ -67,3 +67,18 @@ func (h token) Token() int64 { return h.tok }
 func testCtxWithTimeout(t testing.TB, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(testCtx(t), d)
 }
+
+// leasedPut puts key with an empty value on a lease of its own, as a lock
+// key is: Held refuses a key with no lease.
+func leasedPut(t testing.TB, cli *clientv3.Client, key string) *clientv3.PutResponse {
+	t.Helper()
+	g, err := cli.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}

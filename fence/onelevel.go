@@ -115,7 +115,7 @@ func (t *Txn) fullFits() bool {
 	if !t.nested() && !hasTxn(t.then) {
 		r := len(t.resources())
 		h := len(t.guards) - r
-		return len(t.then) <= MaxTxnOps-max(h+r, 1)-2*r
+		return len(t.then) <= MaxTxnOps-max(2*h+r, 1)-2*r
 	}
 	cmps, then, els := t.build()
 	return fits(cmps, then, els, MaxTxnOps) == nil

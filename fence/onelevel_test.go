@@ -42,10 +42,7 @@ func TestResourceOneLevel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			base := etcdtest.Name(t, "onelevel")
 			rec, data, lock := base+"/fence", base+"/data", base+"/lock"
-			lockPut, err := cli.Put(testCtx(t), lock, "")
-			if err != nil {
-				t.Fatal(err)
-			}
+			lockPut := leasedPut(t, cli, lock)
 			if tc.record != "" {
 				if _, err := cli.Put(testCtx(t), rec, tc.record); err != nil {
 					t.Fatal(err)

@@ -46,7 +46,7 @@ const MaxResourceGuards = 16
 //
 // The guards use part of etcd's allowance of MaxTxnOps operations. With h
 // Held and r > 0 Resource guards, and no If or Else of the caller's, Then
-// takes up to MaxTxnOps - (h + r) - 2r operations (124 for one Held and
+// takes up to MaxTxnOps - (2h + r) - 2r operations (123 for one Held and
 // one Resource guard); with Held guards alone, MaxTxnOps. Commit
 // computes the exact allowance of the full shape, the caller's own
 // nested transactions included, and refuses a larger transaction before
@@ -194,8 +194,13 @@ func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 func (t *Txn) heldChecks() (cmps []clientv3.Cmp, reads []clientv3.Op) {
 	for _, g := range t.guards {
 		if g.kind == heldGuard {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.token))
-			reads = append(reads, clientv3.OpGet(g.key, clientv3.WithKeysOnly()))
+			// A lock key that someone else's put moved off its lease keeps
+			// its creation revision, but no longer goes with the holder's
+			// session: the lease comparison refuses it. The read is not
+			// keys-only, which on etcd 3.7 leaves the lease out.
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.token),
+				clientv3.Compare(clientv3.LeaseValue(g.key), "!=", 0))
+			reads = append(reads, clientv3.OpGet(g.key))
 		}
 	}
 	return cmps, reads
@@ -326,6 +331,8 @@ func (t *Txn) heldFailures(resp *clientv3.TxnResponse) error {
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token})
 		case kvs[0].CreateRevision != g.token:
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: kvs[0].CreateRevision})
+		case kvs[0].Lease == 0:
+			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: g.token, Detached: true})
 		}
 	}
 	return errors.Join(errs...)

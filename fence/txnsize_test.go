@@ -95,10 +95,7 @@ func TestTxnSizeBoundary(t *testing.T) {
 				prefix := fmt.Sprintf("%s/h%d-r%d", base, held, res)
 				var guards []fence.Guard
 				for i := 0; i < held; i++ {
-					resp, err := cli.Put(testCtx(t), fmt.Sprintf("%s/lock%d", prefix, i), "")
-					if err != nil {
-						t.Fatal(err)
-					}
+					resp := leasedPut(t, cli, fmt.Sprintf("%s/lock%d", prefix, i))
 					guards = append(guards, fence.Held(token{fmt.Sprintf("%s/lock%d", prefix, i), resp.Header.Revision}))
 				}
 				for i := 0; i < res; i++ {
@@ -106,7 +103,7 @@ func TestTxnSizeBoundary(t *testing.T) {
 				}
 				limit := fence.MaxTxnOps
 				if res > 0 {
-					limit = fence.MaxTxnOps - (held + res) - 2*res
+					limit = fence.MaxTxnOps - (2*held + res) - 2*res
 				}
 				puts := func(n int) []clientv3.Op {
 					ops := make([]clientv3.Op, n)

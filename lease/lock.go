@@ -82,11 +82,18 @@ type Lock struct {
 	// view: a later read must not be older, or it would show the key again
 	// with its deletion already spent.
 	deletedRev int64
-	epoch      uint64 // of the queue watch
-	ownEpoch   uint64 // of the own-key watch
-	synced     bool
-	pending    []deletion
-	holding    bool // nothing was left ahead: the lock is (or was) held
+	// ownTo is the highest revision through which the own key is known to
+	// have been this holding: the revision of a read that found it, or of
+	// the last event the queue watch (which covers the own key, in order
+	// with the keys ahead) delivered in the view's epoch. A grant at
+	// deletedRev needs ownTo to reach it: the own-key watch delivers in no
+	// fixed order with the watches of keys ahead.
+	ownTo    int64
+	epoch    uint64 // of the queue watch
+	ownEpoch uint64 // of the own-key watch
+	synced   bool
+	pending  []deletion
+	holding  bool // nothing was left ahead: the lock is (or was) held
 	// fresh: the view is the one read as the key was put (or the
 	// Keeper's copy as it took the put), and not yet looked at; such a
 	// view may grant the lock with the own-key watch not yet up (see
@@ -463,7 +470,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 // token on goroutines of their own.
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
-	l.token, l.fresh = token, true
+	l.token, l.fresh, l.ownTo = token, true, token
 	l.mu.Unlock()
 }
 
@@ -615,8 +622,14 @@ func (l *Lock) deleted(events []*clientv3.Event, fromQueue bool, epoch uint64) {
 	if fromQueue && epoch != l.epoch {
 		return // the view is read again before it is relied on
 	}
+	if fromQueue && len(events) > 0 {
+		// In its epoch the queue watch has delivered every change under
+		// the name, the own key's included, up to its last event.
+		defer func(rev int64) { l.ownTo = max(l.ownTo, rev) }(events[len(events)-1].Kv.ModRevision)
+	}
 	for _, ev := range events {
 		if ev.Type != mvccpb.DELETE {
+			l.putLocked(ev.Kv)
 			continue
 		}
 		key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
@@ -625,6 +638,15 @@ func (l *Lock) deleted(events []*clientv3.Event, fromQueue bool, epoch uint64) {
 			continue
 		}
 		l.applyDelete(key, rev)
+	}
+}
+
+// putLocked ends the lock if kv, a put of its own key after the token,
+// made it another holding's or moved it off the session's lease (a put by
+// someone else: the key no longer goes with the session). l.mu is held.
+func (l *Lock) putLocked(kv *mvccpb.KeyValue) {
+	if string(kv.Key) == l.key && l.token != 0 && kv.ModRevision > l.token && !l.owns(kv) {
+		l.keyGoneLocked()
 	}
 }
 
@@ -672,17 +694,18 @@ func (l *Lock) keyGoneLocked() {
 
 // view is what a waiter knows of the queue ahead of it.
 type view struct {
-	held     bool             // nothing ahead: the lock is held
-	ended    bool             // the lock has ended (see its context's cause): it is never held
-	stale    bool             // the view must be read (again): it is unread, or its read failed
-	ownStale bool             // the own-key watch was not up all along since the view was read: the key must be read again once it is
-	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
-	current  bool             // the queue watch has kept the view current since it was read
-	far      bool             // the lock follows only the newest keys ahead (see Lock.far)
-	followed bool             // ... and their watches keep the view current: a deletion of one wakes it
-	refollow bool             // ... and one of them went: the view must be read again
-	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
-	mirrored bool             // the lock waits on its Keeper's copy of the queue
+	held      bool             // nothing ahead: the lock is held
+	ended     bool             // the lock has ended (see its context's cause): it is never held
+	stale     bool             // the view must be read (again): it is unread, or its read failed
+	ownStale  bool             // the own-key watch was not up all along since the view was read: the key must be read again once it is
+	ownBehind bool             // nothing is left ahead, but the own key is not known to have lasted until the last deletion
+	near      bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
+	current   bool             // the queue watch has kept the view current since it was read
+	far       bool             // the lock follows only the newest keys ahead (see Lock.far)
+	followed  bool             // ... and their watches keep the view current: a deletion of one wakes it
+	refollow  bool             // ... and one of them went: the view must be read again
+	pred      *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
+	mirrored  bool             // the lock waits on its Keeper's copy of the queue
 }
 
 // look reads the lock's view. Once it finds nothing ahead, the lock counts
@@ -726,6 +749,13 @@ func (l *Lock) look() view {
 		v.far, v.followed, v.refollow = true, l.followingLocked(), l.refollow
 	}
 	if !v.stale && !v.ownStale && len(l.ahead) == 0 && !l.beyond {
+		if l.ownTo < l.deletedRev {
+			// The last deletion came from a watch of a key ahead: whether
+			// the own key went before it, only a read at its revision
+			// tells.
+			v.ownBehind = true
+			return v
+		}
 		l.atOnce = l.fresh
 		l.grant()
 		v.held = true
@@ -831,6 +861,8 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 			return lockedBy(v.pred)
 		case v.ownStale && !v.stale:
 			err = l.confirmOwn(ctx)
+		case v.ownBehind:
+			err = l.confirmOwnAt(ctx)
 		case v.mirrored && !v.stale:
 			// The Keeper's copy wakes the lock when it may hold it.
 			select {
@@ -888,6 +920,28 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	l.ownEpoch = ownEpoch
+	l.mu.Unlock()
+	return nil
+}
+
+// confirmOwnAt reads the lock's own key at the revision of the last
+// deletion ahead, or later: a waiter whose key went before that deletion
+// must never be told it holds the lock.
+func (l *Lock) confirmOwnAt(ctx context.Context) error {
+	l.mu.Lock()
+	minRev := l.deletedRev
+	l.mu.Unlock()
+	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.w.own.upRev.Load(), l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(l.key, opts...)}
+	})
+	if err != nil {
+		return err
+	}
+	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+		return ErrKeyDeleted
+	}
+	l.mu.Lock()
+	l.ownTo = max(l.ownTo, resp.Header.Revision)
 	l.mu.Unlock()
 	return nil
 }
@@ -1017,7 +1071,15 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	follows, seen := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.ownEpoch, l.epoch, l.followEpochs, l.synced, l.pending = ownEpoch, epoch, follows, false, nil
-	minRev = max(minRev, l.token, l.deletedRev, seen)
+	// No older than anything the watches handed on before this point:
+	// their events until now were not applied to this view (a queue
+	// watch's, of another epoch, were dropped), and a read served by a
+	// member that had not applied them would show keys whose deletion
+	// no watch will send again.
+	minRev = max(minRev, l.token, l.deletedRev, seen, l.w.own.seenRev.Load())
+	if epoch%2 == 1 {
+		minRev = max(minRev, l.w.queue.seenRev.Load())
+	}
 	l.mu.Unlock()
 	resp, err := readAtLeast(ctx, l.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...), rng(opts...)}
@@ -1028,6 +1090,9 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
 		return nil, 0, ErrKeyDeleted
 	}
+	l.mu.Lock()
+	l.ownTo = max(l.ownTo, resp.Header.Revision)
+	l.mu.Unlock()
 	return resp.Responses[1].GetResponseRange(), resp.Header.Revision, nil
 }
 

@@ -202,7 +202,9 @@ func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 // receives puts, and fills the mirror when it comes up.
 func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
-	if w.mirror == nil {
+	if w.mirror == nil && (w.prefix || w.ahead) {
+		// The own-key watch keeps its puts: a put by anyone else that
+		// moves the key off the session's lease ends the holding.
 		opts = append(opts, clientv3.WithFilterPut())
 	}
 	if w.prefix {

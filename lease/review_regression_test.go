@@ -1,0 +1,111 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// Regression tests for the waiting-core bugs an outside review found.
+
+// A far waiter (more than three keys ahead) whose own key goes in the same
+// transaction as the last key ahead is never told it holds the lock; the
+// waiter behind it is, and only it.
+func TestFarWaiterNotGrantedAfterOwnKeyWent(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	for round := range 8 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			name := etcdtest.Name(t, "far-own")
+			ctx, cancel := context.WithCancel(testCtx(t))
+			defer cancel()
+			var ahead []string
+			for i := range 5 {
+				s := newSession(t, cli)
+				if i == 0 {
+					ahead = append(ahead, mustLock(t, s, name).Key())
+					continue
+				}
+				lockAsync(ctx, s, name)
+				waitQueued(t, cli, name, i+1)
+				ahead = append(ahead, fmt.Sprintf("%s/%x", name, int64(s.Lease())))
+			}
+			w := newSession(t, cli)
+			wch := lockAsync(ctx, w, name)
+			waitQueued(t, cli, name, 6)
+			behind := lockAsync(ctx, newSession(t, cli), name)
+			waitQueued(t, cli, name, 7)
+			for _, key := range ahead[:4] {
+				if _, err := cli.Delete(testCtx(t), key); err != nil {
+					t.Fatal(err)
+				}
+			}
+			own := fmt.Sprintf("%s/%x", name, int64(w.Lease()))
+			if _, err := cli.Txn(testCtx(t)).Then(clientv3.OpDelete(ahead[4]), clientv3.OpDelete(own)).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case r := <-wch:
+				if r.err == nil || !errors.Is(r.err, lease.ErrLost) {
+					t.Fatalf("the waiter whose key went: err %v, want ErrLost (granted: %t)", r.err, r.l != nil)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter whose key went did not return")
+			}
+			select {
+			case r := <-behind:
+				if r.err != nil {
+					t.Fatalf("the waiter behind: %v", r.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter behind was not granted")
+			}
+		})
+	}
+}
+
+// A put by someone else that drops the holder's lease (etcdctl put on the
+// lock key) ends the holding, and Held refuses the key, on a session of
+// its own and through a Keeper.
+func TestForeignPutEndsHolding(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	for _, keeper := range []bool{false, true} {
+		t.Run(map[bool]string{false: "own", true: "keeper"}[keeper], func(t *testing.T) {
+			cli := etcd.Client(t)
+			var opts []lease.Option
+			if keeper {
+				opts = append(opts, lease.WithKeeper(newKeeper(t, cli)))
+			}
+			name := etcdtest.Name(t, "foreign-put")
+			l := mustLock(t, newSession(t, cli, opts...), name)
+			if _, err := cli.Put(testCtx(t), l.Key(), "x"); err != nil {
+				t.Fatal(err)
+			}
+			expectDone(t, l.Done(), 10*time.Second, "holder after a foreign put")
+			if !errors.Is(l.Err(), lease.ErrKeyDeleted) {
+				t.Fatalf("Err = %v, want ErrKeyDeleted", l.Err())
+			}
+			// etcd's own check: a holder that does not know it ended.
+			_, err := fence.NewTxn(testCtx(t), cli, fence.Held(bare{l})).Then(clientv3.OpPut(name+"-data", "late")).Commit()
+			var nh *fence.NotHeldError
+			if !errors.As(err, &nh) || !nh.Detached {
+				t.Fatalf("Held on a detached key: %v, want a NotHeldError saying it is detached", err)
+			}
+		})
+	}
+}
+
+// bare is a Holder that does not say when it ended: only etcd decides.
+type bare struct{ l *lease.Lock }
+
+func (b bare) Name() string { return b.l.Name() }
+func (b bare) Key() string  { return b.l.Key() }
+func (b bare) Token() int64 { return b.l.Token() }
