@@ -84,8 +84,10 @@
 //     read that came back with its own key's put needs no watch for that.
 //     A waiter whose key or session vanishes returns at once with an
 //     error, never the lock, even when its key goes in the same
-//     transaction as the last key ahead: the queue watch, which sees both
-//     deletions in order, reports its own key's too.
+//     transaction as the last key ahead: a waiter is granted only once its
+//     own key is known to have lasted until the last deletion ahead, from
+//     a read at that revision or later or from the queue watch, which
+//     delivers both in order.
 //
 //   - Unlock deletes the key only if its creation revision is still the
 //     token, so it never removes a successor's key. A failed or cancelled
@@ -108,7 +110,8 @@
 //
 //   - Waiting is cheap per handoff, and holding costs no requests. Each
 //     session keeps, per name it uses, one long-lived watch of its own key
-//     (deletions only) that tells holders and waiters their key is gone. A
+//     (deletions, and puts by others) that tells holders and waiters their
+//     key is gone or taken over. A
 //     lock granted at once opens it only once held for 50 ms (then
 //     reading the key again), so a lock held briefly is not sent its own
 //     Unlock's deletion.
@@ -187,8 +190,11 @@
 // A lock granted at once, with nobody ahead, learns of a deletion in its
 // first 50 ms only at their end, when it opens the watch of its key (the
 // lease's expiry it learns from the session as ever).
-// A foreign put that overwrites the key in place is not seen: it keeps the
-// creation revision, so the token and Held guards still hold.
+// A put by someone else that moves the key off the session's lease (an
+// etcdctl put on the lock key) ends the holding with ErrKeyDeleted, and
+// fence.Held refuses the key from then on; one that keeps the lease (a put
+// made with the session's own lease ID) is not told apart from the
+// holder's own.
 //
 // Tokens compare only within one lock name. Restoring etcd from a snapshot
 // can move revisions, and so tokens, backwards unless the restore bumps
