@@ -20,30 +20,44 @@ type Server struct {
 	cluster *etcdtest.Cluster
 }
 
-// Option configures NewServer.
-type Option func(*etcdtest.Config) error
+// Option configures NewServer. Make one with WithElectionTimeout or
+// WithLogger. Its method is unexported so that how the server is
+// configured stays out of this package's API, free to change.
+type Option interface {
+	apply(*config) error
+}
+
+// config is what the options set.
+type config struct {
+	etcd etcdtest.Config
+}
+
+// optionFunc makes a function an Option.
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
 
 // WithElectionTimeout sets the member's election timeout (etcd's default
 // is 1 s), and its heartbeat to a tenth of it. etcd grants no lease shorter
 // than 1.5 × the election timeout, rounded up to a second: 500 ms allows
 // 1 s leases, for faster loss tests.
 func WithElectionTimeout(d time.Duration) Option {
-	return func(c *etcdtest.Config) error {
+	return optionFunc(func(c *config) error {
 		if d < 50*time.Millisecond || d > time.Minute {
 			return fmt.Errorf("leasetest: election timeout %v: want 50ms to 1m", d)
 		}
-		c.ElectionMs = uint(d / time.Millisecond)
-		c.TickMs = max(c.ElectionMs/10, 5)
+		c.etcd.ElectionMs = uint(d / time.Millisecond)
+		c.etcd.TickMs = max(c.etcd.ElectionMs/10, 5)
 		return nil
-	}
+	})
 }
 
 // WithLogger sends the server's logs to l; by default they are discarded.
 func WithLogger(l *zap.Logger) Option {
-	return func(c *etcdtest.Config) error {
-		c.Logger = l
+	return optionFunc(func(c *config) error {
+		c.etcd.Logger = l
 		return nil
-	}
+	})
 }
 
 // NewServer starts an embedded etcd member on free loopback ports and stops
@@ -52,16 +66,16 @@ func WithLogger(l *zap.Logger) Option {
 // ETCD_ENDPOINTS: the server is always the test's own.
 func NewServer(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	var cfg etcdtest.Config
+	var cfg config
 	for _, opt := range opts {
 		if opt == nil {
 			t.Fatal("leasetest: nil Option")
 		}
-		if err := opt(&cfg); err != nil {
+		if err := opt.apply(&cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return &Server{cluster: etcdtest.StartT(t, cfg)}
+	return &Server{cluster: etcdtest.StartT(t, cfg.etcd)}
 }
 
 // Endpoints are the server's client URLs.
