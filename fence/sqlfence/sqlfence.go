@@ -177,7 +177,7 @@ func (f *Fence) placeholder(n int) string {
 // Update sets cols on the row id if token is at least the row's fence
 // token, and records token, in one statement:
 //
-//	UPDATE t SET c = ?, fence_token = ? WHERE id = ? AND fence_token <= ?
+//	UPDATE t SET c = ?, fence_token = ? WHERE t.id = ? AND t.fence_token <= ?
 //
 // It returns a *fence.StaleError (errors.Is fence.ErrStale) with the row's
 // highest token if the row has accepted a higher one, and ErrMissing if
@@ -197,11 +197,11 @@ func (f *Fence) Update(ctx context.Context, db Execer, id any, token int64, cols
 	args = append(args, token)
 	sets = append(sets, f.token+" = "+f.placeholder(len(args)))
 	args = append(args, id)
-	where := f.id + " = " + f.placeholder(len(args))
+	where := f.col(f.id) + " = " + f.placeholder(len(args))
 	args = append(args, token)
-	where += " AND " + f.token + " <= " + f.placeholder(len(args))
+	where += " AND " + f.col(f.token) + " <= " + f.placeholder(len(args))
 	q := fmt.Sprintf("UPDATE %s SET %s WHERE %s", f.table, strings.Join(sets, ", "), where)
-	return f.result(ctx, db, q, args, id, token, true)
+	return f.result(ctx, db, stmt{op: "write", q: q, args: args, id: id, token: token, mayBeMissing: true})
 }
 
 // Upsert is Update that inserts the row if it does not exist yet (the
@@ -227,21 +227,35 @@ func (f *Fence) Upsert(ctx context.Context, db Execer, id any, token int64, cols
 	for i := range args {
 		ph[i] = f.placeholder(i + 1)
 	}
-	cond := fmt.Sprintf("%s.%s <= excluded.%s", f.bare, f.token, f.token)
 	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE %s",
-		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), cond)
-	return f.result(ctx, db, q, args, id, token, false)
+		f.table, strings.Join(names, ", "), strings.Join(ph, ", "), f.id, strings.Join(sets, ", "), f.raises())
+	return f.result(ctx, db, stmt{op: "write", q: q, args: args, id: id, token: token})
 }
+
+// raises is the condition of an INSERT ... ON CONFLICT DO UPDATE that lets
+// the update through only if it does not lower the fence.
+func (f *Fence) raises() string {
+	return fmt.Sprintf("%s <= excluded.%s", f.col(f.token), f.token)
+}
+
+// col qualifies a column with the table's name. SQLite reads a bare
+// double-quoted name that matches no column as a string literal; a
+// qualified one that does not resolve is an error on both databases, so
+// that a missing fence column fails instead of comparing a string.
+func (f *Fence) col(quoted string) string { return f.bare + "." + quoted }
 
 // Highest reads the row's fence token; ErrMissing if there is no row.
 func (f *Fence) Highest(ctx context.Context, db Execer, id any) (int64, error) {
 	var highest int64
-	q := fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", f.token, f.table, f.id, f.placeholder(1))
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", f.col(f.token), f.table, f.col(f.id), f.placeholder(1))
 	err := db.QueryRowContext(ctx, q, id).Scan(&highest)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, fmt.Errorf("%w: %s %v", ErrMissing, f.rawTable, id)
 	}
 	if err != nil {
+		if f.noFenceColumn(err) {
+			return 0, f.noFenceColumnError(err)
+		}
 		return 0, fmt.Errorf("sqlfence: read fence of %s %v: %w", f.rawTable, id, err)
 	}
 	return highest, nil
@@ -269,42 +283,51 @@ func (f *Fence) check(token int64, cols []Col) error {
 	return nil
 }
 
+// stmt is one fenced statement and what its errors need to say.
+type stmt struct {
+	op    string // "write" or "claim", for errors
+	q     string
+	args  []any
+	id    any
+	token int64
+	// mayBeMissing: the statement does not create the row, so that no
+	// row is ErrMissing rather than a row that changed under it.
+	mayBeMissing bool
+}
+
 // result runs the fenced statement and tells a refused write apart: stale
 // (with the highest token, read after the fact) or missing.
-func (f *Fence) result(ctx context.Context, db Execer, q string, args []any, id any, token int64, mayBeMissing bool) error {
-	err := f.exec(ctx, db, q, args, id, token, mayBeMissing)
+func (f *Fence) result(ctx context.Context, db Execer, s stmt) error {
+	err := f.exec(ctx, db, s)
 	f.hooks.Report("sql", err)
 	return err
 }
 
-func (f *Fence) exec(ctx context.Context, db Execer, q string, args []any, id any, token int64, mayBeMissing bool) error {
-	res, err := db.ExecContext(ctx, q, args...)
+func (f *Fence) exec(ctx context.Context, db Execer, s stmt) error {
+	res, err := db.ExecContext(ctx, s.q, s.args...)
 	if err != nil {
-		if stale := f.TriggerRefusal(err, id); stale != nil {
-			return stale
-		}
-		return fmt.Errorf("sqlfence: write %s %v: %w", f.rawTable, id, err)
+		return f.driverError(s, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return fmt.Errorf("sqlfence: write %s %v: rows affected: %w", f.rawTable, id, err)
+		return fmt.Errorf("sqlfence: %s %s %v: rows affected: %w", s.op, f.rawTable, s.id, err)
 	}
 	if n > 0 {
 		return nil
 	}
-	highest, err := f.Highest(ctx, db, id)
+	highest, err := f.Highest(ctx, db, s.id)
 	if err != nil {
-		if mayBeMissing || !errors.Is(err, ErrMissing) {
+		if s.mayBeMissing || !errors.Is(err, ErrMissing) {
 			return err
 		}
 	}
-	if highest <= token {
+	if highest <= s.token {
 		// The row changed between the write and this read: a writer with a
 		// higher token refused ours, and the row has since gone back (a
 		// delete and a new insert). Nothing was written.
-		return fmt.Errorf("%w: write %s %v with token %d refused, and the row now has token %d", ErrChanged, f.rawTable, id, token, highest)
+		return fmt.Errorf("%w: %s %s %v with token %d refused, and the row now has token %d", ErrChanged, s.op, f.rawTable, s.id, s.token, highest)
 	}
-	return &fence.StaleError{Key: f.key(id), Token: token, Highest: highest}
+	return &fence.StaleError{Key: f.key(s.id), Token: s.token, Highest: highest}
 }
 
 // key names a row in a StaleError.

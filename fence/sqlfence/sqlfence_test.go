@@ -46,6 +46,9 @@ func backends() []backend {
 		}},
 		{"postgres", sqlfence.Postgres, func(t testing.TB) *sql.DB {
 			dsn := os.Getenv(EnvPostgres)
+			if dsn == "" && os.Getenv("CI") == "true" {
+				t.Fatalf("%s is not set, and CI=true: the PostgreSQL tests must run", EnvPostgres)
+			}
 			if dsn == "" {
 				t.Skipf("PostgreSQL tests skipped: set %s to a server's DSN (.ci/run starts one)", EnvPostgres)
 			}
@@ -65,24 +68,35 @@ var tableN int
 // setup creates a fresh table with an awkward name (quoting matters).
 func setup(t testing.TB, b backend) (*sql.DB, *sqlfence.Fence, string) {
 	t.Helper()
+	return newTable(t, b, "payload TEXT", true)
+}
+
+// newTable creates a fresh table with an awkward name, an id column and
+// cols, and with the fence column if fenced. It returns the table's name
+// quoted.
+func newTable(t testing.TB, b backend, cols string, fenced bool, opts ...sqlfence.Option) (*sql.DB, *sqlfence.Fence, string) {
+	t.Helper()
 	db := b.open(t)
 	tableSeq.Lock()
 	tableN++
 	table := fmt.Sprintf(`ck "%d" %d`, os.Getpid(), tableN)
 	tableSeq.Unlock()
-	f, err := sqlfence.New(b.dialect, table, "id")
+	f, err := sqlfence.New(b.dialect, table, "id", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	quoted := `"` + strings.ReplaceAll(table, `"`, `""`) + `"`
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (id TEXT PRIMARY KEY, payload TEXT)`, quoted)); err != nil {
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (id TEXT PRIMARY KEY, %s)`, quoted, cols)); err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.ExecContext(context.Background(), "DROP TABLE "+quoted) })
+	if !fenced {
+		return db, f, quoted
 	}
 	if _, err := db.ExecContext(ctx, f.AddColumnDDL()); err != nil {
 		t.Fatalf("AddColumnDDL: %v", err)
 	}
-	t.Cleanup(func() { db.ExecContext(context.Background(), "DROP TABLE "+quoted) })
 	return db, f, quoted
 }
 

@@ -1,0 +1,434 @@
+package sqlfence_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"modernc.org/sqlite"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/sqlfence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+)
+
+// readOffset is a plain read of the shard's offset, on a *sql.DB or in a
+// transaction.
+func readOffset(ctx context.Context, q sqlfence.Execer, table string) (int64, error) {
+	var off int64
+	err := q.QueryRowContext(ctx, fmt.Sprintf(`SELECT off FROM %s WHERE id = 'shard'`, table)).Scan(&off)
+	return off, err
+}
+
+// claimAndRead is how a holding resumes with a claim: the claim, then the
+// read, in one transaction.
+func claimAndRead(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table string, token int64) (int64, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	if err := f.Claim(ctx, tx, "shard", token); err != nil {
+		return 0, err
+	}
+	off, err := readOffset(ctx, tx, table)
+	if err != nil {
+		return 0, err
+	}
+	return off, tx.Commit()
+}
+
+// The gap a claim closes, step by step with plain tokens:
+//  1. A holds the shard with token 3 and has committed offset 10; it is
+//     paused, its commit of offset 20 in flight.
+//  2. B takes the lock (token 6) and resumes: it reads offset 10.
+//  3. A's late commit of 20 arrives.
+//  4. B commits 11 with token 6.
+//
+// With a plain read in step 2 the row's fence still says 3, A's late
+// commit is accepted, and the offset goes 20 -> 11 although every write
+// was fenced. With a claim in the read's transaction, A's late commit is
+// refused and the offset never moves back.
+func TestClaimClosesReadGap(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	const tokenA, tokenB = 3, 6
+	resumes := []struct {
+		name   string
+		resume func(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table string) (int64, error)
+		gap    bool // the plain read leaves the gap open
+	}{
+		{"plain read", func(ctx context.Context, db *sql.DB, _ *sqlfence.Fence, table string) (int64, error) {
+			return readOffset(ctx, db, table)
+		}, true},
+		{"claim and read", func(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table string) (int64, error) {
+			return claimAndRead(ctx, db, f, table, tokenB)
+		}, false},
+	}
+	for _, b := range backends() {
+		for _, r := range resumes {
+			t.Run(b.name+"/"+r.name, func(t *testing.T) {
+				db, f, table := newTable(t, b, "off BIGINT", true)
+				ctx := context.Background()
+				var history []int64 // the offset after each step
+				step := func() {
+					off, err := readOffset(ctx, db, table)
+					if err != nil {
+						t.Fatal(err)
+					}
+					history = append(history, off)
+				}
+				if err := f.Upsert(ctx, db, "shard", tokenA, sqlfence.Set("off", 10)); err != nil {
+					t.Fatal(err)
+				}
+				step()
+				from, err := r.resume(ctx, db, f, table)
+				if err != nil || from != 10 {
+					t.Fatalf("B resumed from %d, %v; want 10", from, err)
+				}
+				step()
+				late := f.Upsert(ctx, db, "shard", tokenA, sqlfence.Set("off", 20))
+				step()
+				if err := f.Upsert(ctx, db, "shard", tokenB, sqlfence.Set("off", from+1)); err != nil {
+					t.Fatalf("B's commit of %d: %v", from+1, err)
+				}
+				step()
+				backwards := !slices.IsSorted(history)
+				t.Logf("offsets after each step: %v; A's late commit: %v", history, late)
+				if r.gap {
+					if late != nil || !backwards || !slices.Equal(history, []int64{10, 10, 20, 11}) {
+						t.Fatalf("plain read: late commit %v, offsets %v; want it accepted and 10 10 20 11 (the gap)", late, history)
+					}
+					return
+				}
+				var se *fence.StaleError
+				if !errors.As(late, &se) || se.Token != tokenA || se.Highest != tokenB {
+					t.Fatalf("A's late commit after B's claim: %v, want a StaleError %d < %d", late, tokenA, tokenB)
+				}
+				if backwards || !slices.Equal(history, []int64{10, 10, 10, 11}) {
+					t.Fatalf("offsets %v after a claim, want 10 10 10 11", history)
+				}
+			})
+		}
+	}
+}
+
+// row reads the row id's payload (NULL as "<null>") and fence token, and
+// how many rows the table has.
+func row(t *testing.T, db *sql.DB, table, id string) (string, int64, int) {
+	t.Helper()
+	var p sql.NullString
+	var tok int64
+	var n int
+	err := db.QueryRow(fmt.Sprintf(`SELECT payload, fence_token, (SELECT count(*) FROM %s) FROM %s WHERE id = '%s'`, table, table, id)).Scan(&p, &tok, &n)
+	if errors.Is(err, sql.ErrNoRows) {
+		if err := db.QueryRow(fmt.Sprintf(`SELECT count(*) FROM %s`, table)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return "<missing>", 0, n
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Valid {
+		return "<null>", tok, n
+	}
+	return p.String, tok, n
+}
+
+// TestClaim: a claim creates a missing row with only its id and token,
+// passes with an equal token, raises a lower one, and is refused by a
+// higher one without changing anything; refusals reach the hooks, and
+// writes below a claim are refused.
+func TestClaim(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var refused []string
+			hooks := &fence.Hooks{Refused: func(g string) {
+				mu.Lock()
+				defer mu.Unlock()
+				refused = append(refused, g)
+			}}
+			db, f, table := newTable(t, b, "payload TEXT", true, sqlfence.WithHooks(hooks))
+			ctx := context.Background()
+			expect := func(what, id, p string, tok int64, rows int) {
+				t.Helper()
+				if gp, gt, gn := row(t, db, table, id); gp != p || gt != tok || gn != rows {
+					t.Fatalf("%s: row %s = %s@%d of %d rows, want %s@%d of %d", what, id, gp, gt, gn, p, tok, rows)
+				}
+			}
+			if err := f.Claim(ctx, db, "a", 4); err != nil {
+				t.Fatalf("claim of a missing row: %v", err)
+			}
+			expect("claim of a missing row", "a", "<null>", 4, 1)
+			if err := f.Claim(ctx, db, "a", 4); err != nil {
+				t.Fatalf("claim with an equal token: %v", err)
+			}
+			expect("claim with an equal token", "a", "<null>", 4, 1)
+			if err := f.Upsert(ctx, db, "a", 4, sqlfence.Set("payload", "four")); err != nil {
+				t.Fatalf("the claimer's write: %v", err)
+			}
+			if err := f.Claim(ctx, db, "a", 7); err != nil {
+				t.Fatalf("claim with a higher token: %v", err)
+			}
+			expect("claim with a higher token", "a", "four", 7, 1)
+			err := f.Claim(ctx, db, "a", 5)
+			var se *fence.StaleError
+			if !errors.As(err, &se) || !errors.Is(err, fence.ErrStale) || se.Token != 5 || se.Highest != 7 ||
+				!strings.Contains(err.Error(), "token 5") || !strings.Contains(err.Error(), "token 7") {
+				t.Fatalf("claim below the row's token: %v, want a StaleError naming 5 and 7", err)
+			}
+			expect("refused claim", "a", "four", 7, 1)
+			if err := f.Update(ctx, db, "a", 6, sqlfence.Set("payload", "six")); !errors.Is(err, fence.ErrStale) {
+				t.Fatalf("write below the claim: %v, want ErrStale", err)
+			}
+			expect("write below the claim", "a", "four", 7, 1)
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(refused, []string{"sql", "sql"}) {
+				t.Fatalf("hooks saw refusals %v, want the refused claim's and write's", refused)
+			}
+		})
+	}
+}
+
+// sendsNothing is an Execer that fails the test if anything is sent.
+type sendsNothing struct{ t *testing.T }
+
+func (s sendsNothing) ExecContext(_ context.Context, q string, _ ...any) (sql.Result, error) {
+	s.t.Errorf("sent %q", q)
+	return nil, errors.New("sendsNothing")
+}
+
+func (s sendsNothing) QueryRowContext(_ context.Context, q string, _ ...any) *sql.Row {
+	s.t.Fatalf("sent %q", q)
+	return nil
+}
+
+func TestClaimBadInput(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	f, err := sqlfence.New(sqlfence.SQLite, "t", "id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]struct {
+		id    any
+		token int64
+	}{
+		"zero token":     {"a", 0},
+		"negative token": {"a", -1},
+		"nil id":         {nil, 5},
+	}
+	for name, c := range cases {
+		err := f.Claim(context.Background(), sendsNothing{t}, c.id, c.token)
+		if !errors.Is(err, fence.ErrInvalidArgument) || strings.Count(err.Error(), "sqlfence:") != 1 {
+			t.Errorf("%s: %v, want ErrInvalidArgument, the package named once", name, err)
+		}
+	}
+}
+
+// driverError tells whether err wraps the database driver's own error.
+func driverError(err error) bool {
+	var pg interface{ SQLState() string }
+	var lite *sqlite.Error
+	return errors.As(err, &pg) || errors.As(err, &lite)
+}
+
+// TestClaimNeedsDefaults: on a table with a NOT NULL column without a
+// default, a claim fails with an error that says what to do and changes
+// nothing, for a missing row and, because both databases check the row a
+// claim would insert before they find the existing one, for an existing
+// row too.
+func TestClaimNeedsDefaults(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			db, f, table := newTable(t, b, "payload TEXT NOT NULL", true)
+			ctx := context.Background()
+			if err := f.Upsert(ctx, db, "b", 2, sqlfence.Set("payload", "two")); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct{ id, p string }{{"a", "<missing>"}, {"b", "two"}} {
+				err := f.Claim(ctx, db, c.id, 4)
+				if err == nil || !strings.Contains(err.Error(), "has a NOT NULL column without a default") ||
+					!strings.Contains(err.Error(), "give the column a default") || !driverError(err) ||
+					strings.Count(err.Error(), "sqlfence:") != 1 {
+					t.Fatalf("claim of %s: %v, want the clear error wrapping the driver's", c.id, err)
+				}
+				wantTok := map[string]int64{"a": 0, "b": 2}[c.id]
+				if p, tok, n := row(t, db, table, c.id); p != c.p || tok != wantTok || n != 1 {
+					t.Fatalf("the failed claim changed the table: %s = %s@%d of %d rows", c.id, p, tok, n)
+				}
+			}
+		})
+	}
+}
+
+// TestNoFenceColumn: every statement on a table without the fence column
+// fails with an error that says so and names AddColumnDDL, wrapping the
+// driver's; a write naming another missing column does not get it.
+func TestNoFenceColumn(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	ops := []struct {
+		name string
+		run  func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error
+	}{
+		{"Highest", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+			_, err := f.Highest(ctx, db, "a")
+			return err
+		}},
+		{"Update", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+			return f.Update(ctx, db, "a", 5, sqlfence.Set("payload", "x"))
+		}},
+		{"Upsert", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+			return f.Upsert(ctx, db, "a", 5, sqlfence.Set("payload", "x"))
+		}},
+		{"Claim", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+			return f.Claim(ctx, db, "a", 5)
+		}},
+	}
+	for _, b := range backends() {
+		for _, column := range []string{sqlfence.DefaultTokenColumn, `fence "tok"`} {
+			for _, op := range ops {
+				t.Run(fmt.Sprintf("%s/%s/%s", b.name, column, op.name), func(t *testing.T) {
+					db, f, table := newTable(t, b, "payload TEXT", false, sqlfence.WithTokenColumn(column))
+					ctx := context.Background()
+					// A row, so that a read that took the column for a
+					// string would find something to scan.
+					if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (id, payload) VALUES ('a', 'p')`, table)); err != nil {
+						t.Fatal(err)
+					}
+					err := op.run(ctx, f, db)
+					want := fmt.Sprintf(`has no fence column %q: add it with AddColumnDDL: `, column)
+					if err == nil || !strings.HasPrefix(err.Error(), "sqlfence: table ") || !strings.Contains(err.Error(), want) ||
+						!driverError(err) || strings.Count(err.Error(), "sqlfence:") != 1 {
+						t.Fatalf("%v, want sqlfence: table ... %s... wrapping the driver's error", err, want)
+					}
+					var p string
+					var n int
+					if err := db.QueryRow(fmt.Sprintf(`SELECT max(payload), count(*) FROM %s`, table)).Scan(&p, &n); err != nil || p != "p" || n != 1 {
+						t.Fatalf("table now %q, %d rows (%v); want it unchanged", p, n, err)
+					}
+				})
+			}
+		}
+		t.Run(b.name+"/other column", func(t *testing.T) {
+			db, f, _ := newTable(t, b, "payload TEXT", true)
+			ctx := context.Background()
+			for _, err := range []error{
+				f.Update(ctx, db, "a", 5, sqlfence.Set("nope", 1)),
+				f.Upsert(ctx, db, "a", 5, sqlfence.Set("nope", 1)),
+			} {
+				if err == nil || strings.Contains(err.Error(), "fence column") || !strings.Contains(err.Error(), "nope") || !driverError(err) {
+					t.Fatalf("write of a missing column nope: %v, want the driver's error about nope", err)
+				}
+			}
+		})
+	}
+}
+
+// TestClaimLocksRow (PostgreSQL): a claim in an open transaction holds the
+// row, so a lower Update on a second connection waits for it. Once the
+// claim commits, the Update is refused; had it rolled back, the Update
+// goes through.
+func TestClaimLocksRow(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	pg := backends()[1]
+	for _, end := range []string{"commit", "rollback"} {
+		t.Run(end, func(t *testing.T) {
+			db, f, table := newTable(t, pg, "payload TEXT", true)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := f.Upsert(ctx, db, "a", 3, sqlfence.Set("payload", "three")); err != nil {
+				t.Fatal(err)
+			}
+			claimConn, claimPid := conn(ctx, t, db)
+			writeConn, writePid := conn(ctx, t, db)
+			tx, err := claimConn.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if err := f.Claim(ctx, tx, "a", 6); err != nil {
+				t.Fatalf("claim: %v", err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- f.Update(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")) }()
+			awaitBlocked(ctx, t, db, writePid, claimPid)
+			select {
+			case err := <-done:
+				t.Fatalf("the lower Update returned while the claim's transaction was open: %v", err)
+			default:
+			}
+			if end == "rollback" {
+				if err := tx.Rollback(); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					t.Fatalf("Update after the claim rolled back: %v", err)
+				}
+				if p, tok, _ := row(t, db, table, "a"); p != "late" || tok != 3 {
+					t.Fatalf("row = %s@%d, want late@3", p, tok)
+				}
+				return
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			var se *fence.StaleError
+			if err := <-done; !errors.As(err, &se) || se.Token != 3 || se.Highest != 6 {
+				t.Fatalf("Update after the claim committed: %v, want a StaleError 3 < 6", err)
+			}
+			if p, tok, _ := row(t, db, table, "a"); p != "three" || tok != 6 {
+				t.Fatalf("row = %s@%d, want three@6", p, tok)
+			}
+		})
+	}
+}
+
+// conn takes a connection of its own from the pool, and its backend's pid.
+func conn(ctx context.Context, t *testing.T, db *sql.DB) (*sql.Conn, int) {
+	t.Helper()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	var pid int
+	if err := c.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return c, pid
+}
+
+// awaitBlocked returns once PostgreSQL reports backend waiter blocked by
+// backend holder. A lock wait has no event to subscribe to: this polls
+// the server's own lock table until it shows the wait, and never guesses
+// it from elapsed time.
+func awaitBlocked(ctx context.Context, t *testing.T, db *sql.DB, waiter, holder int) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var blocked bool
+		err := db.QueryRowContext(ctx, `SELECT $2::int = ANY(pg_blocking_pids($1::int))`, waiter, holder).Scan(&blocked)
+		if err != nil {
+			t.Fatalf("waiting for backend %d to block on %d: %v", waiter, holder, err)
+		}
+		if blocked {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("backend %d never blocked on %d: %v", waiter, holder, ctx.Err())
+		}
+	}
+}
