@@ -7,18 +7,37 @@
 // statement that checks and records the token in the same atomic step as
 // the change:
 //
-//	UPDATE t SET ..., fence_token = $token WHERE id = $id AND fence_token <= $token
+//	UPDATE t SET ..., fence_token = $token WHERE t.id = $id AND t.fence_token <= $token
 //
 // and a write that changed no row is told apart as stale (a
 // *fence.StaleError with the row's highest token) or missing (ErrMissing).
 // Upsert makes the first write insert the row.
 //
+// # Resuming a holding: Claim
+//
+// A new holder of the lock that reads the row before it writes must first
+// claim the row with its token, in the transaction of that read. Without
+// the claim, the row still accepts the previous holder's token until the
+// new holder's first write, so a commit the previous holder had in flight
+// can land after the new holder's read, and the new holder then builds on
+// a state that changed under it (an offset that goes back, say). After
+// the claim no lower token writes the row, and a claim refused with a
+// *fence.StaleError tells the holder that a newer one has taken over. A
+// claim of a missing row creates it with only its id and token, so the
+// table's other columns need defaults (or must accept NULL) for Claim to
+// work at all, on existing rows too. On PostgreSQL a lower write that
+// arrives while the claim's transaction is open waits for it and is
+// refused once it commits.
+//
 // Guaranteed: a write whose token is lower than one the row has accepted
-// never lands, whatever happened to the lock in between, provided every
-// writer of the row goes through the fence (a plain UPDATE that skips the
-// column can still move the row). An equal token passes: one holder may
-// write many times. Not guaranteed: tokens of different lock names are
-// unrelated, so a row must be fenced by one lock name only; and the highest
-// token reported in a StaleError is read after the refusal, so it may be
-// newer than the one that refused the write.
+// or claimed never lands, whatever happened to the lock in between,
+// provided every writer of the row goes through the fence (a plain UPDATE
+// that skips the column can still move the row). An equal token passes:
+// one holder may write, and claim, many times. Not guaranteed: tokens of
+// different lock names are unrelated, so a row must be fenced by one lock
+// name only; and the highest token reported in a StaleError is read after
+// the refusal, so it may be newer than the one that refused the write.
+//
+// A table without the fence column gets an error that says so and names
+// AddColumnDDL, from every statement.
 package sqlfence
