@@ -2,19 +2,24 @@
 // to a SQL table through fence/sqlfence while a competing worker takes the
 // shard over.
 //
-// Each worker holds the shard's lock through lease.Run. Worker A commits
-// offsets. During a long batch its connection to etcd fails (a real network
+// Each worker holds the shard's lock through lease.Run, and every holding
+// resumes the same way: a claim of the row with its token, then the read
+// of the committed offset, in one transaction. Worker A commits offsets.
+// During a long batch its connection to etcd fails (a real network
 // partition, made with etcd's fault proxy), its lease expires, and worker B
-// takes the shard with a larger token, resumes from the committed offset,
-// commits further and releases it. The partition heals and A commits the
-// end of its batch: the row's fence token refuses it, so the offset never
-// moves back. lease.Run then takes the shard for A again, with a new token,
-// and A resumes from the row, not from its memory.
+// takes the shard with a larger token, claims the row and reads the
+// offset. Before B has written anything, the partition heals and A commits
+// the end of its batch: B's claim refuses it, so the offset B read cannot
+// change under B. B commits further and releases the shard. lease.Run
+// then takes the shard for A again, with a new token, and A resumes from
+// the row, not from its memory.
 //
 // The table lives in a SQLite file in a temporary directory by default, or
 // in PostgreSQL with -dsn. With neither -endpoints nor ETCD_ENDPOINTS it
 // starts an embedded etcd. The exit status is 0 only if A's late commit was
-// refused and A resumed after B's offset.
+// refused and A resumed after B's offset. The table's columns have
+// defaults: a claim of a missing row creates it with its key and token
+// only.
 package main
 
 import (
@@ -26,6 +31,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -56,6 +62,8 @@ func main() {
 type outcome struct {
 	aToken, bToken, resumeToken int64 // A's first holding, B's, A's second
 	refused                     bool  // A's late commit was refused
+	refusedBy                   int64 // the token that refused it
+	bFrom                       int64 // the offset B resumed after
 	bOffset                     int64 // the last offset B committed
 	offset                      int64 // the row at the end
 	owner                       string
@@ -92,8 +100,10 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 		defer close(aStopped)
 		aDone <- lease.Run(ctx, cliA, lockName, sh.workerA, lease.WithTTL(ttl))
 	}()
+	endBatch := sync.OnceFunc(func() { close(sh.finish) })
 	defer func() { // if the story stops early, so does A
 		cancel()
+		endBatch()
 		<-aStopped
 	}()
 
@@ -107,21 +117,26 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	if err := sh.cutUntilExpired(ctx, cli, p, la); err != nil {
 		return res, err
 	}
+	// A's late commit arrives while B holds the shard, after B's claim and
+	// read and before B's first commit.
+	lateCommit := func() {
+		p.UnblackholeTx()
+		p.UnblackholeRx()
+		sh.tl.Printf("net", "A's network is back; A finishes its batch")
+		endBatch()
+		var stale *fence.StaleError
+		if res.refused = errors.As(<-sh.late, &stale); res.refused {
+			res.refusedBy = stale.Highest
+		}
+	}
 	if err := lease.Run(ctx, cli, lockName, func(ctx context.Context, l *lease.Lock) error {
 		res.bToken = l.Token()
-		res.bOffset, err = sh.workerB(ctx, l)
+		res.bFrom, res.bOffset, err = sh.workerB(ctx, l, lateCommit)
 		return err
 	}, lease.WithTTL(ttl)); err != nil {
 		return res, fmt.Errorf("worker B: %w", err)
 	}
 	sh.tl.Printf("B", "done: releases %s", shard)
-
-	p.UnblackholeTx()
-	p.UnblackholeRx()
-	sh.tl.Printf("net", "A's network is back; A finishes its batch")
-	close(sh.finish)
-	var stale *fence.StaleError
-	res.refused = errors.As(<-sh.late, &stale)
 	if err := <-aDone; err != nil {
 		return res, fmt.Errorf("worker A: %w", err)
 	}
@@ -132,7 +147,8 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	if !res.refused || res.bOffset != 400 || res.owner != "A" || res.offset != 500 || res.resumeToken <= res.bToken {
 		return res, errors.New("worker A's stale commit was not refused, or A did not resume from B's offset")
 	}
-	fmt.Fprintf(out, "\nA plain UPDATE would have set the offset back from %d to 300, and records 301..%d would be processed twice.\n", res.bOffset, res.bOffset)
+	fmt.Fprintf(out, "\nB's claim refused A's late commit before B wrote anything. After a plain read the row would still\n"+
+		"have taken token %d: A's commit of 300 would have landed after B read %d, under B's feet.\n", res.aToken, res.bFrom)
 	return res, nil
 }
 
@@ -166,15 +182,25 @@ func (sh *shardStory) commit(ctx context.Context, who string, l *lease.Lock, off
 	return err
 }
 
-// committed reads the offset the row holds, 0 if there is no row yet.
-func (sh *shardStory) committed(ctx context.Context) (int64, error) {
+// resume starts a holding: it claims the shard's row with l's token, then
+// reads the committed offset, in one transaction. From the claim on, no
+// commit of an earlier holder lands, so the offset read stays true until
+// this holding writes. A missing row is created by the claim, at offset 0.
+func (sh *shardStory) resume(ctx context.Context, l *lease.Lock) (int64, error) {
+	tx, err := sh.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	if err := sh.f.Claim(ctx, tx, sh.shard, l.Token()); err != nil {
+		return 0, err
+	}
 	var from int64
 	q := fmt.Sprintf(`SELECT committed_offset FROM %s WHERE shard = %s`, table, placeholder(sh.dsn))
-	err := sh.db.QueryRowContext(ctx, q, sh.shard).Scan(&from)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
+	if err := tx.QueryRowContext(ctx, q, sh.shard).Scan(&from); err != nil {
+		return 0, err
 	}
-	return from, err
+	return from, tx.Commit()
 }
 
 // workerA is A's work under the lock, called by lease.Run for each
@@ -183,29 +209,29 @@ func (sh *shardStory) committed(ctx context.Context) (int64, error) {
 // second holding resumes from what the row says, as every holding must.
 func (sh *shardStory) workerA(ctx context.Context, l *lease.Lock) error {
 	sh.calls++
+	from, err := sh.resume(ctx, l)
+	if err != nil {
+		return err
+	}
 	if sh.calls > 1 {
 		sh.resumeToken = l.Token()
-		from, err := sh.committed(ctx)
-		if err != nil {
-			return err
-		}
-		sh.tl.Printf("A", "lease.Run takes %s again: token %d; resumes after offset %d", sh.shard, l.Token(), from)
+		sh.tl.Printf("A", "lease.Run takes %s again: token %d; claims the row, resumes after offset %d", sh.shard, l.Token(), from)
 		return sh.commit(ctx, "A", l, from+100)
 	}
-	sh.tl.Printf("A", "lease.Run takes %s: token %d", sh.shard, l.Token())
-	for _, off := range []int64{100, 200} {
+	sh.tl.Printf("A", "lease.Run takes %s: token %d; claims the row, resumes after offset %d", sh.shard, l.Token(), from)
+	for _, off := range []int64{from + 100, from + 200} {
 		if err := sh.commit(ctx, "A", l, off); err != nil {
 			return err
 		}
 	}
-	sh.tl.Printf("A", "starts a long batch, records 201..300")
+	sh.tl.Printf("A", "starts a long batch, records %d..%d", from+201, from+300)
 	sh.started <- l
 	<-sh.finish // deep in the batch: A does not look at ctx
-	err := sh.commit(ctx, "A", l, 300)
+	err = sh.commit(ctx, "A", l, from+300)
 	if err != nil {
-		sh.tl.Printf("A", "commit of offset 300 REFUSED: %v", err)
+		sh.tl.Printf("A", "commit of offset %d REFUSED: %v", from+300, err)
 	} else {
-		sh.tl.Printf("A", "commit of offset 300 ACCEPTED: the offset moved back")
+		sh.tl.Printf("A", "commit of offset %d ACCEPTED: it landed after B's read", from+300)
 	}
 	sh.late <- err
 	return err
@@ -235,20 +261,22 @@ func (sh *shardStory) cutUntilExpired(ctx context.Context, cli *clientv3.Client,
 	return nil
 }
 
-// workerB is B's work under the lock: resume from the row, commit two
-// batches, release. It returns the last offset it committed.
-func (sh *shardStory) workerB(ctx context.Context, l *lease.Lock) (int64, error) {
-	from, err := sh.committed(ctx)
-	if err != nil {
-		return 0, err
+// workerB is B's work under the lock: resume from the row (claim, then
+// read), let A's late commit arrive (lateCommit), commit two batches,
+// release. It returns the offset it resumed after and the last one it
+// committed.
+func (sh *shardStory) workerB(ctx context.Context, l *lease.Lock, lateCommit func()) (from, last int64, err error) {
+	if from, err = sh.resume(ctx, l); err != nil {
+		return 0, 0, err
 	}
-	sh.tl.Printf("B", "lease.Run takes %s: token %d; resumes after offset %d", sh.shard, l.Token(), from)
+	sh.tl.Printf("B", "lease.Run takes %s: token %d; claims the row, resumes after offset %d", sh.shard, l.Token(), from)
+	lateCommit()
 	for _, off := range []int64{from + 100, from + 200} {
 		if err := sh.commit(ctx, "B", l, off); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return from + 200, nil
+	return from, from + 200, nil
 }
 
 // readRow reads the shard's row at the end.
@@ -293,9 +321,20 @@ func openTable(ctx context.Context, dsn string, out io.Writer) (db *sql.DB, f *s
 	if f, err = sqlfence.New(dialect, table, "shard"); err != nil {
 		return nil, nil, nil, err
 	}
-	ddl := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (shard TEXT PRIMARY KEY, committed_offset BIGINT NOT NULL, owner TEXT NOT NULL, %s)`, table, f.ColumnDDL())
+	// Defaults on every column: a claim inserts only the key and the token,
+	// and the database checks that row's NOT NULL columns even when the
+	// row exists.
+	ddl := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (shard TEXT PRIMARY KEY, committed_offset BIGINT NOT NULL DEFAULT 0, owner TEXT NOT NULL DEFAULT '', %s)`, table, f.ColumnDDL())
 	if _, err = db.ExecContext(ctx, ddl); err != nil {
 		return nil, nil, nil, fmt.Errorf("creating %s: %w", table, err)
+	}
+	if dialect == sqlfence.Postgres {
+		// The table may be left by an earlier version of this example,
+		// without the defaults.
+		alter := fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN committed_offset SET DEFAULT 0, ALTER COLUMN owner SET DEFAULT ''`, table)
+		if _, err = db.ExecContext(ctx, alter); err != nil {
+			return nil, nil, nil, fmt.Errorf("defaults of %s: %w", table, err)
+		}
 	}
 	return db, f, cleanup, nil
 }
