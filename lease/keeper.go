@@ -21,12 +21,14 @@ const keeperBatch = 100 * time.Millisecond
 // own keeps a stream, two goroutines and two timers. It also shares each
 // lock name's queue watch among its sessions: a put or a deletion in a
 // queue reaches the process once, however many of its sessions wait there,
-// and keeps a copy of the queue in order (up to 4,096 keys) that their
-// locks wait on: an enqueue is a put alone, a deletion wakes only the
-// waiters it grants, and they are granted without a read, however long
-// the queue. While nobody else is queued on a name (restAfter locks in a
-// row), the watch rests and the name's locks read as they queue, as a
-// session's own would, until one has to wait. A service that holds many
+// and keeps a copy of the queue in order that their locks wait on: an
+// enqueue is a put alone, a deletion wakes only the waiters it grants, and
+// they are granted without a read, however long the queue. A name with
+// more than 4,096 keys under it has no copy, and its locks read as they
+// queue, until it is down to 2,048 keys: the watch counts them meanwhile,
+// and then reads the copy again. While nobody else is queued on a name
+// (restAfter locks in a row), the watch rests and the name's locks read as
+// they queue, as a session's own would, until one has to wait. A service that holds many
 // sessions on one client (a session per tenant, per shard or per worker,
 // say) makes one Keeper and passes it to each with WithKeeper.
 //

@@ -5,14 +5,27 @@ import (
 	"slices"
 	"sync"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // mirrorLimit is the most keys a queue mirror keeps. A name with more keys
-// under it (a very long queue, or data kept under the name) has no mirror:
-// its locks read their view as without one.
+// under it (a very long queue, or data kept under the name) has no copy:
+// its locks read their view as without one, and the mirror only counts
+// the name's keys until they are down to mirrorResume.
 const mirrorLimit = 4096
+
+// mirrorResume is how few keys a name whose copy went off must be down to
+// before the copy is read again. Half the limit, so that a name hovering
+// about the limit is not read in full again and again: each reading is
+// paid for by the mirrorLimit-mirrorResume deletions before it.
+const mirrorResume = mirrorLimit / 2
+
+// compactSlack is how many dead entries an order list may hold beyond the
+// live keys before it is compacted, so that a short queue is not
+// compacted at every deletion.
+const compactSlack = 64
 
 // queueMirror is a Keeper's copy of every key under one lock name, kept by
 // the name's shared queue watch: read once when the watch comes up, then
@@ -27,19 +40,33 @@ const mirrorLimit = 4096
 // state a read at its revision would give: the watch has been up since
 // before the put, and delivers every event of the prefix in order. When
 // the watch goes down the copy is dropped and its waiters read instead.
+//
+// A name with more than mirrorLimit keys has no copy (valid is false): the
+// mirror counts its keys instead (counting), from the same events, and
+// reads the copy again, in the same watch epoch, once they are down to
+// mirrorResume.
 type queueMirror struct {
 	mu       sync.Mutex
 	valid    bool   // the copy is complete for epoch
-	epoch    uint64 // the watch epoch the copy belongs to
-	base     int64  // the revision of the read the copy started from
+	counting bool   // the copy is off for epoch, with count keys under the name: too many
+	count    int    // how many keys are under the name at rev, while counting
+	epoch    uint64 // the watch epoch the copy (or the count) belongs to
+	base     int64  // the revision of the read the copy (or the count) started from
 	rev      int64  // the newest revision applied
 	keys     map[string]*mvccpb.KeyValue
 	advanced chan struct{} // closed, and replaced, when rev moves or the copy is dropped
+	// src is what the copy of epoch is read from, again, once a count is
+	// low enough: the watch's client, and the context of its epoch, so
+	// that the read ends with the watch (it runs on the watch's goroutine).
+	src mirrorSource
 
 	// The queue in order: the queue keys and the writers' among them,
 	// oldest first. Entries whose key is gone are skipped from the front as
 	// they are met (keys leave the queue mostly from its front), so finding
-	// the head costs nothing per waiter.
+	// the head costs nothing per waiter; the dead ones further back (a
+	// waiter that gave up behind a holder that stays) are dropped once
+	// they may outnumber the live keys (compact), so the lists stay within
+	// a small multiple of the keys under the name.
 	queue, writers order
 	// waiters are the locks waiting on the copy, by token: each deletion
 	// wakes only those it may have granted.
@@ -47,8 +74,14 @@ type queueMirror struct {
 	readers int // how many of the waiters are readers
 }
 
-// order is a list of queue keys by creation revision, with the dead ones
-// still in it until they reach the front.
+// mirrorSource is what a mirror reads the copy from: see queueMirror.src.
+type mirrorSource struct {
+	ctx context.Context
+	cli *clientv3.Client
+}
+
+// order is a list of queue keys by creation revision, with dead ones
+// still in it until they reach the front or the list is compacted.
 type order struct {
 	entries []orderEntry
 	front   int
@@ -66,29 +99,55 @@ func newQueueMirror() *queueMirror {
 // load reads every key under prefix in a state no older than created (the
 // revision at which the watch came up) and makes it the copy of epoch. It
 // reports false if the read failed; a prefix with more than mirrorLimit
-// keys leaves the mirror off without failing.
+// keys leaves the copy off without failing, counting them.
 func (m *queueMirror) load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch uint64) bool {
-	resp, err := readAtLeast(ctx, cli, created, func(opts ...clientv3.OpOption) []clientv3.Op {
-		return []clientv3.Op{clientv3.OpGet(prefix, append(opts, clientv3.WithPrefix(), clientv3.WithLimit(mirrorLimit))...)}
-	})
+	page, rev, err := readMirror(ctx, cli, prefix, created)
 	if err != nil {
 		return false
 	}
-	page := resp.Responses[0].GetResponseRange()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.src = mirrorSource{ctx, cli}
+	m.install(prefix, page, rev, epoch)
+	return true
+}
+
+// readMirror reads the first mirrorLimit keys under prefix, and how many
+// there are, in a state no older than minRev; rev is the state's revision.
+func readMirror(ctx context.Context, cli *clientv3.Client, prefix string, minRev int64) (page *pb.RangeResponse, rev int64, err error) {
+	resp, err := readAtLeast(ctx, cli, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpGet(prefix, append(opts, clientv3.WithPrefix(), clientv3.WithLimit(mirrorLimit))...)}
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.Responses[0].GetResponseRange(), resp.Header.Revision, nil
+}
+
+// install makes page, read at rev, the copy of epoch, or, if it holds only
+// part of the keys, the count of epoch. m.mu is held.
+func (m *queueMirror) install(prefix string, page *pb.RangeResponse, rev int64, epoch uint64) {
 	defer m.advance()
+	m.epoch, m.base, m.rev = epoch, rev, rev
 	if page.More {
-		m.valid = false
-		return true
+		// etcd's Count is every key in the range, not only the page.
+		m.goCounting(int(page.Count))
+		return
 	}
 	m.keys = make(map[string]*mvccpb.KeyValue, len(page.Kvs))
 	for _, kv := range page.Kvs {
 		m.keys[string(kv.Key)] = kv
 	}
-	m.valid, m.epoch, m.base, m.rev = true, epoch, resp.Header.Revision, resp.Header.Revision
+	m.valid, m.counting, m.count = true, false, 0
 	m.rebuildOrder(prefix)
-	return true
+}
+
+// goCounting turns the copy off, with n keys under the name, and wakes its
+// waiters to read their view instead. m.mu is held.
+func (m *queueMirror) goCounting(n int) {
+	m.valid, m.counting, m.count = false, true, n
+	m.keys, m.queue, m.writers = nil, order{}, order{}
+	m.wakeAll()
 }
 
 // rebuildOrder lists the copy's queue keys in order. m.mu is held.
@@ -111,52 +170,148 @@ func (m *queueMirror) rebuildOrder(prefix string) {
 
 // apply brings the copy forward by events of the queue under prefix,
 // delivered in epoch in revision order, and wakes the waiters that a
-// deletion may have granted. Events the first read already covered are
-// skipped.
+// deletion may have granted; while the copy is off, it counts the keys
+// instead, and reads the copy again once they are few enough. Events the
+// first read already covered are skipped.
 func (m *queueMirror) apply(prefix string, events []*clientv3.Event, epoch uint64) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.valid || m.epoch != epoch {
-		return
+	reload := false
+	switch {
+	case m.epoch != epoch:
+	case m.valid:
+		m.applyCopy(prefix, events)
+	case m.counting:
+		reload = m.applyCount(events)
 	}
+	m.mu.Unlock()
+	if reload {
+		m.reload(prefix, epoch)
+	}
+}
+
+// applyCopy is apply for a valid copy. m.mu is held.
+func (m *queueMirror) applyCopy(prefix string, events []*clientv3.Event) {
+	defer m.advance()
 	deleted, reordered := false, false
 	for _, ev := range events {
 		if ev.Kv.ModRevision <= m.base {
 			continue
 		}
-		key := string(ev.Kv.Key)
-		old := m.keys[key]
+		d, r := m.applyEvent(prefix, ev)
+		deleted, reordered = deleted || d, reordered || r
+		m.rev = max(m.rev, ev.Kv.ModRevision)
+	}
+	switch {
+	case len(m.keys) > mirrorLimit:
+		m.goCounting(len(m.keys))
+	case reordered:
+		m.rebuildOrder(prefix)
+		m.wakeAll()
+	case deleted:
+		// Only a deletion makes an entry dead: puts alone add as many
+		// keys as entries.
+		m.compact(&m.queue, false)
+		m.compact(&m.writers, true)
+		m.wakeHeads()
+	}
+}
+
+// applyEvent applies one event to the copy, and tells whether it deleted
+// a key and whether it changed a key's place in the order lists. m.mu is
+// held.
+func (m *queueMirror) applyEvent(prefix string, ev *clientv3.Event) (deleted, reordered bool) {
+	key := string(ev.Kv.Key)
+	old := m.keys[key]
+	switch {
+	case ev.Type == mvccpb.DELETE:
+		delete(m.keys, key)
+		return old != nil, false
+	case old != nil && old.CreateRevision == ev.Kv.CreateRevision:
+		// A key changed in place (a leader's proclamation): its place
+		// stays, but whether it is a writer's may have changed.
+		m.keys[key] = ev.Kv
+		return false, modeOf(old) != modeOf(ev.Kv) || isQueueKey(prefix, old) != isQueueKey(prefix, ev.Kv)
+	}
+	// A new key: the newest, so the end of the order.
+	m.keys[key] = ev.Kv
+	if isQueueKey(prefix, ev.Kv) {
+		m.queue.entries = append(m.queue.entries, orderEntry{key, ev.Kv.CreateRevision})
+		if modeOf(ev.Kv) == Write {
+			m.writers.entries = append(m.writers.entries, orderEntry{key, ev.Kv.CreateRevision})
+		}
+	}
+	return false, false
+}
+
+// applyCount is apply while the copy is off: it counts the keys created
+// and deleted, and tells whether they are now few enough to read the copy
+// again. m.mu is held.
+func (m *queueMirror) applyCount(events []*clientv3.Event) (reload bool) {
+	defer m.advance()
+	for _, ev := range events {
+		if ev.Kv.ModRevision <= m.base {
+			continue
+		}
+		// etcd sends a deletion only for a key that was there, and a put
+		// of a key that was not has it created at that revision.
 		switch {
 		case ev.Type == mvccpb.DELETE:
-			delete(m.keys, key)
-			deleted = deleted || old != nil
-		case old != nil && old.CreateRevision == ev.Kv.CreateRevision:
-			// A key changed in place (a leader's proclamation): its place
-			// stays, but whether it is a writer's may have changed.
-			m.keys[key] = ev.Kv
-			reordered = reordered || modeOf(old) != modeOf(ev.Kv) || isQueueKey(prefix, old) != isQueueKey(prefix, ev.Kv)
-		default:
-			// A new key: the newest, so the end of the order.
-			m.keys[key] = ev.Kv
-			if isQueueKey(prefix, ev.Kv) {
-				m.queue.entries = append(m.queue.entries, orderEntry{key, ev.Kv.CreateRevision})
-				if modeOf(ev.Kv) == Write {
-					m.writers.entries = append(m.writers.entries, orderEntry{key, ev.Kv.CreateRevision})
-				}
-			}
+			m.count--
+		case ev.IsCreate():
+			m.count++
 		}
 		m.rev = max(m.rev, ev.Kv.ModRevision)
 	}
-	if len(m.keys) > mirrorLimit {
-		m.valid, m.keys = false, nil
-		m.wakeAll()
-	} else if reordered {
-		m.rebuildOrder(prefix)
-		m.wakeAll()
-	} else if deleted {
-		m.wakeHeads()
+	return m.count <= mirrorResume
+}
+
+// reload reads the copy of epoch again, in a state no older than the
+// events counted, after a count fell to mirrorResume. It runs on the
+// watch's goroutine, as load does, so no event is applied meanwhile: those
+// the read covered are skipped as they come. If the read fails the copy
+// stays off, and the next events try again.
+func (m *queueMirror) reload(prefix string, epoch uint64) {
+	m.mu.Lock()
+	src, rev := m.src, m.rev
+	m.mu.Unlock()
+	if src.cli == nil {
+		return
 	}
-	m.advance()
+	page, at, err := readMirror(src.ctx, src.cli, prefix, rev)
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.counting && m.epoch == epoch {
+		m.install(prefix, page, at, epoch)
+	}
+}
+
+// compact drops o's dead entries once they may outnumber the live ones:
+// when o holds more than twice as many entries as the copy has keys (each
+// live entry is a distinct key), and compactSlack more. At least half of
+// what it walks is then dead, and each entry is dropped once, so the cost
+// is O(1) per event, amortised. m.mu is held.
+func (m *queueMirror) compact(o *order, writers bool) {
+	if len(o.entries) <= 2*len(m.keys)+compactSlack {
+		return
+	}
+	live := make([]orderEntry, 0, len(m.keys))
+	for _, e := range o.entries[o.front:] {
+		if m.live(e, writers) {
+			live = append(live, e)
+		}
+	}
+	o.entries, o.front = live, 0
+}
+
+// live tells whether entry e of an order list is still in the copy: its
+// key, with that creation revision (and, for writers, still a writer's).
+// m.mu is held.
+func (m *queueMirror) live(e orderEntry, writers bool) bool {
+	kv := m.keys[e.key]
+	return kv != nil && kv.CreateRevision == e.rev && (!writers || modeOf(kv) == Write)
 }
 
 // wakeHeads wakes the waiters that may hold the lock now: the writer whose
@@ -189,20 +344,11 @@ func (m *queueMirror) wakeAll() {
 }
 
 // oldest is the creation revision of the oldest live key in o (0 if none),
-// dropping the dead ones from its front. A key counts if it is in the copy
-// with that creation revision (and, for writers, is still a writer's).
-// m.mu is held.
+// skipping the dead ones at its front (compact drops them). m.mu is held.
 func (m *queueMirror) oldest(o *order, writers bool) int64 {
-	for o.front < len(o.entries) {
-		e := o.entries[o.front]
-		if kv := m.keys[e.key]; kv != nil && kv.CreateRevision == e.rev && (!writers || modeOf(kv) == Write) {
+	for ; o.front < len(o.entries); o.front++ {
+		if e := o.entries[o.front]; m.live(e, writers) {
 			return e.rev
-		}
-		o.front++
-		if o.front >= 64 && o.front*2 >= len(o.entries) {
-			// Most of the list is dead: keep only the rest, so that a queue
-			// that never empties does not grow its list for ever.
-			o.entries, o.front = slices.Clone(o.entries[o.front:]), 0
 		}
 	}
 	o.entries, o.front = o.entries[:0], 0
@@ -211,9 +357,9 @@ func (m *queueMirror) oldest(o *order, writers bool) int64 {
 
 // blocked tells whether lock l still has a key ahead that blocks it, in
 // the copy of epoch; ok is false if there is no such copy (the watch went
-// down since): l must read its view. If it is blocked, pred is the nearest
-// key ahead of it. A lock whose own key is gone from the copy is blocked
-// for good: its own-key watch ends it.
+// down since, or the name has too many keys): l must read its view. If it
+// is blocked, pred is the nearest key ahead of it. A lock whose own key is
+// gone from the copy is blocked for good: its own-key watch ends it.
 func (m *queueMirror) blocked(epoch uint64, l *Lock) (blocked bool, pred *mvccpb.KeyValue, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -235,8 +381,7 @@ func (m *queueMirror) blocked(epoch uint64, l *Lock) (blocked bool, pred *mvccpb
 	// entry older than the token.
 	i, _ := slices.BinarySearchFunc(o.entries[o.front:], token, func(e orderEntry, t int64) int { return int(e.rev - t) })
 	for j := o.front + i - 1; j >= o.front; j-- {
-		e := o.entries[j]
-		if kv := m.keys[e.key]; kv != nil && kv.CreateRevision == e.rev {
+		if e := o.entries[j]; m.live(e, false) {
 			return true, &mvccpb.KeyValue{Key: []byte(e.key), CreateRevision: e.rev}, true
 		}
 	}
@@ -271,8 +416,8 @@ func (m *queueMirror) leave(l *Lock, token int64) {
 func (m *queueMirror) drop() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.valid, m.keys = false, nil
-	m.queue, m.writers = order{}, order{}
+	m.valid, m.counting, m.count, m.keys = false, false, 0, nil
+	m.queue, m.writers, m.src = order{}, order{}, mirrorSource{}
 	m.wakeAll()
 	m.advance()
 }

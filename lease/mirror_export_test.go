@@ -1,0 +1,59 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+)
+
+// KeeperMirrorState is what the mirror regression tests see of a Keeper's
+// copy of one lock name's queue (test-only access to the unexported copy).
+type KeeperMirrorState struct {
+	Valid    bool   // the copy is complete
+	Counting bool   // the copy is off: too many keys, being counted
+	Count    int    // the keys counted, while Counting
+	Keys     int    // the keys in the copy
+	Queue    int    // entries in the copy's queue order list, dead ones included
+	QueueCap int    // their capacity
+	Writers  int    // entries in its writers' order list, dead ones included
+	Rev      int64  // the newest revision applied
+	Epoch    uint64 // the watch epoch the copy (or count) belongs to
+	// WatchEpoch is the queue watch's own epoch: it grows whenever the
+	// watch comes up or goes down.
+	WatchEpoch uint64
+}
+
+// AwaitKeeperMirror waits until cond holds for k's copy of name's queue,
+// looking again each time the copy moves, and returns the state it held
+// in; it fails once ctx ends, or if k has no queue watch for name.
+func AwaitKeeperMirror(ctx context.Context, k *Keeper, name string, cond func(KeeperMirrorState) bool) (KeeperMirrorState, error) {
+	for {
+		k.mu.Lock()
+		q := k.queues[name]
+		k.mu.Unlock()
+		if q == nil || q.w.mirror == nil {
+			return KeeperMirrorState{}, fmt.Errorf("no shared queue watch for %q", name)
+		}
+		m := q.w.mirror
+		m.mu.Lock()
+		st := KeeperMirrorState{Valid: m.valid, Counting: m.counting, Count: m.count, Keys: len(m.keys),
+			Queue: len(m.queue.entries), QueueCap: cap(m.queue.entries), Writers: len(m.writers.entries),
+			Rev: m.rev, Epoch: m.epoch, WatchEpoch: q.w.epoch.Load()}
+		moved := m.advanced
+		m.mu.Unlock()
+		if cond(st) {
+			return st, nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return st, fmt.Errorf("copy of %q stayed at %+v: %w", name, st, ctx.Err())
+		}
+	}
+}
+
+// The copy's limits, for the tests: it goes off past KeeperMirrorLimit
+// keys, and is read again once they are down to KeeperMirrorResume.
+const (
+	KeeperMirrorLimit  = mirrorLimit
+	KeeperMirrorResume = mirrorResume
+)
