@@ -86,6 +86,7 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	shard := fmt.Sprintf("shard-%x", time.Now().UnixNano()&0xffffff)
 	sh := &shardStory{db: db, f: f, dsn: dsn, shard: shard, tl: exampleenv.NewTimeline(out),
 		started: make(chan *lease.Lock, 1), finish: make(chan struct{}), late: make(chan error, 1)}
+	sh.endBatch = sync.OnceFunc(func() { close(sh.finish) })
 	lockName := "sqlcheckpoint/" + shard
 
 	// Worker A reaches etcd through a proxy, so its network can fail.
@@ -100,10 +101,9 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 		defer close(aStopped)
 		aDone <- lease.Run(ctx, cliA, lockName, sh.workerA, lease.WithTTL(ttl))
 	}()
-	endBatch := sync.OnceFunc(func() { close(sh.finish) })
 	defer func() { // if the story stops early, so does A
 		cancel()
-		endBatch()
+		sh.endBatch()
 		<-aStopped
 	}()
 
@@ -119,16 +119,7 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	}
 	// A's late commit arrives while B holds the shard, after B's claim and
 	// read and before B's first commit.
-	lateCommit := func() {
-		p.UnblackholeTx()
-		p.UnblackholeRx()
-		sh.tl.Printf("net", "A's network is back; A finishes its batch")
-		endBatch()
-		var stale *fence.StaleError
-		if res.refused = errors.As(<-sh.late, &stale); res.refused {
-			res.refusedBy = stale.Highest
-		}
-	}
+	lateCommit := func() { sh.lateCommit(p, &res) }
 	if err := lease.Run(ctx, cli, lockName, func(ctx context.Context, l *lease.Lock) error {
 		res.bToken = l.Token()
 		res.bFrom, res.bOffset, err = sh.workerB(ctx, l, lateCommit)
@@ -164,6 +155,7 @@ type shardStory struct {
 
 	started     chan *lease.Lock // A's first holding, once its batch is under way
 	finish      chan struct{}    // closed when A's long batch may end
+	endBatch    func()           // closes finish, once
 	late        chan error       // the result of A's late commit
 	calls       int              // holdings of A so far (only A's goroutine)
 	resumeToken int64            // A's second holding
@@ -235,6 +227,19 @@ func (sh *shardStory) workerA(ctx context.Context, l *lease.Lock) error {
 	}
 	sh.late <- err
 	return err
+}
+
+// lateCommit gives A its network back and lets its long batch end, and
+// waits for the verdict on the batch's late commit.
+func (sh *shardStory) lateCommit(p proxy.Server, res *outcome) {
+	p.UnblackholeTx()
+	p.UnblackholeRx()
+	sh.tl.Printf("net", "A's network is back; A finishes its batch")
+	sh.endBatch()
+	var stale *fence.StaleError
+	if res.refused = errors.As(<-sh.late, &stale); res.refused {
+		res.refusedBy = stale.Highest
+	}
 }
 
 // cutUntilExpired cuts A from etcd until etcd has expired A's lease and

@@ -44,6 +44,9 @@ func claimAndRead(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table stri
 	return off, tx.Commit()
 }
 
+// resumeFunc is how B resumes its holding: it returns the offset read.
+type resumeFunc func(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table string) (int64, error)
+
 // The gap a claim closes, step by step with plain tokens:
 //  1. A holds the shard with token 3 and has committed offset 10; it is
 //     paused, its commit of offset 20 in flight.
@@ -60,7 +63,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 	const tokenA, tokenB = 3, 6
 	resumes := []struct {
 		name   string
-		resume func(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table string) (int64, error)
+		resume resumeFunc
 		gap    bool // the plain read leaves the gap open
 	}{
 		{"plain read", func(ctx context.Context, db *sql.DB, _ *sqlfence.Fence, table string) (int64, error) {
@@ -73,33 +76,9 @@ func TestClaimClosesReadGap(t *testing.T) {
 	for _, b := range backends() {
 		for _, r := range resumes {
 			t.Run(b.name+"/"+r.name, func(t *testing.T) {
-				db, f, table := newTable(t, b, "off BIGINT", true)
-				ctx := context.Background()
-				var history []int64 // the offset after each step
-				step := func() {
-					off, err := readOffset(ctx, db, table)
-					if err != nil {
-						t.Fatal(err)
-					}
-					history = append(history, off)
-				}
-				if err := f.Upsert(ctx, db, "shard", tokenA, sqlfence.Set("off", 10)); err != nil {
-					t.Fatal(err)
-				}
-				step()
-				from, err := r.resume(ctx, db, f, table)
-				if err != nil || from != 10 {
-					t.Fatalf("B resumed from %d, %v; want 10", from, err)
-				}
-				step()
-				late := f.Upsert(ctx, db, "shard", tokenA, sqlfence.Set("off", 20))
-				step()
-				if err := f.Upsert(ctx, db, "shard", tokenB, sqlfence.Set("off", from+1)); err != nil {
-					t.Fatalf("B's commit of %d: %v", from+1, err)
-				}
-				step()
-				backwards := !slices.IsSorted(history)
+				history, late := gapScenario(t, b, tokenA, tokenB, r.resume)
 				t.Logf("offsets after each step: %v; A's late commit: %v", history, late)
+				backwards := !slices.IsSorted(history)
 				if r.gap {
 					if late != nil || !backwards || !slices.Equal(history, []int64{10, 10, 20, 11}) {
 						t.Fatalf("plain read: late commit %v, offsets %v; want it accepted and 10 10 20 11 (the gap)", late, history)
@@ -116,6 +95,37 @@ func TestClaimClosesReadGap(t *testing.T) {
 			})
 		}
 	}
+}
+
+// gapScenario runs the four steps, B resuming with resume, and returns
+// the offset after each step and the verdict on A's late commit.
+func gapScenario(t *testing.T, b backend, tokenA, tokenB int64, resume resumeFunc) (history []int64, late error) {
+	t.Helper()
+	db, f, table := newTable(t, b, "off BIGINT", true)
+	ctx := context.Background()
+	step := func() {
+		off, err := readOffset(ctx, db, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		history = append(history, off)
+	}
+	if err := f.Upsert(ctx, db, "shard", tokenA, sqlfence.Set("off", 10)); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	from, err := resume(ctx, db, f, table)
+	if err != nil || from != 10 {
+		t.Fatalf("B resumed from %d, %v; want 10", from, err)
+	}
+	step()
+	late = f.Upsert(ctx, db, "shard", tokenA, sqlfence.Set("off", 20))
+	step()
+	if err := f.Upsert(ctx, db, "shard", tokenB, sqlfence.Set("off", from+1)); err != nil {
+		t.Fatalf("B's commit of %d: %v", from+1, err)
+	}
+	step()
+	return history, late
 }
 
 // row reads the row id's payload (NULL as "<null>") and fence token, and
@@ -149,20 +159,12 @@ func TestClaim(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			var mu sync.Mutex
-			var refused []string
-			hooks := &fence.Hooks{Refused: func(g string) {
-				mu.Lock()
-				defer mu.Unlock()
-				refused = append(refused, g)
-			}}
-			db, f, table := newTable(t, b, "payload TEXT", true, sqlfence.WithHooks(hooks))
+			var refused refusals
+			db, f, table := newTable(t, b, "payload TEXT", true, sqlfence.WithHooks(refused.hooks()))
 			ctx := context.Background()
 			expect := func(what, id, p string, tok int64, rows int) {
 				t.Helper()
-				if gp, gt, gn := row(t, db, table, id); gp != p || gt != tok || gn != rows {
-					t.Fatalf("%s: row %s = %s@%d of %d rows, want %s@%d of %d", what, id, gp, gt, gn, p, tok, rows)
-				}
+				expectRow(t, db, table, what, id, p, tok, rows)
 			}
 			if err := f.Claim(ctx, db, "a", 4); err != nil {
 				t.Fatalf("claim of a missing row: %v", err)
@@ -190,12 +192,39 @@ func TestClaim(t *testing.T) {
 				t.Fatalf("write below the claim: %v, want ErrStale", err)
 			}
 			expect("write below the claim", "a", "four", 7, 1)
-			mu.Lock()
-			defer mu.Unlock()
-			if !slices.Equal(refused, []string{"sql", "sql"}) {
-				t.Fatalf("hooks saw refusals %v, want the refused claim's and write's", refused)
+			if got := refused.list(); !slices.Equal(got, []string{"sql", "sql"}) {
+				t.Fatalf("hooks saw refusals %v, want the refused claim's and write's", got)
 			}
 		})
+	}
+}
+
+// refusals records the refusals hooks report.
+type refusals struct {
+	mu     sync.Mutex
+	guards []string
+}
+
+func (r *refusals) hooks() *fence.Hooks {
+	return &fence.Hooks{Refused: func(g string) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.guards = append(r.guards, g)
+	}}
+}
+
+func (r *refusals) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.guards)
+}
+
+// expectRow fails the test unless row id has payload p and token tok, in
+// a table of rows rows.
+func expectRow(t *testing.T, db *sql.DB, table, what, id, p string, tok int64, rows int) {
+	t.Helper()
+	if gp, gt, gn := row(t, db, table, id); gp != p || gt != tok || gn != rows {
+		t.Fatalf("%s: row %s = %s@%d of %d rows, want %s@%d of %d", what, id, gp, gt, gn, p, tok, rows)
 	}
 }
 
@@ -271,55 +300,71 @@ func TestClaimNeedsDefaults(t *testing.T) {
 	}
 }
 
+// fenceOp is one statement of the fence, run on row "a".
+type fenceOp struct {
+	name string
+	run  func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error
+}
+
+var fenceOps = []fenceOp{
+	{"Highest", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+		_, err := f.Highest(ctx, db, "a")
+		return err
+	}},
+	{"Update", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+		return f.Update(ctx, db, "a", 5, sqlfence.Set("payload", "x"))
+	}},
+	{"Upsert", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+		return f.Upsert(ctx, db, "a", 5, sqlfence.Set("payload", "x"))
+	}},
+	{"Claim", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
+		return f.Claim(ctx, db, "a", 5)
+	}},
+}
+
 // TestNoFenceColumn: every statement on a table without the fence column
 // fails with an error that says so and names AddColumnDDL, wrapping the
-// driver's; a write naming another missing column does not get it.
+// driver's, and changes nothing.
 func TestNoFenceColumn(t *testing.T) {
 	etcdtest.LeakCheck(t)
-	ops := []struct {
-		name string
-		run  func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error
-	}{
-		{"Highest", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
-			_, err := f.Highest(ctx, db, "a")
-			return err
-		}},
-		{"Update", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
-			return f.Update(ctx, db, "a", 5, sqlfence.Set("payload", "x"))
-		}},
-		{"Upsert", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
-			return f.Upsert(ctx, db, "a", 5, sqlfence.Set("payload", "x"))
-		}},
-		{"Claim", func(ctx context.Context, f *sqlfence.Fence, db *sql.DB) error {
-			return f.Claim(ctx, db, "a", 5)
-		}},
-	}
 	for _, b := range backends() {
 		for _, column := range []string{sqlfence.DefaultTokenColumn, `fence "tok"`} {
-			for _, op := range ops {
+			for _, op := range fenceOps {
 				t.Run(fmt.Sprintf("%s/%s/%s", b.name, column, op.name), func(t *testing.T) {
-					db, f, table := newTable(t, b, "payload TEXT", false, sqlfence.WithTokenColumn(column))
-					ctx := context.Background()
-					// A row, so that a read that took the column for a
-					// string would find something to scan.
-					if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (id, payload) VALUES ('a', 'p')`, table)); err != nil {
-						t.Fatal(err)
-					}
-					err := op.run(ctx, f, db)
-					want := fmt.Sprintf(`has no fence column %q: add it with AddColumnDDL: `, column)
-					if err == nil || !strings.HasPrefix(err.Error(), "sqlfence: table ") || !strings.Contains(err.Error(), want) ||
-						!driverError(err) || strings.Count(err.Error(), "sqlfence:") != 1 {
-						t.Fatalf("%v, want sqlfence: table ... %s... wrapping the driver's error", err, want)
-					}
-					var p string
-					var n int
-					if err := db.QueryRow(fmt.Sprintf(`SELECT max(payload), count(*) FROM %s`, table)).Scan(&p, &n); err != nil || p != "p" || n != 1 {
-						t.Fatalf("table now %q, %d rows (%v); want it unchanged", p, n, err)
-					}
+					noFenceColumn(t, b, column, op)
 				})
 			}
 		}
-		t.Run(b.name+"/other column", func(t *testing.T) {
+	}
+}
+
+func noFenceColumn(t *testing.T, b backend, column string, op fenceOp) {
+	db, f, table := newTable(t, b, "payload TEXT", false, sqlfence.WithTokenColumn(column))
+	ctx := context.Background()
+	// A row, so that a read that took the column for a string would find
+	// something to scan.
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (id, payload) VALUES ('a', 'p')`, table)); err != nil {
+		t.Fatal(err)
+	}
+	err := op.run(ctx, f, db)
+	want := fmt.Sprintf(`has no fence column %q: add it with AddColumnDDL: `, column)
+	if err == nil || !strings.HasPrefix(err.Error(), "sqlfence: table ") || !strings.Contains(err.Error(), want) ||
+		!driverError(err) || strings.Count(err.Error(), "sqlfence:") != 1 {
+		t.Fatalf("%v, want sqlfence: table ... %s... wrapping the driver's error", err, want)
+	}
+	var p string
+	var n int
+	if err := db.QueryRow(fmt.Sprintf(`SELECT max(payload), count(*) FROM %s`, table)).Scan(&p, &n); err != nil || p != "p" || n != 1 {
+		t.Fatalf("table now %q, %d rows (%v); want it unchanged", p, n, err)
+	}
+}
+
+// TestOtherColumnMissing: a write naming a missing column that is not the
+// fence column gets the driver's error, not the fence column's.
+func TestOtherColumnMissing(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
 			db, f, _ := newTable(t, b, "payload TEXT", true)
 			ctx := context.Background()
 			for _, err := range []error{
@@ -349,48 +394,54 @@ func TestClaimLocksRow(t *testing.T) {
 			if err := f.Upsert(ctx, db, "a", 3, sqlfence.Set("payload", "three")); err != nil {
 				t.Fatal(err)
 			}
-			claimConn, claimPid := conn(ctx, t, db)
-			writeConn, writePid := conn(ctx, t, db)
-			tx, err := claimConn.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			if err := f.Claim(ctx, tx, "a", 6); err != nil {
-				t.Fatalf("claim: %v", err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- f.Update(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")) }()
-			awaitBlocked(ctx, t, db, writePid, claimPid)
-			select {
-			case err := <-done:
-				t.Fatalf("the lower Update returned while the claim's transaction was open: %v", err)
-			default:
-			}
+			tx, update := updateBehindClaim(ctx, t, db, f)
 			if end == "rollback" {
 				if err := tx.Rollback(); err != nil {
 					t.Fatal(err)
 				}
-				if err := <-done; err != nil {
+				if err := <-update; err != nil {
 					t.Fatalf("Update after the claim rolled back: %v", err)
 				}
-				if p, tok, _ := row(t, db, table, "a"); p != "late" || tok != 3 {
-					t.Fatalf("row = %s@%d, want late@3", p, tok)
-				}
+				expectRow(t, db, table, "after the rollback", "a", "late", 3, 1)
 				return
 			}
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
 			var se *fence.StaleError
-			if err := <-done; !errors.As(err, &se) || se.Token != 3 || se.Highest != 6 {
+			if err := <-update; !errors.As(err, &se) || se.Token != 3 || se.Highest != 6 {
 				t.Fatalf("Update after the claim committed: %v, want a StaleError 3 < 6", err)
 			}
-			if p, tok, _ := row(t, db, table, "a"); p != "three" || tok != 6 {
-				t.Fatalf("row = %s@%d, want three@6", p, tok)
-			}
+			expectRow(t, db, table, "after the commit", "a", "three", 6, 1)
 		})
 	}
+}
+
+// updateBehindClaim claims row "a" with token 6 in a transaction it leaves
+// open, starts an Update of it with token 3 on another connection, and
+// returns once PostgreSQL shows that Update waiting for the claim's
+// transaction, having checked that it has not returned.
+func updateBehindClaim(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fence) (*sql.Tx, <-chan error) {
+	t.Helper()
+	claimConn, claimPid := conn(ctx, t, db)
+	writeConn, writePid := conn(ctx, t, db)
+	tx, err := claimConn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback() })
+	if err := f.Claim(ctx, tx, "a", 6); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Update(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")) }()
+	awaitBlocked(ctx, t, db, writePid, claimPid)
+	select {
+	case err := <-done:
+		t.Fatalf("the lower Update returned while the claim's transaction was open: %v", err)
+	default:
+	}
+	return tx, done
 }
 
 // conn takes a connection of its own from the pool, and its backend's pid.
