@@ -2,6 +2,7 @@ package sqlfence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -14,26 +15,27 @@ import (
 // flight passes it and can land after the read. The new holder then
 // builds on a state that has changed under it.
 //
-// It is one statement, the same on PostgreSQL and SQLite but for the
-// placeholders:
+// For a row that exists it is one statement:
+//
+//	UPDATE t SET fence_token = ? WHERE t.id = ? AND t.fence_token <= ?
+//
+// A missing row is created by a second one, with only its id and fence
+// column set (its other columns take their defaults):
 //
 //	INSERT INTO t (id, fence_token) VALUES (?, ?)
 //	ON CONFLICT (id) DO UPDATE SET fence_token = excluded.fence_token
 //	WHERE t.fence_token <= excluded.fence_token
 //
-// A missing row is created with only its id and fence column set; its
-// other columns take their defaults. An equal token passes, and a higher
-// one recorded in the row refuses the claim with a *fence.StaleError
-// (errors.Is fence.ErrStale) naming both tokens, having changed nothing.
-// On PostgreSQL the claim also locks the row until its transaction ends: a
-// lower write on another connection waits, and is refused once the claim
-// commits.
+// An equal token passes, and a higher one recorded in the row refuses the
+// claim with a *fence.StaleError (errors.Is fence.ErrStale) naming both
+// tokens, having changed nothing. On PostgreSQL the claim also locks the
+// row until its transaction ends: a lower write on another connection
+// waits, and is refused once the claim commits.
 //
-// Every other column of the table must have a default or accept NULL.
-// Both databases check the NOT NULL constraints of the row a claim would
-// insert before they look for the existing row, so on a table with a NOT
-// NULL column without a default every claim fails, even of a row that
-// exists, with an error that says so; give such columns defaults.
+// A missing row can only be created if every other column of the table
+// has a default or accepts NULL; otherwise the claim fails with an error
+// that says so: create the row first (Upsert), or give those columns
+// defaults.
 //
 // Bad input (a token <= 0, a nil id) gives an error wrapping
 // fence.ErrInvalidArgument before anything is sent.
@@ -46,7 +48,23 @@ func (f *Fence) Claim(ctx context.Context, ex Execer, id any, token int64) error
 		// would claim a row nobody can name.
 		return invalid("nil id")
 	}
-	q := fmt.Sprintf("INSERT INTO %s (%s, %s) VALUES (%s, %s) ON CONFLICT (%s) DO UPDATE SET %s = excluded.%s WHERE %s",
+	err := f.claim(ctx, ex, id, token)
+	f.hooks.Report("sql", err)
+	return err
+}
+
+// claim raises an existing row's fence, and creates the row if it is
+// missing. The INSERT is not the first statement: both databases check
+// the NOT NULL columns of the row an INSERT would add before they find
+// the existing one, so a table with such a column could never be claimed.
+func (f *Fence) claim(ctx context.Context, ex Execer, id any, token int64) error {
+	upd := fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s = %s AND %s <= %s",
+		f.table, f.token, f.placeholder(1), f.col(f.id), f.placeholder(2), f.col(f.token), f.placeholder(3))
+	err := f.exec(ctx, ex, stmt{op: "claim", q: upd, args: []any{token, id, token}, id: id, token: token, mayBeMissing: true})
+	if !errors.Is(err, ErrMissing) {
+		return err
+	}
+	ins := fmt.Sprintf("INSERT INTO %s (%s, %s) VALUES (%s, %s) ON CONFLICT (%s) DO UPDATE SET %s = excluded.%s WHERE %s",
 		f.table, f.id, f.token, f.placeholder(1), f.placeholder(2), f.id, f.token, f.token, f.raises())
-	return f.result(ctx, ex, stmt{op: "claim", q: q, args: []any{id, token}, id: id, token: token})
+	return f.exec(ctx, ex, stmt{op: "claim", q: ins, args: []any{id, token}, id: id, token: token})
 }

@@ -43,8 +43,8 @@ func (f *Fence) driverError(s stmt, err error) error {
 		return f.noFenceColumnError(err)
 	}
 	if s.op == "claim" && notNull(err) {
-		return fmt.Errorf("sqlfence: claim %s %v: the table has a NOT NULL column without a default, "+
-			"and a claim inserts only the id and the fence column (checked even when the row exists): "+
+		return fmt.Errorf("sqlfence: claim %s %v: the row is missing and the table has a NOT NULL column without a default, "+
+			"while a claim inserts only the id and the fence column: create the row first (Upsert) or "+
 			"give the column a default: %w", f.rawTable, s.id, err)
 	}
 	return fmt.Errorf("sqlfence: %s %s %v: %w", s.op, f.rawTable, s.id, err)
