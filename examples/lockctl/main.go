@@ -2,33 +2,45 @@
 // etcd's own concurrency package, which uses the same keys) for the people
 // who run a cluster with them.
 //
-//	lockctl [flags] list PREFIX            locks under PREFIX: holder and waiter count
-//	lockctl [flags] show NAME              the whole queue of lock NAME
-//	lockctl [flags] records PREFIX         fence records under PREFIX, decoded
-//	lockctl [flags] release -token T NAME  delete the holder's key, only if its token is T
-//	lockctl [flags] watch NAME             print each handoff until interrupted
+//	lockctl [flags] list PREFIX               locks under PREFIX: holder, its owner, waiter count
+//	lockctl [flags] show NAME                 the whole queue of lock NAME, with each entry's owner
+//	lockctl [flags] records [-all] PREFIX     fence records under PREFIX, decoded
+//	lockctl [flags] release -token T NAME     delete the holder's key, only if its token is T
+//	lockctl [flags] watch NAME                print each handoff until interrupted
+//	lockctl help                              the usage text, with every flag and its default
 //
 // Flags: -endpoints (default $ETCD_ENDPOINTS, else 127.0.0.1:2379), etcd's
 // -cacert, -cert, -key, -user (name or name:password) and -password, -json
-// for output a script reads, and -timeout for each request.
+// for output a script reads, and -timeout, how long etcd has to answer
+// the connection and each request. lockctl waits for an endpoint to
+// answer before it runs a command, and if none does, says which
+// endpoints it tried and where it found them.
+//
+// An owner is what a session recorded with lease.WithOwner (by default
+// its host name and process ID); "-" when it recorded none, as etcd's own
+// lock code does not. records lists only fence records: keys on a lease
+// (lock keys, owner records) and values that are not tokens are counted,
+// and listed with -all.
 //
 // release never deletes blindly: it reads the queue, refuses unless the
 // current holder's token is T, and deletes that key in a transaction
 // guarded by its creation revision, so a lock that changed hands meanwhile
 // is left alone. It prints one audit line: who, what, when. The lost
 // holder's own fenced writes are refused from then on.
+//
+// Exit status: 0 done (help included), 1 failed, 2 bad arguments, with
+// the usage text on stderr.
 package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,115 +48,55 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/lease"
 )
 
-const usage = `usage: lockctl [flags] list PREFIX | show NAME | records PREFIX | release -token T NAME | watch NAME`
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, whoAmI()); err != nil {
-		fmt.Fprintln(os.Stderr, "lockctl:", err)
-		os.Exit(1)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr, whoAmI())
+	stop()
+	os.Exit(code)
+}
+
+// execute runs lockctl with args and returns its exit status: 0 done
+// (help included), 1 failed, 2 bad arguments, with the usage text on
+// stderr.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer, who string) int {
+	err := run(ctx, args, stdout, who)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "lockctl: %v\n\n", err)
+		writeUsage(stderr)
+		return 2
 	}
+	fmt.Fprintln(stderr, "lockctl:", err)
+	return 1
 }
 
-// config is what the global flags say.
-type config struct {
-	endpoints, cacert, cert, key, user, password string
-	json                                         bool
-	timeout                                      time.Duration
-}
-
-// run parses args and runs one command, writing to out. who names the
-// operator in release's audit line.
+// run parses args and runs one command, writing to out (the usage text
+// too, when asked for). who names the operator in release's audit line.
 func run(ctx context.Context, args []string, out io.Writer, who string) error {
-	var cfg config
-	fs := flag.NewFlagSet("lockctl", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&cfg.endpoints, "endpoints", "", "etcd client URLs, comma-separated (default $ETCD_ENDPOINTS, else 127.0.0.1:2379)")
-	fs.StringVar(&cfg.cacert, "cacert", "", "CA bundle to verify the servers' certificates")
-	fs.StringVar(&cfg.cert, "cert", "", "client certificate")
-	fs.StringVar(&cfg.key, "key", "", "client certificate's key")
-	fs.StringVar(&cfg.user, "user", "", "etcd user, as name or name:password")
-	fs.StringVar(&cfg.password, "password", "", "etcd user's password")
-	fs.BoolVar(&cfg.json, "json", false, "print JSON")
-	fs.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "timeout of each request")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%v\n%s", err, usage)
+	inv, err := parseArgs(args)
+	if err != nil {
+		return err
 	}
-	rest := fs.Args()
-	if len(rest) < 2 {
-		return errors.New(usage)
+	if inv.help {
+		writeUsage(out)
+		return nil
 	}
-	cmd, rest := rest[0], rest[1:]
-	var token int64
-	if cmd == "release" {
-		rfs := flag.NewFlagSet("release", flag.ContinueOnError)
-		rfs.SetOutput(io.Discard)
-		rfs.Int64Var(&token, "token", 0, "the holder's token")
-		if err := rfs.Parse(rest); err != nil || rfs.NArg() != 1 || token <= 0 {
-			return fmt.Errorf("release needs -token T (T > 0) and one NAME\n%s", usage)
-		}
-		rest = rfs.Args()
-	}
-	if len(rest) != 1 {
-		return errors.New(usage)
-	}
-	cli, err := connect(cfg)
+	cli, err := connect(ctx, inv.cfg)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	c := &ctl{cli: cli, cfg: cfg, out: out}
-	switch cmd {
-	case "list":
-		return c.list(ctx, rest[0])
-	case "show":
-		return c.show(ctx, rest[0])
-	case "records":
-		return c.records(ctx, rest[0])
-	case "release":
-		return c.release(ctx, rest[0], token, who)
-	case "watch":
-		return c.watch(ctx, rest[0])
-	}
-	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
-}
-
-// connect opens a client as the flags say, with etcd's TLS and auth.
-func connect(cfg config) (*clientv3.Client, error) {
-	eps := cfg.endpoints
-	if eps == "" {
-		eps = os.Getenv("ETCD_ENDPOINTS")
-	}
-	if eps == "" {
-		eps = "127.0.0.1:2379"
-	}
-	cc := clientv3.Config{Endpoints: strings.Split(eps, ","), DialTimeout: cfg.timeout, Logger: zap.NewNop()}
-	if cfg.cacert != "" || cfg.cert != "" {
-		info := transport.TLSInfo{TrustedCAFile: cfg.cacert, CertFile: cfg.cert, KeyFile: cfg.key}
-		tc, err := info.ClientConfig()
-		if err != nil {
-			return nil, fmt.Errorf("tls: %w", err)
-		}
-		tc.MinVersion = tls.VersionTLS12
-		cc.TLS = tc
-	}
-	if cfg.user != "" {
-		name, pw, ok := strings.Cut(cfg.user, ":")
-		if !ok {
-			pw = cfg.password
-		}
-		cc.Username, cc.Password = name, pw
-	}
-	return clientv3.New(cc)
+	return inv.cmd.run(ctx, &ctl{cli: cli, cfg: inv.cfg, out: out, who: who}, inv)
 }
 
 // ctl runs the commands.
@@ -152,6 +104,7 @@ type ctl struct {
 	cli *clientv3.Client
 	cfg config
 	out io.Writer
+	who string // the operator, for release's audit line
 }
 
 func (c *ctl) request(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -164,12 +117,33 @@ type entry struct {
 	Token      int64   `json:"token"`
 	Lease      string  `json:"lease"`
 	TTLSeconds float64 `json:"ttl_seconds"`
+	Owner      string  `json:"owner"` // empty if its session recorded none
 	Value      string  `json:"value"`
 	Mode       string  `json:"mode"`
 }
 
 func entryOf(e lease.QueueEntry) entry {
-	return entry{Key: e.Key, Token: e.Token, Lease: strconv.FormatInt(int64(e.Lease), 16), TTLSeconds: e.TTL.Seconds(), Value: e.Value, Mode: e.Mode.String()}
+	return entry{Key: e.Key, Token: e.Token, Lease: strconv.FormatInt(int64(e.Lease), 16), TTLSeconds: e.TTL.Seconds(),
+		Owner: e.Owner, Value: e.Value, Mode: e.Mode.String()}
+}
+
+// shownValue is the entry's value as a table shows it: a reader's key
+// holds a marker, which the MODE column already says, and a lock's key
+// holds nothing; an election's candidate has a value worth showing.
+func (e entry) shownValue() string {
+	if e.Mode == lease.Read.String() && e.Value == lease.ReaderValue {
+		return ""
+	}
+	return e.Value
+}
+
+// ownerCell is an owner in a table: "-" for none, so that the columns
+// stay apart for a reader and for awk.
+func ownerCell(owner string) string {
+	if owner == "" {
+		return "-"
+	}
+	return owner
 }
 
 // lockInfo is one lock in list's output.
@@ -185,9 +159,36 @@ type lockInfo struct {
 func (c *ctl) list(ctx context.Context, prefix string) error {
 	rctx, cancel := c.request(ctx)
 	defer cancel()
-	resp, err := c.cli.Get(rctx, prefix, clientv3.WithPrefix())
+	locks, err := c.locksUnder(rctx, prefix)
 	if err != nil {
 		return err
+	}
+	if c.cfg.json {
+		return json.NewEncoder(c.out).Encode(orEmpty(locks))
+	}
+	header := []string{"NAME", "MODE", "HOLDERS", "TOKEN", "LEASE", "TTL", "WAITERS", "HOLDER KEY", "OWNER"}
+	withValue := slices.ContainsFunc(locks, func(l lockInfo) bool { return l.Holder.shownValue() != "" })
+	if withValue {
+		header = append(header, "VALUE")
+	}
+	var rows [][]string
+	for _, l := range locks {
+		h := l.Holder
+		row := []string{l.Name, h.Mode, strconv.Itoa(l.Holders), strconv.FormatInt(h.Token, 10), h.Lease,
+			fmt.Sprintf("%vs", h.TTLSeconds), strconv.Itoa(l.Waiters), h.Key, ownerCell(h.Owner)}
+		if withValue {
+			row = append(row, strconv.Quote(h.shownValue()))
+		}
+		rows = append(rows, row)
+	}
+	return writeTable(c.out, header, rows)
+}
+
+// locksUnder reads the locks under prefix, in name order.
+func (c *ctl) locksUnder(ctx context.Context, prefix string) ([]lockInfo, error) {
+	resp, err := c.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", prefix, err)
 	}
 	seen := map[string]bool{}
 	var names []string
@@ -200,9 +201,9 @@ func (c *ctl) list(ctx context.Context, prefix string) error {
 	sort.Strings(names)
 	var locks []lockInfo
 	for _, name := range names {
-		entries, err := lease.Inspect(rctx, c.cli, name)
+		entries, err := lease.Inspect(ctx, c.cli, name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(entries) == 0 {
 			continue // released since the first read
@@ -210,86 +211,159 @@ func (c *ctl) list(ctx context.Context, prefix string) error {
 		holding := lease.Holding(entries)
 		locks = append(locks, lockInfo{Name: name, Holder: entryOf(entries[0]), Holders: holding, Waiters: len(entries) - holding})
 	}
-	if c.cfg.json {
-		return json.NewEncoder(c.out).Encode(orEmpty(locks))
-	}
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODE\tHOLDERS\tTOKEN\tLEASE\tTTL\tWAITERS\tHOLDER KEY\tVALUE")
-	for _, l := range locks {
-		h := l.Holder
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%vs\t%d\t%s\t%q\n", l.Name, h.Mode, l.Holders, h.Token, h.Lease, h.TTLSeconds, l.Waiters, h.Key, h.Value)
-	}
-	return tw.Flush()
+	return locks, nil
 }
 
 // show prints the whole queue of name, holder first.
 func (c *ctl) show(ctx context.Context, name string) error {
 	rctx, cancel := c.request(ctx)
 	defer cancel()
-	entries, err := lease.Inspect(rctx, c.cli, name)
+	queue, err := lease.Inspect(rctx, c.cli, name)
 	if err != nil {
 		return err
 	}
+	entries := []entry{}
+	for _, e := range queue {
+		entries = append(entries, entryOf(e))
+	}
 	if c.cfg.json {
-		out := []entry{}
-		for _, e := range entries {
-			out = append(out, entryOf(e))
-		}
-		return json.NewEncoder(c.out).Encode(out)
+		return json.NewEncoder(c.out).Encode(entries)
 	}
 	if len(entries) == 0 {
 		fmt.Fprintf(c.out, "%s: not held\n", name)
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POS\tMODE\tTOKEN\tLEASE\tTTL\tKEY\tVALUE")
-	holding := lease.Holding(entries)
+	header := []string{"POS", "MODE", "TOKEN", "LEASE", "TTL", "KEY", "OWNER"}
+	withValue := slices.ContainsFunc(entries, func(e entry) bool { return e.shownValue() != "" })
+	if withValue {
+		header = append(header, "VALUE")
+	}
+	holding := lease.Holding(queue)
+	var rows [][]string
 	for i, e := range entries {
 		pos := "holder"
 		if i >= holding {
 			pos = strconv.Itoa(i - holding + 1)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%x\t%v\t%s\t%q\n", pos, e.Mode, e.Token, int64(e.Lease), e.TTL, e.Key, e.Value)
+		row := []string{pos, e.Mode, strconv.FormatInt(e.Token, 10), e.Lease, queue[i].TTL.String(), e.Key, ownerCell(e.Owner)}
+		if withValue {
+			row = append(row, strconv.Quote(e.shownValue()))
+		}
+		rows = append(rows, row)
+	}
+	return writeTable(c.out, header, rows)
+}
+
+// writeTable writes header and rows in aligned columns, at least two
+// spaces apart.
+func writeTable(w io.Writer, header []string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	return tw.Flush()
 }
 
-// recordInfo is one fence record in records' output.
+// Why records skips a key, as its -all table says it.
+const (
+	skipLeased   = "on a lease: a lock's or session's key"
+	skipNotToken = "value is not a fence token"
+)
+
+// skipCounted is how records' summary counts the keys skipped for each
+// reason, in this order.
+var skipCounted = []struct{ why, counted string }{
+	{skipLeased, "on a lease"},
+	{skipNotToken, "not a fence token"},
+}
+
+// recordInfo is one key in records' output: a fence record with its
+// highest token, or (with -all) a key skipped, and why.
 type recordInfo struct {
 	Key     string `json:"key"`
-	Highest int64  `json:"highest,omitempty"`
-	Error   string `json:"error,omitempty"`
+	Highest *int64 `json:"highest,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
 }
 
-// records prints the fence records under prefix with their highest token.
-func (c *ctl) records(ctx context.Context, prefix string) error {
+// recordOf says what kv is to records. A key on a lease is never a fence
+// record, whatever its value: records are written without a lease, so
+// that they outlive every holder, and lock keys are always on one.
+func recordOf(kv *mvccpb.KeyValue) recordInfo {
+	ri := recordInfo{Key: string(kv.Key)}
+	if kv.Lease != 0 {
+		ri.Skipped = skipLeased
+		return ri
+	}
+	h, err := fence.DecodeToken(string(kv.Value))
+	if err != nil {
+		ri.Skipped = skipNotToken
+		return ri
+	}
+	ri.Highest = &h
+	return ri
+}
+
+// records prints the fence records under prefix with their highest token,
+// and counts the other keys, or lists them if all.
+func (c *ctl) records(ctx context.Context, prefix string, all bool) error {
 	rctx, cancel := c.request(ctx)
 	defer cancel()
-	recs, err := fence.ReadRecords(rctx, c.cli, prefix)
+	resp, err := c.cli.Get(rctx, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return err
+		return fmt.Errorf("records %s: %w", prefix, err)
 	}
-	var infos []recordInfo
-	for _, r := range recs {
-		ri := recordInfo{Key: r.Key, Highest: r.Highest}
-		if r.Err != nil {
-			ri.Error = "not a fence record"
+	var recs, skipped []recordInfo
+	for _, kv := range resp.Kvs {
+		if ri := recordOf(kv); ri.Highest != nil {
+			recs = append(recs, ri)
+		} else {
+			skipped = append(skipped, ri)
 		}
-		infos = append(infos, ri)
 	}
 	if c.cfg.json {
-		return json.NewEncoder(c.out).Encode(orEmpty(infos))
-	}
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHIGHEST TOKEN")
-	for _, r := range infos {
-		highest := strconv.FormatInt(r.Highest, 10)
-		if r.Error != "" {
-			highest = "(" + r.Error + ")"
+		if all {
+			recs = append(recs, skipped...)
 		}
-		fmt.Fprintf(tw, "%s\t%s\n", r.Key, highest)
+		return json.NewEncoder(c.out).Encode(orEmpty(recs))
 	}
-	return tw.Flush()
+	rows := [][]string{}
+	for _, r := range recs {
+		rows = append(rows, []string{r.Key, strconv.FormatInt(*r.Highest, 10)})
+	}
+	if err := writeTable(c.out, []string{"KEY", "HIGHEST TOKEN"}, rows); err != nil || len(skipped) == 0 {
+		return err
+	}
+	if !all {
+		_, err := fmt.Fprintf(c.out, "(%s; records -all lists them)\n", skipSummary(skipped))
+		return err
+	}
+	rows = rows[:0]
+	for _, r := range skipped {
+		rows = append(rows, []string{r.Key, r.Skipped})
+	}
+	fmt.Fprintln(c.out)
+	return writeTable(c.out, []string{"SKIPPED KEY", "WHY"}, rows)
+}
+
+// skipSummary counts the keys skipped by reason: "3 other keys skipped:
+// 2 on a lease, 1 not a fence token".
+func skipSummary(skipped []recordInfo) string {
+	n := map[string]int{}
+	for _, r := range skipped {
+		n[r.Skipped]++
+	}
+	var parts []string
+	for _, s := range skipCounted {
+		if n[s.why] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n[s.why], s.counted))
+		}
+	}
+	keys := "keys"
+	if len(skipped) == 1 {
+		keys = "key"
+	}
+	return fmt.Sprintf("%d other %s skipped: %s", len(skipped), keys, strings.Join(parts, ", "))
 }
 
 // audit is release's record of what it did.
@@ -307,7 +381,7 @@ type audit struct {
 // release deletes the key of the holder of name whose token is token (one
 // of several when readers share it), guarded by the key's creation
 // revision.
-func (c *ctl) release(ctx context.Context, name string, token int64, who string) error {
+func (c *ctl) release(ctx context.Context, name string, token int64) error {
 	rctx, cancel := c.request(ctx)
 	defer cancel()
 	entries, err := lease.Inspect(rctx, c.cli, name)
@@ -332,7 +406,7 @@ func (c *ctl) release(ctx context.Context, name string, token int64, who string)
 		return fmt.Errorf("release %s: the holder changed before the delete; nothing deleted", name)
 	}
 	user, _, _ := strings.Cut(c.cfg.user, ":")
-	a := audit{Time: time.Now().UTC(), Operator: who, EtcdUser: user, Action: "release", Lock: name,
+	a := audit{Time: time.Now().UTC(), Operator: c.who, EtcdUser: user, Action: "release", Lock: name,
 		Key: h.Key, Token: token, Lease: strconv.FormatInt(int64(h.Lease), 16)}
 	if c.cfg.json {
 		return json.NewEncoder(c.out).Encode(a)
@@ -359,7 +433,10 @@ type handoff struct {
 	Lock  string    `json:"lock"`
 	Token int64     `json:"token"`
 	Lease string    `json:"lease"`
-	Value string    `json:"value,omitempty"`
+	Owner string    `json:"owner"`
+	// OwnerError says why the owner could not be read; the watch goes on.
+	OwnerError string `json:"owner_error,omitempty"`
+	Value      string `json:"value,omitempty"`
 }
 
 // watch prints each new holder of name until ctx ends.
@@ -369,26 +446,64 @@ func (c *ctl) watch(ctx context.Context, name string) error {
 		return err
 	}
 	defer o.Close()
-	enc := json.NewEncoder(c.out)
 	var last int64
 	for ld := range o.Leaders() {
 		if ld.Token == last {
 			continue // a new value of the same holder, not a handoff
 		}
 		last = ld.Token
-		h := handoff{Time: time.Now().UTC(), Lock: name, Token: ld.Token, Lease: ld.Key[strings.LastIndexByte(ld.Key, '/')+1:], Value: ld.Value}
-		if c.cfg.json {
-			if err := enc.Encode(h); err != nil {
-				return err
-			}
-			continue
+		if err := c.printHandoff(ctx, ld); err != nil {
+			return err
 		}
-		fmt.Fprintf(c.out, "%s  %s  token %d  lease %s  %q\n", h.Time.Format(time.RFC3339Nano), name, h.Token, h.Lease, h.Value)
 	}
 	if errors.Is(o.Err(), context.Canceled) || ctx.Err() != nil {
 		return nil // interrupted: the normal end
 	}
 	return o.Err()
+}
+
+// printHandoff prints the new holder ld, with its owner.
+func (c *ctl) printHandoff(ctx context.Context, ld lease.Leader) error {
+	leaseHex := ld.Key[strings.LastIndexByte(ld.Key, '/')+1:]
+	h := handoff{Time: time.Now().UTC(), Lock: ld.Name, Token: ld.Token, Lease: leaseHex, Value: ld.Value}
+	owner, err := c.ownerOf(ctx, leaseHex)
+	h.Owner = owner
+	if err != nil {
+		// A read that failed now may work at the next handoff: the
+		// watch, which outlasts etcd being away, goes on.
+		h.OwnerError = err.Error()
+		owner = "? (" + h.OwnerError + ")"
+	}
+	if c.cfg.json {
+		return json.NewEncoder(c.out).Encode(h)
+	}
+	line := fmt.Sprintf("%s  %s  token %d  lease %s  owner %s", h.Time.Format(time.RFC3339Nano), h.Lock, h.Token, h.Lease, ownerCell(owner))
+	if h.Value != "" {
+		line += fmt.Sprintf("  value %q", h.Value)
+	}
+	_, err = fmt.Fprintln(c.out, line)
+	return err
+}
+
+// ownerOf reads the owner record of the session whose lease is leaseHex,
+// as Inspect does for a queue entry: empty if there is none, or if the
+// record is on another lease (that session did not write it).
+func (c *ctl) ownerOf(ctx context.Context, leaseHex string) (string, error) {
+	u, err := strconv.ParseUint(leaseHex, 16, 64)
+	if err != nil {
+		return "", nil // not named after a lease: no session of this package
+	}
+	id := clientv3.LeaseID(u)
+	rctx, cancel := c.request(ctx)
+	defer cancel()
+	resp, err := c.cli.Get(rctx, lease.OwnerKey(id))
+	if err != nil {
+		return "", fmt.Errorf("read owner: %w", err)
+	}
+	if len(resp.Kvs) == 0 || clientv3.LeaseID(resp.Kvs[0].Lease) != id {
+		return "", nil
+	}
+	return string(resp.Kvs[0].Value), nil
 }
 
 // orEmpty makes a nil slice encode as [] rather than null.

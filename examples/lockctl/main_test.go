@@ -21,22 +21,38 @@ import (
 
 var etcd etcdtest.Env
 
-// lockedBuffer is a bytes.Buffer that watch may write while the test reads.
+// lockedBuffer is a bytes.Buffer that watch may write while the test
+// reads, and that tells the test of each write.
 type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	changed chan struct{} // closed by the next Write
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
 	return l.b.Write(p)
 }
 
 func (l *lockedBuffer) String() string {
+	s, _ := l.next()
+	return s
+}
+
+// next returns what was written so far, and a channel closed by the next
+// write.
+func (l *lockedBuffer) next() (string, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.b.String()
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return l.b.String(), l.changed
 }
 
 func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
@@ -54,9 +70,9 @@ func lockctl(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-func session(t *testing.T, cli *clientv3.Client) *lease.Session {
+func session(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
 	t.Helper()
-	s, err := lease.NewSession(context.Background(), cli, lease.WithTTL(10*time.Second))
+	s, err := lease.NewSession(context.Background(), cli, append([]lease.Option{lease.WithTTL(10 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,12 +194,19 @@ func TestLockctl(t *testing.T) {
 	}
 }
 
-// waitLines waits until out has n lines, reading it again every 10 ms.
+// waitLines waits until out has n lines, for at most 10 s.
 func waitLines(t *testing.T, out *lockedBuffer, n int) {
 	t.Helper()
-	for start := time.Now(); strings.Count(out.String(), "\n") < n; time.Sleep(10 * time.Millisecond) {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("watch printed %q, want %d lines", out.String(), n)
+	timeout := time.After(10 * time.Second)
+	for {
+		s, changed := out.next()
+		if strings.Count(s, "\n") >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("watch printed %q, want %d lines", s, n)
 		}
 	}
 }
@@ -280,29 +303,15 @@ func TestLockctlReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	writer := make(chan error, 1)
+	ws := session(t, cli) // here: t.Fatal ends only the test's own goroutine
 	go func() {
-		l, err := session(t, cli).Lock(ctx, name)
+		l, err := ws.Lock(ctx, name)
 		if err == nil {
 			err = l.Unlock(ctx)
 		}
 		writer <- err
 	}()
-	wch := cli.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-	<-wch
-	for {
-		entries, err := lease.Inspect(ctx, cli, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(entries) == 3 {
-			break
-		}
-		select {
-		case <-wch:
-		case <-ctx.Done():
-			t.Fatal("the writer never queued")
-		}
-	}
+	waitEntries(ctx, t, cli, name, 3) // the writer queues
 	out, err := lockctl(t, "show", name)
 	var rows []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
