@@ -107,33 +107,8 @@ func TestNewServerAppliesOptions(t *testing.T) {
 // could not name such a type, and go doc would show it.
 func TestAPINamesNoInternalPackage(t *testing.T) {
 	fset := token.NewFileSet()
-	entries, err := os.ReadDir(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	internal := map[string]bool{} // local names of internal packages
-	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, e.Name(), nil, parser.ParseComments)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
-		for _, imp := range f.Imports {
-			p, _ := strconv.Unquote(imp.Path.Value)
-			if !strings.Contains("/"+p+"/", "/internal/") {
-				continue
-			}
-			name := path.Base(p)
-			if imp.Name != nil {
-				name = imp.Name.Name
-			}
-			internal[name] = true
-		}
-	}
+	files := parsePackage(t, fset)
+	internal := internalImports(files)
 	if len(internal) == 0 {
 		t.Fatal("no file imports an internal package: this test checks nothing")
 	}
@@ -152,6 +127,47 @@ func TestAPINamesNoInternalPackage(t *testing.T) {
 			}
 		}
 	}
+}
+
+// parsePackage parses the package's files, tests left out.
+func parsePackage(t *testing.T, fset *token.FileSet) []*ast.File {
+	t.Helper()
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, e.Name(), nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return files
+}
+
+// internalImports are the names under which files import internal
+// packages.
+func internalImports(files []*ast.File) map[string]bool {
+	names := map[string]bool{}
+	for _, f := range files {
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if !strings.Contains("/"+p+"/", "/internal/") {
+				continue
+			}
+			name := path.Base(p)
+			if imp.Name != nil {
+				name = imp.Name.Name
+			}
+			names[name] = true
+		}
+	}
+	return names
 }
 
 // exportedDecls lists the declarations go doc shows, unexported fields and
