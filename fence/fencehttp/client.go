@@ -10,7 +10,8 @@ import (
 
 // Transport is an http.RoundTripper that attaches Holder's name and token to
 // every request. It never modifies the caller's request (it sends a clone).
-// It is safe for concurrent use if Base is.
+// It is safe for concurrent use if Base is. A request on which the caller
+// set HeaderClaim to "1" is sent as a claim, as AttachClaim would make it.
 //
 // A holder already known to have lost its lock gets an error wrapping
 // fence.ErrNotHeld and its Err, and nothing is sent: an early warning. The

@@ -35,12 +35,13 @@
 // Once a claim has passed the middleware (its handler runs only then), no
 // request with a lower token passes the middleware's check, and writes
 // made through the Store's atomic step with a lower token (MemoryStore.Do,
-// or a fence.Txn guarded by EtcdStore.Guard) are refused. A new holder therefore claims before its
-// first read. A plain read at the start of a holding is not enough: reads
-// write nothing, so until the new holder's first write the Store's highest
-// token is still the previous holder's, and a write of that holder still in
-// flight is accepted after the read. The new holder then builds on a state
-// that has changed under it, and its own write undoes the late one.
+// or a fence.Txn guarded by EtcdStore.Guard) are refused. A new holder
+// therefore claims before its first read. A plain read at the start of a
+// holding is not enough: reads write nothing, so until the new holder's
+// first write the Store's highest token is still the previous holder's, and
+// a write of that holder still in flight is accepted after the read. The
+// new holder then builds on a state that has changed under it, and its own
+// write undoes the late one.
 //
 // # What is not
 //

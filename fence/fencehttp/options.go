@@ -49,7 +49,8 @@ func WithLockNameFunc(f func(*http.Request) string) Option {
 
 // WithUncheckedMethods sets the HTTP methods that pass without a token. The
 // default is GET, HEAD and OPTIONS: reads write nothing. With no methods,
-// every request is checked.
+// every request is checked. A claim (HeaderClaim) is checked whatever its
+// method: a new holder's first read is what it protects.
 func WithUncheckedMethods(methods ...string) Option {
 	return func(o *options) error {
 		o.unchecked = make(map[string]bool, len(methods))
@@ -69,7 +70,9 @@ func WithUncheckedMethods(methods ...string) Option {
 // make its write through the Store's atomic check (a fence.Txn guarded by
 // EtcdStore.Guard, or MemoryStore.Do) and answer a refusal with WriteError.
 // It saves the separate check's round trip; a handler that writes any
-// other way writes unfenced.
+// other way writes unfenced. A request carrying HeaderClaim is still
+// recorded by the middleware before the handler runs, since a read made by
+// the handler does not go through the Store and would record nothing.
 func WithCheckInHandler() Option {
 	return func(o *options) error {
 		o.inHandler = true
