@@ -117,12 +117,8 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 	if err := t.validate(); err != nil {
 		return nil, err
 	}
-	for _, g := range t.guards {
-		if g.kind == heldGuard {
-			if err := Ended(g.holder); err != nil {
-				return nil, &NotHeldError{Key: g.key, Token: g.token, Cause: err}
-			}
-		}
+	if err := t.holdersEnded(); err != nil {
+		return nil, err
 	}
 	// A one-level shape first (onelevel.go): building the full one would
 	// cost a holder's every write most of the client's share of it, and
@@ -154,6 +150,19 @@ func (t *Txn) commit() (*clientv3.TxnResponse, error) {
 		t.noteRecorded()
 	}
 	return resp, err
+}
+
+// holdersEnded is the error of a Held guard whose holder already knows
+// it has ended: nothing is sent for it.
+func (t *Txn) holdersEnded() error {
+	for _, g := range t.guards {
+		if g.kind == heldGuard {
+			if err := Ended(g.holder); err != nil {
+				return &NotHeldError{Key: g.key, Token: g.token, Cause: err}
+			}
+		}
+	}
+	return nil
 }
 
 // ended is the error of a transaction whose ctx has ended: known not

@@ -3,14 +3,12 @@ package lease_test
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -144,17 +142,7 @@ func TestContextOfEndedLock(t *testing.T) {
 // while it keeps trying, and counts it in the hooks.
 func TestRunWarnsWhileUnanswered(t *testing.T) {
 	etcdtest.LeakCheck(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nobody listens there now
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli, addr := etcdtest.Unanswered(t)
 	core, logs := observer.New(zap.WarnLevel)
 	unanswered := make(chan time.Duration, 1)
 	hooks := &lease.Hooks{Unanswered: func(d time.Duration) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
@@ -248,17 +246,7 @@ func TestUnansweredGrantCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.MustRegister(m)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nobody listens there now
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli, _ := etcdtest.Unanswered(t)
 	hooks := m.LeaseHooks()
 	reported := make(chan struct{})
 	count := hooks.Unanswered
