@@ -88,9 +88,12 @@ func (s *Server) Client(t testing.TB) *clientv3.Client {
 }
 
 // RevokeLease revokes a lease, as an operator or an expiry would end it:
-// every key attached to it goes at once, and the session that kept it
-// alive sees its lease gone (Session.Done closes, its locks report
-// lease.ErrLeaseExpired). A lease already gone is not an error.
+// every key attached to it goes at once. The session's locks end at once
+// with an error wrapping lease.ErrLost (usually lease.ErrKeyDeleted: the
+// deletion of their keys reaches them before the session's next
+// keep-alive), and the session ends with lease.ErrLeaseExpired once it
+// learns the lease is gone, within a third of its TTL, or at once if it
+// sends a request on the lease. A lease already gone is not an error.
 func (s *Server) RevokeLease(t testing.TB, id clientv3.LeaseID) {
 	t.Helper()
 	cli := s.Client(t)
