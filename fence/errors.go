@@ -43,7 +43,7 @@ type NotHeldError struct {
 	// was sent; nil when etcd refused the guard.
 	Cause error
 	// Detached: the key still has the token, but someone else's put
-	// moved it off its lease, so it no longer goes with the holder.
+	// left it with no lease, so it no longer goes with the holder.
 	Detached bool
 }
 

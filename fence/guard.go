@@ -61,8 +61,10 @@ type Guard struct {
 // Held is the lock-service check: the lock key still exists with the
 // holder's token, attached to a lease, so the holder has not lost the
 // lock, at the moment etcd applies the transaction. (A put by someone
-// else that drops the key's lease keeps its creation revision; Held
-// refuses such a key.) Use it for state kept in the same etcd as the
+// else with no lease, as etcdctl put makes, keeps the key's creation
+// revision and drops its lease; Held refuses such a key. A put that moves
+// the key to another lease is not told apart by Held; the holder's own
+// Lock sees it and ends.) Use it for state kept in the same etcd as the
 // lock.
 //
 // If the holder also has an Err method (as *lease.Lock does) and it reports

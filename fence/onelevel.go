@@ -47,7 +47,8 @@ func (t *Txn) oneLevel(raise bool) (cmps []clientv3.Cmp, then, els []clientv3.Op
 			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "<", enc+"\x00"), unleased(g.key))
 			then = append(then, clientv3.OpPut(g.key, enc))
 		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "=", enc))
+			// A leased key holding a token's encoding is still no record.
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(g.key), "=", enc), unleased(g.key))
 		}
 		els = append(els, clientv3.OpGet(g.key))
 	}

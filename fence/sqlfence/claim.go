@@ -28,9 +28,11 @@ import (
 //
 // An equal token passes, and a higher one recorded in the row refuses the
 // claim with a *fence.StaleError (errors.Is fence.ErrStale) naming both
-// tokens, having changed nothing. On PostgreSQL the claim also locks the
-// row until its transaction ends: a lower write on another connection
-// waits, and is refused once the claim commits.
+// tokens, having changed nothing. On PostgreSQL the claim of a row that
+// exists also locks it until the claim's transaction ends: a lower write
+// on another connection waits, and is refused once the claim commits (a
+// lower Update of a row the claim is creating finds no row, ErrMissing;
+// a lower Upsert waits and is refused).
 //
 // A missing row can only be created if every other column of the table
 // has a default or accepts NULL; otherwise the claim fails with an error
@@ -61,7 +63,10 @@ func (f *Fence) claim(ctx context.Context, ex Execer, id any, token int64) error
 	upd := fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s = %s AND %s <= %s",
 		f.table, f.token, f.placeholder(1), f.col(f.id), f.placeholder(2), f.col(f.token), f.placeholder(3))
 	err := f.exec(ctx, ex, stmt{op: "claim", q: upd, args: []any{token, id, token}, id: id, token: token, mayBeMissing: true})
-	if !errors.Is(err, ErrMissing) {
+	// ErrChanged here is a row the UPDATE did not see (another
+	// transaction was inserting it) that holds a lower token by the time
+	// it is read: as for a missing row, the INSERT decides.
+	if !errors.Is(err, ErrMissing) && !errors.Is(err, ErrChanged) {
 		return err
 	}
 	ins := fmt.Sprintf("INSERT INTO %s (%s, %s) VALUES (%s, %s) ON CONFLICT (%s) DO UPDATE SET %s = excluded.%s WHERE %s",

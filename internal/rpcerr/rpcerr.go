@@ -6,6 +6,7 @@ package rpcerr
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -32,10 +33,22 @@ func Definite(err error) bool {
 	}
 	switch code(err) {
 	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated,
-		codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+		codes.FailedPrecondition, codes.OutOfRange:
 		return true
+	case codes.ResourceExhausted:
+		// etcd refuses a request too large (or too many) before applying
+		// it; but the client also says ResourceExhausted when the answer
+		// to a request etcd did apply is larger than it accepts.
+		return !tooLargeAnswer(err)
 	}
 	return false
+}
+
+// tooLargeAnswer tells whether err is the client's refusal of an answer
+// larger than its receive limit: the request reached etcd, and may have
+// been applied.
+func tooLargeAnswer(err error) bool {
+	return strings.Contains(status.Convert(err).Message(), "received message larger than max")
 }
 
 // Transient tells whether a failed request may succeed if sent again while
