@@ -80,45 +80,82 @@ func session(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Se
 	return s
 }
 
+// opsState is what TestLockctl sets up: a lock held by holder with
+// waiter queued behind it, an election won with a value, a data key that
+// is not a lock, and a fence record of holder's token.
+type opsState struct {
+	pfx, shard, sched string
+	holder            *lease.Lock
+	waiter            *lease.Session
+	granted           chan grant // the waiter's Lock, once it returns
+}
+
+// grant is what a Lock call returned.
+type grant struct {
+	l   *lease.Lock
+	err error
+}
+
 func TestLockctl(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pfx := etcdtest.Name(t, "ops")
-	shard, sched := pfx+"/shards/7", pfx+"/scheduler"
-	holder, err := session(t, cli).Lock(ctx, shard)
-	if err != nil {
+	o := setUpOps(ctx, t, cli)
+	checkList(t, o)
+	checkShowRecords(t, o)
+	checkReleaseRefused(t, o)
+	lines := watchRelease(ctx, t, o)
+	var first, second handoff
+	if json.Unmarshal([]byte(lines[0]), &first) != nil || json.Unmarshal([]byte(lines[1]), &second) != nil ||
+		first.Token != o.holder.Token() || second.Token <= first.Token || second.Lease != fmt.Sprintf("%x", int64(o.waiter.Lease())) {
+		t.Fatalf("watch lines %q", lines)
+	}
+	g := <-o.granted // the waiter's Lock returns once it has read its grant
+	if g.err != nil {
+		t.Fatalf("the waiter: %v", g.err)
+	}
+	if err := g.l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	type grant struct {
-		l   *lease.Lock
-		err error
-	}
-	granted := make(chan grant, 1)
-	waiter := session(t, cli)
-	go func() {
-		l, err := waiter.Lock(ctx, shard)
-		granted <- grant{l, err}
-	}()
-	if _, err := session(t, cli).Campaign(ctx, sched, "10.0.0.7:8080"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, shard+"/checkpoint", "offset 42"); err != nil { // data, not a lock
-		t.Fatal(err)
-	}
-	for _, tok := range []int64{holder.Token()} {
-		if _, err := fence.NewTxn(ctx, cli, fence.Resource(pfx+"/fences/shard-7", tok)).Then(clientv3.OpPut(pfx+"/data", "x")).Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitEntries(ctx, t, cli, shard, 2) // the waiter queues
+}
 
-	out, err := lockctl(t, "list", pfx)
+// setUpOps sets up TestLockctl's opsState; the waiter's Lock ends with
+// ctx at the latest.
+func setUpOps(ctx context.Context, t *testing.T, cli *clientv3.Client) opsState {
+	t.Helper()
+	pfx := etcdtest.Name(t, "ops")
+	o := opsState{pfx: pfx, shard: pfx + "/shards/7", sched: pfx + "/scheduler", granted: make(chan grant, 1)}
+	var err error
+	if o.holder, err = session(t, cli).Lock(ctx, o.shard); err != nil {
+		t.Fatal(err)
+	}
+	o.waiter = session(t, cli)
+	go func() {
+		l, err := o.waiter.Lock(ctx, o.shard)
+		o.granted <- grant{l, err}
+	}()
+	if _, err := session(t, cli).Campaign(ctx, o.sched, "10.0.0.7:8080"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, o.shard+"/checkpoint", "offset 42"); err != nil { // data, not a lock
+		t.Fatal(err)
+	}
+	if _, err := fence.NewTxn(ctx, cli, fence.Resource(pfx+"/fences/shard-7", o.holder.Token())).Then(clientv3.OpPut(pfx+"/data", "x")).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitEntries(ctx, t, cli, o.shard, 2) // the waiter queues
+	return o
+}
+
+// checkList checks what list prints of o, as a table and as JSON.
+func checkList(t *testing.T, o opsState) {
+	t.Helper()
+	out, err := lockctl(t, "list", o.pfx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{shard, sched, fmt.Sprint(holder.Token()), holder.Key(), `"10.0.0.7:8080"`} {
+	for _, want := range []string{o.shard, o.sched, fmt.Sprint(o.holder.Token()), o.holder.Key(), `"10.0.0.7:8080"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("list: no %q in\n%s", want, out)
 		}
@@ -126,72 +163,74 @@ func TestLockctl(t *testing.T) {
 	if strings.Contains(out, "checkpoint") {
 		t.Errorf("list shows a data key as a lock:\n%s", out)
 	}
-	out, err = lockctl(t, "-json", "list", pfx)
+	out, err = lockctl(t, "-json", "list", o.pfx)
 	var locks []lockInfo
 	if err != nil || json.Unmarshal([]byte(out), &locks) != nil || len(locks) != 2 {
 		t.Fatalf("list -json: %v %q", err, out)
 	}
 	for _, l := range locks {
-		if l.Name == shard && (l.Waiters != 1 || l.Holder.Token != holder.Token() || l.Holder.TTLSeconds <= 0) {
-			t.Errorf("list -json for %s: %+v", shard, l)
+		if l.Name == o.shard && (l.Waiters != 1 || l.Holder.Token != o.holder.Token() || l.Holder.TTLSeconds <= 0) {
+			t.Errorf("list -json for %s: %+v", o.shard, l)
 		}
 	}
+}
 
-	out, err = lockctl(t, "show", shard)
-	if err != nil || !strings.Contains(out, "holder") || strings.Count(out, pfx) != 2 {
+// checkShowRecords checks what show and records print of o.
+func checkShowRecords(t *testing.T, o opsState) {
+	t.Helper()
+	out, err := lockctl(t, "show", o.shard)
+	if err != nil || !strings.Contains(out, "holder") || strings.Count(out, o.pfx) != 2 {
 		t.Fatalf("show: %v\n%s", err, out)
 	}
-	out, err = lockctl(t, "records", pfx+"/fences/")
-	if err != nil || !strings.Contains(out, fmt.Sprint(holder.Token())) {
+	out, err = lockctl(t, "records", o.pfx+"/fences/")
+	if err != nil || !strings.Contains(out, fmt.Sprint(o.holder.Token())) {
 		t.Fatalf("records: %v\n%s", err, out)
 	}
+}
 
-	// release: refused with a wrong token, and nothing deleted.
-	if _, err := lockctl(t, "release", "-token", fmt.Sprint(holder.Token()+1000), shard); err == nil || !strings.Contains(err.Error(), "not the holder's") {
+// checkReleaseRefused checks that release refuses a wrong token, and no
+// token, and deletes nothing.
+func checkReleaseRefused(t *testing.T, o opsState) {
+	t.Helper()
+	if _, err := lockctl(t, "release", "-token", fmt.Sprint(o.holder.Token()+1000), o.shard); err == nil || !strings.Contains(err.Error(), "not the holder's") {
 		t.Fatalf("release with a wrong token: %v", err)
 	}
-	if holder.Err() != nil {
-		t.Fatalf("a refused release ended the lock: %v", holder.Err())
+	if o.holder.Err() != nil {
+		t.Fatalf("a refused release ended the lock: %v", o.holder.Err())
 	}
-	if _, err := lockctl(t, "release", shard); err == nil {
+	if _, err := lockctl(t, "release", o.shard); err == nil {
 		t.Fatal("release without -token ran")
 	}
-	// watch the handoff that release causes.
+}
+
+// watchRelease releases o's holder with its token while lockctl -json
+// watch runs, checks the release, and returns watch's lines: the holder,
+// then its successor.
+func watchRelease(ctx context.Context, t *testing.T, o opsState) []string {
+	t.Helper()
 	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
 	var watchOut lockedBuffer
 	watched := make(chan error, 1)
 	go func() {
-		watched <- run(watchCtx, []string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "-json", "watch", shard}, &watchOut, "alice@ops-1")
+		watched <- run(watchCtx, []string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "-json", "watch", o.shard}, &watchOut, "alice@ops-1")
 	}()
 	waitLines(t, &watchOut, 1) // watch has shown the current holder
-	out, err = lockctl(t, "release", "-token", fmt.Sprint(holder.Token()), shard)
-	if err != nil || !strings.HasPrefix(out, "audit: ") || !strings.Contains(out, "operator=alice@ops-1") || !strings.Contains(out, holder.Key()) {
+	out, err := lockctl(t, "release", "-token", fmt.Sprint(o.holder.Token()), o.shard)
+	if err != nil || !strings.HasPrefix(out, "audit: ") || !strings.Contains(out, "operator=alice@ops-1") || !strings.Contains(out, o.holder.Key()) {
 		t.Fatalf("release: %v\n%s", err, out)
 	}
-	<-holder.Done()
-	if !errors.Is(holder.Err(), lease.ErrKeyDeleted) {
-		t.Fatalf("released holder ended with %v", holder.Err())
+	<-o.holder.Done()
+	if !errors.Is(o.holder.Err(), lease.ErrKeyDeleted) {
+		t.Fatalf("released holder ended with %v", o.holder.Err())
 	}
 	waitLines(t, &watchOut, 2) // and the handoff
-
 	stopWatch()
 	if err := <-watched; err != nil {
 		t.Fatalf("watch: %v", err)
 	}
-	lines := strings.Split(strings.TrimSpace(watchOut.String()), "\n")
-	var first, second handoff
-	if json.Unmarshal([]byte(lines[0]), &first) != nil || json.Unmarshal([]byte(lines[1]), &second) != nil ||
-		first.Token != holder.Token() || second.Token <= first.Token || second.Lease != fmt.Sprintf("%x", int64(waiter.Lease())) {
-		t.Fatalf("watch lines %q", lines)
-	}
-	t.Logf("$ lockctl -json watch %s\n%s", shard, watchOut.String())
-	g := <-granted // the waiter's Lock returns once it has read its grant
-	if g.err != nil {
-		t.Fatalf("the waiter: %v", g.err)
-	}
-	if err := g.l.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	t.Logf("$ lockctl -json watch %s\n%s", o.shard, watchOut.String())
+	return strings.Split(strings.TrimSpace(watchOut.String()), "\n")
 }
 
 // waitLines waits until out has n lines, for at most 10 s.
@@ -312,21 +351,7 @@ func TestLockctlReaders(t *testing.T) {
 		writer <- err
 	}()
 	waitEntries(ctx, t, cli, name, 3) // the writer queues
-	out, err := lockctl(t, "show", name)
-	var rows []string
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
-		f := strings.Fields(line)
-		rows = append(rows, f[0]+" "+f[1])
-	}
-	if err != nil || strings.Join(rows, ", ") != "holder read, holder read, 1 write" {
-		t.Fatalf("show with two readers and a waiting writer: %v, rows %q\n%s", err, rows, out)
-	}
-	out, err = lockctl(t, "-json", "list", name)
-	var locks []lockInfo
-	if err != nil || json.Unmarshal([]byte(out), &locks) != nil || len(locks) != 1 ||
-		locks[0].Holders != 2 || locks[0].Waiters != 1 || locks[0].Holder.Mode != "read" {
-		t.Fatalf("list -json: %v %q", err, out)
-	}
+	checkReadersShown(t, name)
 	if _, err := lockctl(t, "release", "-token", fmt.Sprint(r2.Token()), name); err != nil {
 		t.Fatalf("release of the second reader: %v", err)
 	}
@@ -343,5 +368,26 @@ func TestLockctlReaders(t *testing.T) {
 	}
 	if err := <-writer; err != nil {
 		t.Fatalf("writer after the readers: %v", err)
+	}
+}
+
+// checkReadersShown checks that show and list -json count the two readers
+// holding name as holders, and the writer as waiting.
+func checkReadersShown(t *testing.T, name string) {
+	t.Helper()
+	out, err := lockctl(t, "show", name)
+	var rows []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		f := strings.Fields(line)
+		rows = append(rows, f[0]+" "+f[1])
+	}
+	if err != nil || strings.Join(rows, ", ") != "holder read, holder read, 1 write" {
+		t.Fatalf("show with two readers and a waiting writer: %v, rows %q\n%s", err, rows, out)
+	}
+	out, err = lockctl(t, "-json", "list", name)
+	var locks []lockInfo
+	if err != nil || json.Unmarshal([]byte(out), &locks) != nil || len(locks) != 1 ||
+		locks[0].Holders != 2 || locks[0].Waiters != 1 || locks[0].Holder.Mode != "read" {
+		t.Fatalf("list -json: %v %q", err, out)
 	}
 }
