@@ -326,9 +326,8 @@ func openTable(ctx context.Context, dsn string, out io.Writer) (db *sql.DB, f *s
 	if f, err = sqlfence.New(dialect, table, "shard"); err != nil {
 		return nil, nil, nil, err
 	}
-	// Defaults on every column: a claim inserts only the key and the token,
-	// and the database checks that row's NOT NULL columns even when the
-	// row exists.
+	// Defaults on every column: each run's shard is new, so A's first
+	// claim creates the row, with only the key and the token.
 	ddl := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (shard TEXT PRIMARY KEY, committed_offset BIGINT NOT NULL DEFAULT 0, owner TEXT NOT NULL DEFAULT '', %s)`, table, f.ColumnDDL())
 	if _, err = db.ExecContext(ctx, ddl); err != nil {
 		return nil, nil, nil, fmt.Errorf("creating %s: %w", table, err)

@@ -34,10 +34,9 @@ func (a *afterFirstExec) ExecContext(ctx context.Context, q string, args ...any)
 // transaction (a claim with token 1) is creating. The claim's UPDATE does
 // not see the uncommitted row and changes nothing; the other transaction
 // commits; the read-back then finds the row with token 1. No higher token
-// was ever recorded, so the claim should raise the row to 4 (its INSERT
-// ... ON CONFLICT would), or at worst say the row was missing. It reports
-// ErrChanged, "refused by a higher token", which Claim's doc does not
-// list, and the row stays at 1.
+// was ever recorded, so the claim must go on and raise the row to 4, not
+// stop at ErrChanged ("refused by a higher token", which Claim's doc does
+// not list) and leave the row at 1, as it once did.
 func TestReviewClaimRowInsertedMeanwhile(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	pg := backends()[1]

@@ -73,33 +73,41 @@ func TestReviewClaimConcurrent(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			n := map[string]int{}
-			for _, w := range ops {
-				for _, op := range w {
-					var se *fence.StaleError
-					switch {
-					case op.err == nil:
-						n[op.kind]++
-					case errors.As(op.err, &se) && se.Token == op.token && se.Highest > op.token:
-						n[op.kind+" stale"]++
-					case op.kind == "update" && errors.Is(op.err, sqlfence.ErrMissing):
-						n[op.kind+" missing"]++
-					case errors.Is(op.err, sqlfence.ErrChanged):
-						// PostgreSQL: the row was inserted by another
-						// transaction between the UPDATE's snapshot and the
-						// read-back. Nothing was written, but no higher
-						// token refused it either: see
-						// TestReviewClaimRowInsertedMeanwhile.
-						n[op.kind+" changed"]++
-					default:
-						t.Errorf("%s with token %d: %v", op.kind, op.token, op.err)
-					}
-				}
-			}
+			n := reviewOutcomes(t, ops)
 			t.Logf("outcomes: %v", n)
 			checkSQLLog(ctx, t, db, f, logT)
 		})
 	}
+}
+
+// reviewOutcomes counts the outcomes of TestReviewClaimConcurrent's
+// transactions by kind, and fails the test on any it does not allow.
+func reviewOutcomes(t *testing.T, ops [][]reviewSQLOp) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for _, w := range ops {
+		for _, op := range w {
+			var se *fence.StaleError
+			switch {
+			case op.err == nil:
+				n[op.kind]++
+			case errors.As(op.err, &se) && se.Token == op.token && se.Highest > op.token:
+				n[op.kind+" stale"]++
+			case op.kind == "update" && errors.Is(op.err, sqlfence.ErrMissing):
+				n[op.kind+" missing"]++
+			case errors.Is(op.err, sqlfence.ErrChanged):
+				// PostgreSQL: the row was inserted by another
+				// transaction between the UPDATE's snapshot and the
+				// read-back. Nothing was written, but no higher token
+				// refused it either: see
+				// TestReviewClaimRowInsertedMeanwhile.
+				n[op.kind+" changed"]++
+			default:
+				t.Errorf("%s with token %d: %v", op.kind, op.token, op.err)
+			}
+		}
+	}
+	return n
 }
 
 func reviewSQLStep(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table, logIns, kind string, tok int64, val string) error {

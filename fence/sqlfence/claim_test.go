@@ -381,9 +381,10 @@ func TestOtherColumnMissing(t *testing.T) {
 }
 
 // TestClaimLocksRow (PostgreSQL): a claim in an open transaction holds the
-// row, so a lower Update on a second connection waits for it. Once the
-// claim commits, the Update is refused; had it rolled back, the Update
-// goes through.
+// row, so a lower Update in a transaction on a second connection waits
+// for it. Once the claim commits, the Update is refused; had it rolled
+// back, the Update goes through. The order comes from the claim's
+// transaction boundary, not from timing.
 func TestClaimLocksRow(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	pg := backends()[1]
@@ -419,9 +420,10 @@ func TestClaimLocksRow(t *testing.T) {
 }
 
 // updateBehindClaim claims row "a" with token 6 in a transaction it leaves
-// open, starts an Update of it with token 3 on another connection, and
-// returns once PostgreSQL shows that Update waiting for the claim's
-// transaction, having checked that it has not returned.
+// open, starts an Update of it with token 3 in a transaction on another
+// connection (committed if the Update passes), and returns once
+// PostgreSQL shows that Update waiting for the claim's transaction,
+// having checked that it has not returned.
 func updateBehindClaim(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fence) (*sql.Tx, <-chan error) {
 	t.Helper()
 	claimConn, claimPid := conn(ctx, t, db)
@@ -434,8 +436,19 @@ func updateBehindClaim(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfenc
 	if err := f.Claim(ctx, tx, "a", 6); err != nil {
 		t.Fatalf("claim: %v", err)
 	}
+	writeTx, err := writeConn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writeTx.Rollback() })
 	done := make(chan error, 1)
-	go func() { done <- f.Update(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")) }()
+	go func() {
+		err := f.Update(ctx, writeTx, "a", 3, sqlfence.Set("payload", "late"))
+		if err == nil {
+			err = writeTx.Commit()
+		}
+		done <- err
+	}()
 	awaitBlocked(ctx, t, db, writePid, claimPid)
 	select {
 	case err := <-done:

@@ -16,18 +16,27 @@
 // # Resuming a holding: Claim
 //
 // A new holder of the lock that reads the row before it writes must first
-// claim the row with its token, in the transaction of that read. Without
-// the claim, the row still accepts the previous holder's token until the
-// new holder's first write, so a commit the previous holder had in flight
-// can land after the new holder's read, and the new holder then builds on
-// a state that changed under it (an offset that goes back, say). After
-// the claim no lower token writes the row, and a claim refused with a
-// *fence.StaleError tells the holder that a newer one has taken over. A
-// claim of a missing row creates it with only its id and token, so the
-// table's other columns need defaults (or must accept NULL) for Claim to
-// work at all, on existing rows too. On PostgreSQL a lower write that
-// arrives while the claim's transaction is open waits for it and is
-// refused once it commits.
+// claim the row with its token (Fence.Claim), in the transaction of that
+// read, and read after the claim. Without the claim, the row still
+// accepts the previous holder's token until the new holder's first write,
+// so a commit the previous holder had in flight can land after the new
+// holder's read, and the new holder then builds on a state that changed
+// under it (an offset that goes back, say). From the claim on, no lower
+// token writes the row. A claim with the token the row already has
+// passes; a claim refused with a *fence.StaleError changes nothing and
+// tells the holder that a newer one has taken over.
+//
+// A claim of a row that exists works on any table. A claim of a missing
+// row creates it with only its id and token, so it needs the table's
+// other columns to have defaults (or accept NULL); otherwise it fails with
+// an error that says so: create the row first, with Upsert, or give those
+// columns defaults.
+//
+// On PostgreSQL a lower write that reaches the row while the claim's
+// transaction is still open waits for that transaction, and is refused
+// once it commits; if it rolls back, the claim is undone and the write
+// goes through. (A lower Update of a row that the open claim is creating
+// does not wait: it finds no row, ErrMissing.)
 //
 // Guaranteed: a write whose token is lower than one the row has accepted
 // or claimed never lands, whatever happened to the lock in between,

@@ -140,19 +140,25 @@ func TestFencedWrites(t *testing.T) {
 			if p, tok := payload(t, db, table, "a"); p != "10" || tok != 10 {
 				t.Fatalf("row = %q@%d, want 10@10", p, tok)
 			}
-			// Inside the caller's transaction: rolled back, nothing lands.
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := f.Update(ctx, tx, "a", 11, sqlfence.Set("payload", "eleven")); err != nil {
-				t.Fatal(err)
-			}
-			tx.Rollback()
-			if p, tok := payload(t, db, table, "a"); p != "10" || tok != 10 {
-				t.Fatalf("row = %q@%d after rollback, want 10@10", p, tok)
-			}
+			rolledBack(ctx, t, db, f, table)
 		})
+	}
+}
+
+// rolledBack: a write inside the caller's transaction, rolled back, leaves
+// row "a" (10@10) as it was.
+func rolledBack(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fence, table string) {
+	t.Helper()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Update(ctx, tx, "a", 11, sqlfence.Set("payload", "eleven")); err != nil {
+		t.Fatal(err)
+	}
+	tx.Rollback()
+	if p, tok := payload(t, db, table, "a"); p != "10" || tok != 10 {
+		t.Fatalf("row = %q@%d after rollback, want 10@10", p, tok)
 	}
 }
 

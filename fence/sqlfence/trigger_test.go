@@ -2,6 +2,7 @@ package sqlfence_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -16,7 +17,7 @@ import (
 // TestTriggerRefusesLowering installs the trigger (twice) and checks that
 // a hand-written UPDATE that lowers the token is refused by the database
 // itself, that one that raises it passes, and that the fence's own writes
-// keep working and keep reporting stale tokens as such.
+// and claims keep working and keep reporting stale tokens as such.
 func TestTriggerRefusesLowering(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	for _, b := range backends() {
@@ -33,46 +34,76 @@ func TestTriggerRefusesLowering(t *testing.T) {
 			if err := f.Upsert(ctx, db, "a", 10, sqlfence.Set("payload", "ten")); err != nil {
 				t.Fatal(err)
 			}
-			_, err := db.ExecContext(ctx, fmt.Sprintf(`UPDATE %s SET payload = 'admin', fence_token = 3 WHERE id = 'a'`, table))
-			if err == nil {
-				t.Fatal("a hand-written UPDATE lowered the token")
-			}
-			stale := f.TriggerRefusal(err, "a")
-			if stale == nil || !errors.Is(stale, fence.ErrStale) || stale.Token != 3 || stale.Highest != 10 {
-				t.Fatalf("TriggerRefusal(%v) = %v, want a StaleError 3 below 10", err, stale)
-			}
-			if p, tok := payload(t, db, table, "a"); p != "ten" || tok != 10 {
-				t.Fatalf("row = %q@%d after the refused UPDATE, want ten@10", p, tok)
-			}
-			if f.TriggerRefusal(errors.New("some other error"), "a") != nil {
-				t.Fatal("TriggerRefusal took another error for a refusal")
-			}
-			// Same token and higher: allowed, as are updates of other columns.
-			for _, stmt := range []string{
-				fmt.Sprintf(`UPDATE %s SET payload = 'same' WHERE id = 'a'`, table),
-				fmt.Sprintf(`UPDATE %s SET payload = 'admin', fence_token = 12 WHERE id = 'a'`, table),
-			} {
-				if _, err := db.ExecContext(ctx, stmt); err != nil {
-					t.Fatalf("%s: %v", stmt, err)
-				}
-			}
-			if p, tok := payload(t, db, table, "a"); p != "admin" || tok != 12 {
-				t.Fatalf("row = %q@%d, want admin@12", p, tok)
-			}
-			// The fence's own writes, with the trigger in place.
-			if err := f.Update(ctx, db, "a", 13, sqlfence.Set("payload", "thirteen")); err != nil {
-				t.Fatalf("fenced Update: %v", err)
-			}
-			for _, write := range []func() error{
-				func() error { return f.Update(ctx, db, "a", 11, sqlfence.Set("payload", "stale")) },
-				func() error { return f.Upsert(ctx, db, "a", 11, sqlfence.Set("payload", "stale")) },
-			} {
-				var se *fence.StaleError
-				if err := write(); !errors.As(err, &se) || se.Highest != 13 || se.Token != 11 {
-					t.Fatalf("stale fenced write: %v, want StaleError 11 < 13", err)
-				}
-			}
+			handWrittenLowering(ctx, t, db, f, table)
+			handWrittenRaising(ctx, t, db, table)
+			fencedBesideTrigger(ctx, t, db, f, table)
 		})
+	}
+}
+
+// handWrittenLowering: an UPDATE that lowers row "a" from 10 to 3 without
+// the fence is refused by the trigger, and TriggerRefusal reads it.
+func handWrittenLowering(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fence, table string) {
+	t.Helper()
+	_, err := db.ExecContext(ctx, fmt.Sprintf(`UPDATE %s SET payload = 'admin', fence_token = 3 WHERE id = 'a'`, table))
+	if err == nil {
+		t.Fatal("a hand-written UPDATE lowered the token")
+	}
+	stale := f.TriggerRefusal(err, "a")
+	if stale == nil || !errors.Is(stale, fence.ErrStale) || stale.Token != 3 || stale.Highest != 10 {
+		t.Fatalf("TriggerRefusal(%v) = %v, want a StaleError 3 below 10", err, stale)
+	}
+	if p, tok := payload(t, db, table, "a"); p != "ten" || tok != 10 {
+		t.Fatalf("row = %q@%d after the refused UPDATE, want ten@10", p, tok)
+	}
+	if f.TriggerRefusal(errors.New("some other error"), "a") != nil {
+		t.Fatal("TriggerRefusal took another error for a refusal")
+	}
+}
+
+// handWrittenRaising: the trigger lets through hand-written updates that
+// keep the token or raise it (to 12).
+func handWrittenRaising(ctx context.Context, t *testing.T, db *sql.DB, table string) {
+	t.Helper()
+	for _, stmt := range []string{
+		fmt.Sprintf(`UPDATE %s SET payload = 'same' WHERE id = 'a'`, table),
+		fmt.Sprintf(`UPDATE %s SET payload = 'admin', fence_token = 12 WHERE id = 'a'`, table),
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	if p, tok := payload(t, db, table, "a"); p != "admin" || tok != 12 {
+		t.Fatalf("row = %q@%d, want admin@12", p, tok)
+	}
+}
+
+// fencedBesideTrigger: with the trigger in place, the fence's own writes
+// and claims on row "a" (at 12) pass when they keep or raise the token,
+// and lower ones are refused as stale by the fence, not failed by the
+// trigger.
+func fencedBesideTrigger(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fence, table string) {
+	t.Helper()
+	if err := f.Update(ctx, db, "a", 13, sqlfence.Set("payload", "thirteen")); err != nil {
+		t.Fatalf("fenced Update: %v", err)
+	}
+	for _, tok := range []int64{13, 14} {
+		if err := f.Claim(ctx, db, "a", tok); err != nil {
+			t.Fatalf("claim with token %d: %v", tok, err)
+		}
+	}
+	for _, write := range []func() error{
+		func() error { return f.Update(ctx, db, "a", 11, sqlfence.Set("payload", "stale")) },
+		func() error { return f.Upsert(ctx, db, "a", 11, sqlfence.Set("payload", "stale")) },
+		func() error { return f.Claim(ctx, db, "a", 11) },
+	} {
+		var se *fence.StaleError
+		if err := write(); !errors.As(err, &se) || se.Highest != 14 || se.Token != 11 {
+			t.Fatalf("stale fenced write: %v, want StaleError 11 < 14", err)
+		}
+	}
+	if p, tok := payload(t, db, table, "a"); p != "thirteen" || tok != 14 {
+		t.Fatalf("row = %q@%d, want thirteen@14", p, tok)
 	}
 }
 
