@@ -310,9 +310,12 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 			if s != nil {
 				s.Close()
 			}
+			// newSession, not lease.NewSession: the library never reads
+			// the hooks from a context, so only newSession turns the
+			// run's clock rate into the session's scaled clock.
 			sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second+c.cfg.slack)
 			var err error
-			s, err = lease.NewSession(sctx, c.cli, append(sopts, lease.WithTTL(c.cfg.ttl))...)
+			s, err = newSession(sctx, c.cli, append(sopts, lease.WithTTL(c.cfg.ttl))...)
 			cancel()
 			if err != nil {
 				s = nil
