@@ -113,6 +113,7 @@ type runResult struct {
 	history       *History
 	staleAccepted int // the victim's late writes that were accepted
 	lateWrites    int
+	oracle        OracleResult // the lock oracle's verdict on every grant
 }
 
 // events lets clients and the victim wait for what others did: a grant of
@@ -185,6 +186,7 @@ type chaosClient struct {
 	cli     *clientv3.Client
 	rng     *rand.Rand
 	seq     int
+	oracle  *Oracle // told every grant
 }
 
 // hooks is the context the suite's own code sees: the run's mutant and
@@ -323,9 +325,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 			}
 		}
 		name := fmt.Sprint(c.rng.IntN(c.cfg.names))
-		lctx, cancel := context.WithTimeout(ctx, 3*time.Second+c.cfg.slack)
-		l, err := s.Lock(lctx, c.cfg.prefix+"/lock/"+name)
-		cancel()
+		l, err := c.acquire(ctx, s, name)
 		if err != nil {
 			continue
 		}
@@ -333,7 +333,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 		c.ev.grantedTo(c.id)
 		for k := 1 + c.rng.IntN(4); k > 0 && ctx.Err() == nil; k-- {
 			kind := kinds[c.rng.IntN(len(kinds))]
-			if c.rng.IntN(3) == 0 {
+			if c.readNext(l) {
 				c.read(ctx, kind, name)
 				continue
 			}
@@ -345,6 +345,35 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 		}
 		c.release(ctx, l)
 	}
+}
+
+// acquire takes the lock name on s in one of the ways a client can: Lock
+// mostly, sometimes RLock (the holding then only reads), TryLock or
+// TryRLock, so that the lock oracle checks grants of every kind, readers
+// sharing and writers waiting behind them included. A refused try backs
+// off a little rather than asking again at once.
+func (c *chaosClient) acquire(ctx context.Context, s *lease.Session, name string) (*lease.Lock, error) {
+	lctx, cancel := context.WithTimeout(ctx, 3*time.Second+c.cfg.slack)
+	defer cancel()
+	how := []func(context.Context, string) (*lease.Lock, error){s.RLock, s.TryLock, s.TryRLock}
+	take := s.Lock
+	if i := c.rng.IntN(8); i < len(how) {
+		take = how[i]
+	}
+	l, err := take(lctx, c.cfg.prefix+"/lock/"+name)
+	if errors.Is(err, lease.ErrLocked) {
+		rest(ctx, time.Duration(10+c.rng.IntN(40))*time.Millisecond)
+	}
+	if err == nil && c.oracle != nil {
+		c.oracle.Granted(c.id, s, l) // before anything else: see Granted
+	}
+	return l, err
+}
+
+// readNext tells whether the holding's next operation is a read: always
+// for a read holding, one in three for a write holding.
+func (c *chaosClient) readNext(l *lease.Lock) bool {
+	return l.Mode() == lease.Read || c.rng.IntN(3) == 0
 }
 
 // release unlocks l, again while etcd's answer is missing (a timeout, a
@@ -499,6 +528,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 		t.Fatal(err)
 	}
 	defer watchCli.Close()
+	oracle := startOracle(t, ctx, newClient, cfg)
 
 	var latency time.Duration
 	if cfg.fault == faultLatency {
@@ -507,7 +537,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	cfg.sizeForLatency(latency)
 	clients := make([]*chaosClient, cfg.clients)
 	for i := range clients {
-		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i)))}
+		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i))), oracle: oracle}
 		if cfg.net != nil {
 			// Straight from the client's own host: the network is the fault.
 			c.host = cfg.net.clients[i]
@@ -571,7 +601,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	wg.Wait()
 
 	res := runResult{history: h, ops: len(h.Operations()),
-		staleAccepted: int(v.stale.Load()), lateWrites: int(v.late.Load())}
+		staleAccepted: int(v.stale.Load()), lateWrites: int(v.late.Load()), oracle: oracle.Finish(ctx)}
 	switch {
 	case !victimFound:
 		res.why = "no client became the victim"
@@ -584,6 +614,25 @@ func run(t testing.TB, cfg runConfig) runResult {
 	}
 	res.check, res.info = h.Check(20 * time.Second)
 	return res
+}
+
+// startOracle starts the run's lock oracle on a client of its own that,
+// like the victim's watch, reaches the members the way the faults leave
+// alone: not through the clients' proxies, and for a network run from the
+// observer host, which no cut isolates.
+func startOracle(t testing.TB, ctx context.Context, newClient func([]string) (*clientv3.Client, error), cfg runConfig) *Oracle {
+	t.Helper()
+	cli, err := newClient(cfg.endpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	o, err := StartOracle(ctx, cli, cfg.prefix+"/lock/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.Stop)
+	return o
 }
 
 // newSQL opens a SQLite database with the register table, fenced by
@@ -613,6 +662,11 @@ type tally struct {
 	staleAccepted, controlRuns, violations int
 	keeperRuns                             int // valid runs whose clients used a Keeper
 	faults                                 map[fault]int
+	// The lock oracle, over every run, valid or not (a grant is checked
+	// whatever the pause achieved): grants checked, invalid ones, runs
+	// whose history could not cover every grant, and the forged early
+	// grants (flagged of forged).
+	grants, invalidGrants, inconclusive, forged, flagged int
 }
 
 func (s *tally) add(cfg runConfig, r runResult) {
@@ -624,6 +678,13 @@ func (s *tally) add(cfg runConfig, r runResult) {
 	s.runs++
 	s.ops += r.ops
 	s.histories++
+	s.grants += r.oracle.Grants
+	s.invalidGrants += len(r.oracle.Invalid)
+	s.forged += r.oracle.Forged
+	s.flagged += r.oracle.Flagged
+	if r.oracle.Lost != nil {
+		s.inconclusive++
+	}
 	if !r.valid {
 		s.invalid++
 		return
@@ -647,8 +708,9 @@ func (s *tally) line(tier string) string {
 	for _, f := range allFaults {
 		fs = append(fs, fmt.Sprintf("%s=%d", f, s.faults[f]))
 	}
-	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d invalid=%d",
-		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, s.invalid)
+	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d",
+		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, s.invalid,
+		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged)
 }
 
 // report fails the test for a fenced run whose history the checker did not

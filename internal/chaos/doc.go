@@ -34,7 +34,20 @@
 //     fails; a run whose pause did not end in an expiry and a successor's
 //     write is counted invalid, not passed. The unfenced control then runs
 //     the same chaos with writes that skip the fence, and the checker must
-//     find violations.
+//     find violations. Clients take their locks with Lock mostly, and
+//     sometimes RLock (then only reading), TryLock or TryRLock.
+//   - The lock oracle (oracle.go), in every chaos run and the flapping
+//     scenario: a watch opened before the clients start records every
+//     change under the run's lock names, and each grant a client received
+//     is checked against it: valid only if, at some revision between its
+//     token and a linearizable read made after Lock returned, its own key
+//     existed with its token on its session's lease and no older key that
+//     blocks it did (any key blocks a writer, only a writer's a reader).
+//     A history with a gap (a watch reopened past a compaction) makes the
+//     run inconclusive, counted, never passed. Its controls: every grant
+//     that had to wait is forged as decided at its own put and must be
+//     found invalid; scenario 12 (a waiter granted after its key was
+//     deleted, which only the oracle looks at) catches SessionOnlyOwnership.
 //   - TestMutantsAreCaught (build tag leasefence_mutants): deliberate bugs
 //     (fence comparison removed, lease ID or header revision as token,
 //     unguarded Unlock, ownership from Session.Done alone, requested TTL
@@ -56,10 +69,13 @@
 // Each tier prints a summary line (with -v, and appended to the file named
 // by LEASEFENCE_CHAOS_SUMMARY if set): runs, faults by kind, operations,
 // histories checked, stale writes accepted (must be 0), control violations
-// found (must be above 0), invalid runs. A failing run writes its history
+// found (must be above 0), invalid runs, grants checked by the lock oracle,
+// invalid grants (must be 0), runs whose oracle was inconclusive, and the
+// forged early grants flagged of those forged (all, and above 0). A failing run writes its history
 // (JSON) and porcupine's HTML visualization to a new folder under
 // LEASEFENCE_CHAOS_DIR (default: the system's temporary directory) and
 // prints the path.
 //
-// This package's non-test code is the model and the history recorder.
+// This package's non-test code is the model, the history recorder and the
+// lock oracle.
 package chaos

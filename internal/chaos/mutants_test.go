@@ -90,6 +90,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		"3 token reuse":       scenarioTokenReuse,
 		"4 unlock after loss": scenarioUnlockAfterLoss,
 		"7 waiter ends":       scenarioWaiterEnds,
+		"12 lock oracle":      scenarioOracleKeyDeleted,
 		"6 ambiguous":         scenarioAmbiguous,
 		"5 loss before expiry": func(tb testing.TB, ctx context.Context) error {
 			if defaultTiming == nil {
@@ -127,7 +128,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		seam.LeaseIDToken:         {"0 tokens"},
 		seam.HeaderRevisionToken:  {"0 tokens"},
 		seam.UnguardedUnlock:      {"4 unlock after loss"},
-		seam.SessionOnlyOwnership: {"4 unlock after loss", "7 waiter ends"},
+		seam.SessionOnlyOwnership: {"4 unlock after loss", "7 waiter ends", "12 lock oracle"},
 		seam.RequestedTTL:         {"5 loss before expiry"},
 	}
 	for _, m := range seam.Mutants() {
@@ -151,7 +152,7 @@ func TestMutantsAreCaught(t *testing.T) {
 	}
 	// And without a mutant, the same scenarios pass: the mutants are what
 	// they catch.
-	for _, n := range []string{"0 tokens", "4 unlock after loss", "5 loss before expiry"} {
+	for _, n := range []string{"0 tokens", "4 unlock after loss", "5 loss before expiry", "12 lock oracle"} {
 		if err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, testCtx(t, time.Minute)) }); err != nil {
 			t.Errorf("scenario %s fails with no mutant: %v", n, err)
 		}

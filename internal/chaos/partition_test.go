@@ -423,13 +423,21 @@ func TestPartitionFlapping(t *testing.T) {
 	cfg.sizeForLatency(0)
 	cfg.db, cfg.sqlf = newSQL(t)
 	h, ev := NewHistory(), newEvents()
+	// The oracle watches from the observer, which the flapping never cuts
+	// off; a member it cuts from the others ends the watch (it requires
+	// a leader), which reopens on another.
+	oracle, err := StartOracle(ctx, lc.client(t, lc.obs, lc.members...), cfg.prefix+"/lock/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(oracle.Stop)
 	clients := make([]*chaosClient, cfg.clients)
 	var hosts []*netlab.Host
 	for i := range clients {
 		host := lc.host(t, ctx, fmt.Sprintf("c%d", i))
 		hosts = append(hosts, host)
 		clients[i] = &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i))),
-			cli: lc.client(t, host, lc.members...)}
+			cli: lc.client(t, host, lc.members...), oracle: oracle}
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -467,13 +475,19 @@ func TestPartitionFlapping(t *testing.T) {
 	if !settled {
 		t.Fatalf("a client was not granted within 30s after the flapping stopped: grants before %v, now %v", before, ev.grants)
 	}
+	orc := oracle.Finish(ctx)
+	reportOracle(t, cfg, orc)
 	check, _ := h.Check(20 * time.Second)
 	ops := len(h.Operations())
 	t.Logf("%d flaps, %d operations, check %v", flaps, ops, check)
 	if check != porcupine.Ok {
 		t.Fatalf("history check %v: a stale write counted, or the checker gave up", check)
 	}
-	partitionSummary(t, "flapping", fmt.Sprintf("stale-accepted=0 flaps=%d ops=%d check=%v stuck-waiters=0", flaps, ops, check))
+	if orc.Lost != nil {
+		t.Errorf("the lock oracle could not check every grant: %v", orc.Lost)
+	}
+	partitionSummary(t, "flapping", fmt.Sprintf("stale-accepted=0 flaps=%d ops=%d check=%v stuck-waiters=0 grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d",
+		flaps, ops, check, orc.Grants, len(orc.Invalid), inconclusive(orc), orc.Flagged, orc.Forged))
 }
 
 // flap cuts and heals links between the clients' hosts and the members,

@@ -104,6 +104,8 @@ func TestChaos(t *testing.T) {
 				if cfg.fenced {
 					report(t, cfg, r)
 				}
+				// Control runs too: they leave out the fence, not the lock.
+				reportOracle(t, cfg, r.oracle)
 				if r.check == porcupine.Unknown {
 					t.Errorf("the checker gave up (Unknown), which counts as a failure")
 				}
@@ -119,5 +121,44 @@ func TestChaos(t *testing.T) {
 	}
 	if sum.invalid*4 > sum.runs {
 		t.Errorf("%d of %d runs invalid: the faults are not happening", sum.invalid, sum.runs)
+	}
+	tierOracle(t, &sum)
+}
+
+// reportOracle fails the test for a run with an invalid grant, and logs
+// why a run's oracle was inconclusive.
+func reportOracle(t testing.TB, cfg runConfig, o OracleResult) {
+	t.Helper()
+	for _, why := range o.Invalid {
+		t.Errorf("run seed=%d fault=%s keeper=%v: %s", cfg.seed, cfg.fault, cfg.keeper, why)
+	}
+	if o.Lost != nil {
+		t.Logf("lock oracle inconclusive (%d grants unchecked): %v", o.Unproven, o.Lost)
+	}
+	t.Logf("lock oracle: %d grants checked (%d read holdings), %d invalid; %d of %d forged early grants flagged",
+		o.Grants, o.Readers, len(o.Invalid), o.Flagged, o.Forged)
+}
+
+// inconclusive is 1 for a run whose oracle could not check every grant.
+func inconclusive(o OracleResult) int {
+	if o.Lost != nil {
+		return 1
+	}
+	return 0
+}
+
+// tierOracle holds the tier's lock oracle to account: no invalid grant,
+// few inconclusive runs, and every forged early grant flagged, with some
+// forged at all (a tier in which no grant waited proves nothing).
+func tierOracle(t testing.TB, sum *tally) {
+	t.Helper()
+	if sum.invalidGrants != 0 {
+		t.Errorf("%d invalid grants", sum.invalidGrants)
+	}
+	if sum.inconclusive*4 > sum.runs {
+		t.Errorf("the lock oracle was inconclusive in %d of %d runs: the history is not being kept", sum.inconclusive, sum.runs)
+	}
+	if sum.forged == 0 || sum.flagged != sum.forged {
+		t.Errorf("the lock oracle flagged %d of %d grants forged as decided at their own put: it cannot fail", sum.flagged, sum.forged)
 	}
 }

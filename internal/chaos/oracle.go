@@ -1,0 +1,471 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease"
+)
+
+// The lock oracle checks the grants themselves, where porcupine checks
+// the data: a fence hides a wrong grant (the second holder's writes are
+// refused or ordered), so a lock that grants too early would pass every
+// data check. The oracle replays etcd's own history of the keys under a
+// lock's name and asks whether, at some revision between the call and the
+// grant, the library's rule held: the lock's own key existed with its
+// token on its session's lease, and no older key that blocks it did.
+
+// LockEvent is one change of a key under the recorded prefix, as etcd's
+// watch delivered it (or, for keys that existed when recording started,
+// as the first read found them).
+type LockEvent struct {
+	Rev    int64 // the revision of the change
+	Key    string
+	Delete bool
+	Create int64 // the key's creation revision (puts only)
+	Lease  int64
+	Reader bool // the value is a reader's (lease.ReaderValue)
+}
+
+// LockHistory is everything that happened under a prefix from Start (the
+// revision of the first read, whose keys are events at Start) through
+// Through, in revision order. Past Through nothing is known.
+type LockHistory struct {
+	Start, Through int64
+	Events         []LockEvent
+}
+
+// Grant is one lock a client was handed: what Lock (RLock, TryLock, ...)
+// returned, and Upper, a revision read after it returned.
+type Grant struct {
+	Client int
+	Name   string // the lock's name
+	Key    string // its own key
+	Lease  int64  // its session's lease
+	Token  int64
+	Mode   lease.Mode
+	Upper  int64
+}
+
+func (g Grant) String() string {
+	return fmt.Sprintf("client %d %s of %q key %s token %d lease %x, window [%d, %d]",
+		g.Client, g.Mode, g.Name, g.Key, g.Token, g.Lease, g.Token, g.Upper)
+}
+
+// ErrInconclusive is CheckGrant's answer when the history does not cover
+// the grant's window: nothing can be said either way.
+var ErrInconclusive = errors.New("lock oracle: history does not cover the grant")
+
+// CheckGrant tells whether g was a valid grant according to h: nil if at
+// some revision r in [g.Token, g.Upper] (after every change at r) the own
+// key existed with creation revision g.Token on lease g.Lease and no older
+// queue key under g.Name blocked it; an error saying why not otherwise.
+//
+// The window's lower end is the token: the own key is put by the call, so
+// its creation revision comes after the call began. The upper end must be
+// at least the revision the library decided at; a larger one only makes
+// the check weaker, a smaller one would make it wrong.
+func CheckGrant(h LockHistory, g Grant) error {
+	if err := g.wellFormed(); err != nil {
+		return err
+	}
+	if g.Token <= h.Start || g.Upper > h.Through {
+		return fmt.Errorf("%w: window [%d, %d], history (%d, %d]", ErrInconclusive, g.Token, g.Upper, h.Start, h.Through)
+	}
+	pfx := g.Name + "/"
+	state := map[string]LockEvent{}
+	var first, last string
+	for i := 0; i < len(h.Events) && h.Events[i].Rev <= g.Upper; {
+		rev := h.Events[i].Rev
+		for ; i < len(h.Events) && h.Events[i].Rev == rev; i++ {
+			apply(state, pfx, h.Events[i])
+		}
+		if rev < g.Token {
+			continue
+		}
+		why := blockedBy(state, g)
+		if why == "" {
+			return nil
+		}
+		if first == "" {
+			first = fmt.Sprintf("at %d %s", rev, why)
+		}
+		last = fmt.Sprintf("at %d %s", rev, why)
+	}
+	if first == "" {
+		return fmt.Errorf("invalid grant (%s): no change under %s in the window: its key was never put at the token", g, pfx)
+	}
+	if last != first {
+		first += "; last " + last
+	}
+	return fmt.Errorf("invalid grant (%s): %s", g, first)
+}
+
+// wellFormed checks what a grant says of itself: its key is its session's
+// place in its name's queue, and its upper bound is not before its token
+// (a revision read after the grant precedes the key's creation only if
+// the token is not that creation).
+func (g Grant) wellFormed() error {
+	if want := g.Name + "/" + strconv.FormatInt(g.Lease, 16); g.Key != want {
+		return fmt.Errorf("invalid grant (%s): key is not %s", g, want)
+	}
+	if g.Upper < g.Token {
+		return fmt.Errorf("invalid grant (%s): a revision read after the grant is before the token", g)
+	}
+	return nil
+}
+
+// apply changes state by one event, if the event is under pfx.
+func apply(state map[string]LockEvent, pfx string, ev LockEvent) {
+	if !strings.HasPrefix(ev.Key, pfx) {
+		return
+	}
+	if ev.Delete {
+		delete(state, ev.Key)
+		return
+	}
+	state[ev.Key] = ev
+}
+
+// blockedBy is why g is not held in state ("" if it is): its own key
+// missing or not its own, or the oldest older key that blocks it.
+func blockedBy(state map[string]LockEvent, g Grant) string {
+	own, ok := state[g.Key]
+	switch {
+	case !ok:
+		return "its own key does not exist"
+	case own.Create != g.Token:
+		return fmt.Sprintf("its own key has token %d", own.Create)
+	case own.Lease != g.Lease:
+		return fmt.Sprintf("its own key is on lease %x", own.Lease)
+	}
+	var oldest *LockEvent
+	for _, kv := range state {
+		if kv.Create < g.Token && blocks(g.Name+"/", g.Mode, kv) && (oldest == nil || kv.Create < oldest.Create) {
+			oldest = &kv
+		}
+	}
+	if oldest != nil {
+		return fmt.Sprintf("older %s key %s (token %d) exists", modeName(oldest.Reader), oldest.Key, oldest.Create)
+	}
+	return ""
+}
+
+// blocks is the library's rule (lease's isQueueKey and Lock.blocks, copied
+// so that a bug there is not also the oracle's): only a place in the
+// queue counts, a key one level under the name, named after the lease it
+// is on, in lowercase hex; any such key blocks a writer, only a writer's
+// (a value other than lease.ReaderValue) blocks a reader.
+func blocks(pfx string, mode lease.Mode, kv LockEvent) bool {
+	rest, ok := strings.CutPrefix(kv.Key, pfx)
+	if !ok || rest == "" || strings.Contains(rest, "/") || kv.Lease == 0 || rest != strconv.FormatInt(kv.Lease, 16) {
+		return false
+	}
+	return mode == lease.Write || !kv.Reader
+}
+
+func modeName(reader bool) string {
+	if reader {
+		return "reader's"
+	}
+	return "writer's"
+}
+
+// waitedAtToken tells whether the writer's grant g had to wait: whether
+// some other key under its name outlived its put. It is worked out here
+// by a plain scan of the history, apart from CheckGrant, whose verdict on
+// the grant forged as decided at its own put (Oracle.Finish's control)
+// must then be "invalid": if it is not, the oracle's replay or its rule
+// misses what the scan sees, and a real early grant would pass too.
+func waitedAtToken(h LockHistory, g Grant) bool {
+	if g.Mode != lease.Write {
+		return false
+	}
+	live := map[string]bool{}
+	for _, ev := range h.Events {
+		if ev.Rev > g.Token {
+			break
+		}
+		if strings.HasPrefix(ev.Key, g.Name+"/") && ev.Key != g.Key {
+			live[ev.Key] = !ev.Delete
+		}
+	}
+	for _, on := range live {
+		if on {
+			return true
+		}
+	}
+	return false
+}
+
+// Oracle records the history under a prefix and the grants of the locks
+// under it, and checks every grant once the run is over. The watch starts
+// before any client does, at the revision after a read of the prefix, and
+// is reopened after any break from the revision after the last one it
+// delivered: kept open, it delivers everything even across compactions;
+// reopened too late, it is refused as compacted, and the history is
+// marked lost rather than checked with a gap.
+type Oracle struct {
+	cli    *clientv3.Client
+	prefix string
+	stop   context.CancelFunc
+	done   chan struct{}
+	bounds sync.WaitGroup
+
+	mu      sync.Mutex
+	changed chan struct{}
+	hist    LockHistory
+	lost    error // the history has a gap
+	grants  []Grant
+	missing int // grants whose upper bound could not be read
+}
+
+// StartOracle reads prefix and starts watching it through cli, which
+// should reach members that the run's faults leave together with a
+// leader (a watch on a cut-off member is ended and reopened elsewhere).
+func StartOracle(ctx context.Context, cli *clientv3.Client, prefix string) (*Oracle, error) {
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	o := &Oracle{cli: cli, prefix: prefix, done: make(chan struct{}), changed: make(chan struct{}),
+		hist: LockHistory{Start: resp.Header.Revision, Through: resp.Header.Revision}}
+	for _, kv := range resp.Kvs {
+		o.hist.Events = append(o.hist.Events, LockEvent{Rev: resp.Header.Revision, Key: string(kv.Key),
+			Create: kv.CreateRevision, Lease: kv.Lease, Reader: string(kv.Value) == lease.ReaderValue})
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	o.stop = stop
+	go o.follow(wctx, resp.Header.Revision+1)
+	return o, nil
+}
+
+// follow keeps the watch open from next on until ctx ends or the history
+// is lost.
+func (o *Oracle) follow(ctx context.Context, next int64) {
+	defer close(o.done)
+	for ctx.Err() == nil {
+		var ok bool
+		if next, ok = o.watch(ctx, next); !ok {
+			return
+		}
+		rest(ctx, 50*time.Millisecond)
+	}
+}
+
+// watch runs one opening of the watch from next and returns where the
+// next opening starts, or false if etcd refused it as compacted. It
+// requires a leader, so that a member cut off from the quorum ends it
+// instead of leaving it silent.
+func (o *Oracle) watch(ctx context.Context, next int64) (int64, bool) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range o.cli.Watch(wctx, o.prefix, clientv3.WithPrefix(), clientv3.WithRev(next)) {
+		if wr.CompactRevision != 0 {
+			o.fail(fmt.Errorf("the watch reopened at %d after etcd compacted through %d", next, wr.CompactRevision))
+			return next, false
+		}
+		if wr.Err() != nil {
+			return next, true
+		}
+		if n := len(wr.Events); n > 0 {
+			o.add(wr.Events)
+			next = wr.Events[n-1].Kv.ModRevision + 1
+		}
+	}
+	return next, true
+}
+
+func (o *Oracle) add(evs []*clientv3.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, ev := range evs {
+		e := LockEvent{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Delete: ev.Type == clientv3.EventTypeDelete}
+		if !e.Delete {
+			e.Create, e.Lease, e.Reader = ev.Kv.CreateRevision, ev.Kv.Lease, string(ev.Kv.Value) == lease.ReaderValue
+		}
+		o.hist.Events = append(o.hist.Events, e)
+		o.hist.Through = max(o.hist.Through, e.Rev)
+	}
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
+func (o *Oracle) fail(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.lost == nil {
+		o.lost = err
+	}
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
+// Granted records that client was handed l on s, and reads the grant's
+// upper bound: the header revision of a linearizable read sent after the
+// grant returned. etcd answers such a read at a revision at least its
+// commit index when the read arrived, and every revision the library
+// could have seen before Lock returned was committed by then; so the
+// revision the grant was decided at is at most the bound. The read goes
+// through the oracle's client, away from the client's own faults, so that
+// the bound is as close to the grant as it can be; Finish waits for it.
+func (o *Oracle) Granted(client int, s *lease.Session, l *lease.Lock) {
+	g := Grant{Client: client, Name: l.Name(), Key: l.Key(), Lease: int64(s.Lease()), Token: l.Token(), Mode: l.Mode()}
+	o.bounds.Add(1)
+	go func() {
+		defer o.bounds.Done()
+		upper, err := o.readRevision(context.Background(), 15*time.Second)
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if err != nil {
+			o.missing++
+			return
+		}
+		g.Upper = upper
+		o.grants = append(o.grants, g)
+	}()
+}
+
+// readRevision makes a linearizable read, again after a failure, for up
+// to d, and returns its header revision.
+func (o *Oracle) readRevision(ctx context.Context, d time.Duration) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for {
+		rctx, stop := context.WithTimeout(ctx, time.Second)
+		resp, err := o.cli.Get(rctx, o.prefix, clientv3.WithCountOnly())
+		stop()
+		if err == nil {
+			return resp.Header.Revision, nil
+		}
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		rest(ctx, 50*time.Millisecond)
+	}
+}
+
+// rest waits d or until ctx ends: a pause between tries, not a wait
+// for an event.
+func rest(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+// OracleResult is what the oracle found in one run.
+type OracleResult struct {
+	Grants   int      // grants checked
+	Readers  int      // of which read holdings
+	Invalid  []string // why each invalid grant was invalid
+	Lost     error    // set when the run's grants could not all be checked: inconclusive
+	Unproven int      // grants left unchecked (no upper bound, or outside the history)
+	// Forged controls: grants that had to wait, forged as decided at
+	// their own put; each must be found invalid.
+	Forged, Flagged int
+}
+
+// Stop stops the watch, if Finish has not: for a run that ends early.
+func (o *Oracle) Stop() { o.stop() }
+
+// Finish waits for the upper bounds, then puts a key under the prefix
+// and waits until the watch has delivered it: the history is then
+// complete through a revision after every bound. It checks every grant and
+// stops the watch.
+func (o *Oracle) Finish(ctx context.Context) OracleResult {
+	o.bounds.Wait()
+	defer func() {
+		o.stop()
+		<-o.done
+	}()
+	var res OracleResult
+	if err := o.sync(ctx); err != nil {
+		res.Lost = err
+	}
+	o.mu.Lock()
+	h, grants := o.hist, o.grants
+	h.Events = append([]LockEvent(nil), o.hist.Events...)
+	res.Unproven = o.missing
+	if res.Lost == nil && o.missing > 0 {
+		res.Lost = fmt.Errorf("%d grants without an upper bound", o.missing)
+	}
+	o.mu.Unlock()
+	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Rev < h.Events[j].Rev })
+	for _, g := range grants {
+		res.check(h, g)
+	}
+	return res
+}
+
+// check checks one grant and, if it had to wait, its forged early twin.
+func (res *OracleResult) check(h LockHistory, g Grant) {
+	err := CheckGrant(h, g)
+	switch {
+	case errors.Is(err, ErrInconclusive):
+		res.Unproven++
+		if res.Lost == nil {
+			res.Lost = err
+		}
+		return
+	case err != nil:
+		res.Invalid = append(res.Invalid, err.Error())
+	}
+	res.Grants++
+	if g.Mode == lease.Read {
+		res.Readers++
+	}
+	if err == nil && waitedAtToken(h, g) {
+		res.Forged++
+		forged := g
+		forged.Upper = g.Token
+		if err := CheckGrant(h, forged); err != nil && !errors.Is(err, ErrInconclusive) {
+			res.Flagged++
+		}
+	}
+}
+
+// sync puts the sentinel and waits, for up to 15 s, until the history
+// reaches it. The sentinel is no place in any queue (it has no lease).
+func (o *Oracle) sync(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	var rev int64
+	for rev == 0 {
+		pctx, stop := context.WithTimeout(ctx, time.Second)
+		resp, err := o.cli.Put(pctx, o.prefix+"oracle-sync", "")
+		stop()
+		switch {
+		case err == nil:
+			rev = resp.Header.Revision
+		case ctx.Err() != nil:
+			return fmt.Errorf("the sentinel could not be put: %w", err)
+		default:
+			rest(ctx, 50*time.Millisecond)
+		}
+	}
+	for {
+		o.mu.Lock()
+		through, lost, changed := o.hist.Through, o.lost, o.changed
+		o.mu.Unlock()
+		switch {
+		case lost != nil:
+			return lost
+		case through >= rev:
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("the watch reached %d, not the sentinel's %d, within 15s", through, rev)
+		}
+	}
+}
