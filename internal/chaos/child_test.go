@@ -71,6 +71,9 @@ func child(role string, in io.Reader, out io.Writer) error {
 		return err
 	}
 	w := &lineWriter{w: out}
+	// The key and lease first, for the parent's lock oracle, which takes
+	// the grant as reported at the LOCKED line.
+	w.printf("KEY %s %x", l.Key(), int64(s.Lease()))
 	w.printf("LOCKED %d", l.Token())
 	go func() { // ends with the process
 		<-l.Done()

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,10 @@ type labCluster struct {
 	members []*netlab.Host
 	obs     *netlab.Host
 	procs   *etcdtest.ProcCluster
+	// oracle, once watchLocks has started it, is told the grants of the
+	// children started after.
+	oracle   *Oracle
+	children int
 }
 
 // newLabCluster builds the lab and starts the members, or skips the test
@@ -129,6 +134,10 @@ type labChild struct {
 	lines   []timedLine
 	changed chan struct{}
 	ended   bool // the child's output has ended: no line will come
+	// grant is what the child reported of its lock (KEY line), for
+	// oracle, which is told at its LOCKED line; nil oracle: none.
+	grant  Grant
+	oracle *Oracle
 }
 
 type timedLine struct {
@@ -145,13 +154,15 @@ func (lc *labCluster) startChild(t *testing.T, ctx context.Context, h *netlab.Ho
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	lch := &labChild{Child: c, changed: make(chan struct{})}
+	lc.children++
+	lch := &labChild{Child: c, changed: make(chan struct{}), oracle: lc.oracle, grant: Grant{Client: lc.children, Name: lock}}
 	go lch.follow() // ends when the child's output does
 	return lch
 }
 
 func (c *labChild) follow() {
 	for line := range c.Child.Lines() {
+		c.report(line)
 		c.mu.Lock()
 		c.lines = append(c.lines, timedLine{line, time.Now()})
 		c.wake()
@@ -161,6 +172,48 @@ func (c *labChild) follow() {
 	c.ended = true
 	c.wake()
 	c.mu.Unlock()
+}
+
+// report passes the child's grant to the oracle: the KEY line says its
+// key and lease, the LOCKED line after it its token. Only follow calls it.
+func (c *labChild) report(line string) {
+	if c.oracle == nil {
+		return
+	}
+	if rest, ok := strings.CutPrefix(line, "KEY "); ok {
+		var leaseHex string
+		fmt.Sscanf(rest, "%s %s", &c.grant.Key, &leaseHex)
+		c.grant.Lease, _ = strconv.ParseInt(leaseHex, 16, 64)
+	}
+	if rest, ok := strings.CutPrefix(line, "LOCKED "); ok {
+		c.grant.Token, _ = strconv.ParseInt(rest, 10, 64)
+		c.oracle.GrantedAs(c.grant)
+	}
+}
+
+// watchLocks starts the lock oracle on the keys of lock name, from the
+// observer through every member (a member the scenario cuts from the
+// others ends the watch, which reopens on another); the children started
+// after report their grants to it. The oracle watches every key starting
+// with name, its sentinel among them, which is no key under name + "/".
+func (lc *labCluster) watchLocks(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	o, err := StartOracle(ctx, lc.client(t, lc.obs, lc.members...), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.Stop)
+	lc.oracle = o
+}
+
+// lockVerdict checks the grants the oracle was told of, fails the test
+// for an invalid one, and returns the summary's fields.
+func (lc *labCluster) lockVerdict(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	res := lc.oracle.Finish(ctx)
+	reportOracle(t, t.Name(), res)
+	return fmt.Sprintf("grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d",
+		res.Grants, len(res.Invalid), inconclusive(res), res.Flagged, res.Forged)
 }
 
 // wake tells the child's waiters that something changed; c.mu is held.

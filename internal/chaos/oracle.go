@@ -207,12 +207,12 @@ func waitedAtToken(h LockHistory, g Grant) bool {
 }
 
 // Oracle records the history under a prefix and the grants of the locks
-// under it, and checks every grant once the run is over. The watch starts
-// before any client does, at the revision after a read of the prefix, and
-// is reopened after any break from the revision after the last one it
-// delivered: kept open, it delivers everything even across compactions;
-// reopened too late, it is refused as compacted, and the history is
-// marked lost rather than checked with a gap.
+// under it, and checks every grant once the run is over. Its watch is
+// opened before any client starts and reopened after any break from the
+// revision after the last one it delivered: kept open, it delivers
+// everything even across compactions; reopened too late, it is refused
+// as compacted, and the history is marked lost rather than checked with
+// a gap.
 type Oracle struct {
 	cli    *clientv3.Client
 	prefix string
@@ -228,66 +228,107 @@ type Oracle struct {
 	missing int // grants whose upper bound could not be read
 }
 
-// StartOracle reads prefix and starts watching it through cli, which
-// should reach members that the run's faults leave together with a
-// leader (a watch on a cut-off member is ended and reopened elsewhere).
+// StartOracle starts watching prefix through cli, which should reach
+// members that the run's faults leave together with a leader (a watch on
+// a cut-off member is ended and reopened elsewhere), and reads what is
+// under it. The watch is opened first, at etcd's current revision, and
+// the read made once etcd has created it: a watch opened at a past
+// revision waits for etcd's catch-up loop, and a compaction meanwhile
+// (another run's, on a shared member) refuses it. The read, made after,
+// is at a revision at least the watch's, and the watch's events up to
+// the read's revision are dropped: the read already has them.
 func StartOracle(ctx context.Context, cli *clientv3.Client, prefix string) (*Oracle, error) {
-	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	first, cancel := context.WithCancel(clientv3.WithRequireLeader(wctx))
+	wch := cli.Watch(first, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	resp, err := startRead(ctx, cli, prefix, wch)
 	if err != nil {
+		cancel()
+		stop()
 		return nil, err
 	}
-	o := &Oracle{cli: cli, prefix: prefix, done: make(chan struct{}), changed: make(chan struct{}),
+	o := &Oracle{cli: cli, prefix: prefix, done: make(chan struct{}), changed: make(chan struct{}), stop: stop,
 		hist: LockHistory{Start: resp.Header.Revision, Through: resp.Header.Revision}}
 	for _, kv := range resp.Kvs {
 		o.hist.Events = append(o.hist.Events, LockEvent{Rev: resp.Header.Revision, Key: string(kv.Key),
 			Create: kv.CreateRevision, Lease: kv.Lease, Reader: string(kv.Value) == lease.ReaderValue})
 	}
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	o.stop = stop
-	go o.follow(wctx, resp.Header.Revision+1)
+	go o.follow(wctx, wch, cancel, resp.Header.Revision+1)
 	return o, nil
 }
 
-// follow keeps the watch open from next on until ctx ends or the history
-// is lost.
-func (o *Oracle) follow(ctx context.Context, next int64) {
+// startRead waits for etcd to create the watch wch, then reads prefix.
+func startRead(ctx context.Context, cli *clientv3.Client, prefix string, wch clientv3.WatchChan) (*clientv3.GetResponse, error) {
+	select {
+	case wr, ok := <-wch:
+		switch {
+		case !ok:
+			return nil, errors.New("lock oracle: the watch closed before it was created")
+		case wr.Err() != nil:
+			return nil, fmt.Errorf("lock oracle: the watch: %w", wr.Err())
+		}
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return cli.Get(ctx, prefix, clientv3.WithPrefix())
+}
+
+// follow keeps the watch open, from next on, until ctx ends or the
+// history is lost: it takes what wch delivers, then reopens the watch
+// after a short pause from the revision after the last it delivered, as
+// often as it ends. cancel ends wch's opening.
+func (o *Oracle) follow(ctx context.Context, wch clientv3.WatchChan, cancel context.CancelFunc, next int64) {
 	defer close(o.done)
-	for ctx.Err() == nil {
+	for {
 		var ok bool
-		if next, ok = o.watch(ctx, next); !ok {
+		next, ok = o.drain(wch, next)
+		cancel()
+		if !ok || ctx.Err() != nil {
 			return
 		}
 		rest(ctx, 50*time.Millisecond)
+		// It requires a leader, so that a member cut off from the quorum
+		// ends it instead of leaving it silent.
+		var wctx context.Context
+		wctx, cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch = o.cli.Watch(wctx, o.prefix, clientv3.WithPrefix(), clientv3.WithRev(next))
 	}
 }
 
-// watch runs one opening of the watch from next and returns where the
-// next opening starts, or false if etcd refused it as compacted. It
-// requires a leader, so that a member cut off from the quorum ends it
-// instead of leaving it silent.
-func (o *Oracle) watch(ctx context.Context, next int64) (int64, bool) {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	for wr := range o.cli.Watch(wctx, o.prefix, clientv3.WithPrefix(), clientv3.WithRev(next)) {
+// drain takes one opening's events from next on, and returns where the
+// next opening starts, or false if etcd refused it as compacted.
+func (o *Oracle) drain(wch clientv3.WatchChan, next int64) (int64, bool) {
+	for wr := range wch {
 		if wr.CompactRevision != 0 {
-			o.fail(fmt.Errorf("the watch reopened at %d after etcd compacted through %d", next, wr.CompactRevision))
+			o.fail(fmt.Errorf("the watch reopened at %d after etcd compacted through %d (history from %d)",
+				next, wr.CompactRevision, o.start()))
 			return next, false
 		}
 		if wr.Err() != nil {
 			return next, true
 		}
 		if n := len(wr.Events); n > 0 {
-			o.add(wr.Events)
-			next = wr.Events[n-1].Kv.ModRevision + 1
+			o.add(wr.Events, next)
+			next = max(next, wr.Events[n-1].Kv.ModRevision+1)
 		}
 	}
 	return next, true
 }
 
-func (o *Oracle) add(evs []*clientv3.Event) {
+func (o *Oracle) start() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.hist.Start
+}
+
+// add records the events at from and after.
+func (o *Oracle) add(evs []*clientv3.Event, from int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, ev := range evs {
+		if ev.Kv.ModRevision < from {
+			continue
+		}
 		e := LockEvent{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Delete: ev.Type == clientv3.EventTypeDelete}
 		if !e.Delete {
 			e.Create, e.Lease, e.Reader = ev.Kv.CreateRevision, ev.Kv.Lease, string(ev.Kv.Value) == lease.ReaderValue
@@ -318,7 +359,13 @@ func (o *Oracle) fail(err error) {
 // through the oracle's client, away from the client's own faults, so that
 // the bound is as close to the grant as it can be; Finish waits for it.
 func (o *Oracle) Granted(client int, s *lease.Session, l *lease.Lock) {
-	g := Grant{Client: client, Name: l.Name(), Key: l.Key(), Lease: int64(s.Lease()), Token: l.Token(), Mode: l.Mode()}
+	o.GrantedAs(Grant{Client: client, Name: l.Name(), Key: l.Key(), Lease: int64(s.Lease()), Token: l.Token(), Mode: l.Mode()})
+}
+
+// GrantedAs is Granted for a grant described by g (its Upper unset), as
+// a child process reports it: the bound is read once the report is in,
+// which is after its Lock returned.
+func (o *Oracle) GrantedAs(g Grant) {
 	o.bounds.Add(1)
 	go func() {
 		defer o.bounds.Done()

@@ -27,12 +27,13 @@ type cutFigures struct {
 	cutAccepted                  int           // holder's writes started after the cut and accepted
 	staleAccepted                int           // ... started after the successor's first write and accepted
 	lateRefused                  int           // holder's writes after the heal, refused by the fence
+	locks                        string        // the lock oracle's fields (lockVerdict)
 }
 
 func (f cutFigures) String() string {
-	return fmt.Sprintf("stale-accepted=%d accepted-after-cut=%d late-refused=%d cut→local-loss=%v cut→expiry=%v cut→successor-write=%v",
+	return fmt.Sprintf("stale-accepted=%d accepted-after-cut=%d late-refused=%d cut→local-loss=%v cut→expiry=%v cut→successor-write=%v %s",
 		f.staleAccepted, f.cutAccepted, f.lateRefused,
-		f.loss.Round(time.Millisecond), f.expiry.Round(time.Millisecond), f.successorWrite.Round(time.Millisecond))
+		f.loss.Round(time.Millisecond), f.expiry.Round(time.Millisecond), f.successorWrite.Round(time.Millisecond), f.locks)
 }
 
 // holderCut is the scenario shared by the minority partition and the
@@ -91,6 +92,7 @@ func holderCut(t *testing.T, ctx context.Context, lc *labCluster, holderMembers,
 	f.lateRefused = holder.count(healAt, time.Now(), "W ", " refused")
 	f.cutAccepted = holder.acceptedStarted(cutAt, time.Now())
 	f.staleAccepted = holder.acceptedStarted(first.at, time.Now())
+	f.locks = lc.lockVerdict(t, ctx)
 	t.Logf("%s (holder token %d)", f, token)
 	if f.loss >= f.expiry {
 		t.Errorf("local loss %v after the majority expired the lease (%v)", f.loss, f.expiry)
@@ -121,6 +123,7 @@ func (lc *labCluster) queueTwo(t *testing.T, ctx context.Context, sessionTTL tim
 	t.Helper()
 	q := twoInQueue{name: etcdtest.Name(t, "netlock"), reg: etcdtest.Name(t, "netreg"), obs: lc.client(t, lc.obs, waiterMembers...),
 		holderHost: lc.host(t, ctx, "c0"), waiterHost: lc.host(t, ctx, "c1")}
+	lc.watchLocks(t, ctx, q.name)
 	q.holder = lc.startChild(t, ctx, q.holderHost, "writer", q.name, q.reg, sessionTTL, holderMembers...)
 	locked, err := q.holder.await(ctx, time.Time{}, "LOCKED")
 	if err != nil {
@@ -279,8 +282,8 @@ func TestPartitionMinorityWaiter(t *testing.T) {
 	case nextToken <= token:
 		t.Errorf("the waiter's token %d is not above the holder's %d", nextToken, token)
 	}
-	partitionSummary(t, "minority-waiter", fmt.Sprintf("stale-accepted=0 holder-writes-during-cut=%d waiter-granted-during-cut=%d handover-after-heal=ok",
-		holderWrites, waiterGranted))
+	partitionSummary(t, "minority-waiter", fmt.Sprintf("stale-accepted=0 holder-writes-during-cut=%d waiter-granted-during-cut=%d handover-after-heal=ok %s",
+		holderWrites, waiterGranted, lc.lockVerdict(t, ctx)))
 }
 
 // The leader cut off from both followers while a lock is held and written
@@ -293,6 +296,7 @@ func TestPartitionLeaderIsolated(t *testing.T) {
 	leader, followers := lc.leader(t, ctx)
 	name, reg := etcdtest.Name(t, "netlock"), etcdtest.Name(t, "netreg")
 	obs := lc.client(t, lc.obs, followers...)
+	lc.watchLocks(t, ctx, name)
 	all := append([]*netlab.Host{leader}, followers...) // the leader first
 	holder := lc.startChild(t, ctx, lc.host(t, ctx, "c0"), "writer", name, reg, ttl, all...)
 	if _, err := holder.await(ctx, time.Time{}, "W 1 ok"); err != nil {
@@ -363,12 +367,13 @@ func TestPartitionLeaderIsolated(t *testing.T) {
 	// Tokens keep growing.
 	s := session(t, ctx, obs, ttl)
 	l := lock(t, ctx, s, name)
+	lc.oracle.Granted(0, s, l)
 	if l.Token() <= lastToken {
 		t.Fatalf("token after the partition %d not above %d", l.Token(), lastToken)
 	}
 	l.Unlock(ctx)
-	partitionSummary(t, "leader-isolated", fmt.Sprintf("stale-accepted=0 acknowledged=%d acknowledged-lost=0 cut→new-leader=%v cut→writes-resumed=%v",
-		len(acked), elected.Sub(cutAt).Round(time.Millisecond), resumedAt.Sub(cutAt).Round(time.Millisecond)))
+	partitionSummary(t, "leader-isolated", fmt.Sprintf("stale-accepted=0 acknowledged=%d acknowledged-lost=0 cut→new-leader=%v cut→writes-resumed=%v %s",
+		len(acked), elected.Sub(cutAt).Round(time.Millisecond), resumedAt.Sub(cutAt).Round(time.Millisecond), lc.lockVerdict(t, ctx)))
 }
 
 // newLeader waits until a write through the given members succeeds, which
@@ -476,15 +481,12 @@ func TestPartitionFlapping(t *testing.T) {
 		t.Fatalf("a client was not granted within 30s after the flapping stopped: grants before %v, now %v", before, ev.grants)
 	}
 	orc := oracle.Finish(ctx)
-	reportOracle(t, cfg, orc)
+	reportOracle(t, t.Name(), orc)
 	check, _ := h.Check(20 * time.Second)
 	ops := len(h.Operations())
 	t.Logf("%d flaps, %d operations, check %v", flaps, ops, check)
 	if check != porcupine.Ok {
 		t.Fatalf("history check %v: a stale write counted, or the checker gave up", check)
-	}
-	if orc.Lost != nil {
-		t.Errorf("the lock oracle could not check every grant: %v", orc.Lost)
 	}
 	partitionSummary(t, "flapping", fmt.Sprintf("stale-accepted=0 flaps=%d ops=%d check=%v stuck-waiters=0 grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d",
 		flaps, ops, check, orc.Grants, len(orc.Invalid), inconclusive(orc), orc.Flagged, orc.Forged))

@@ -105,7 +105,7 @@ func TestChaos(t *testing.T) {
 					report(t, cfg, r)
 				}
 				// Control runs too: they leave out the fence, not the lock.
-				reportOracle(t, cfg, r.oracle)
+				reportOracle(t, fmt.Sprintf("run seed=%d fault=%s keeper=%v", cfg.seed, cfg.fault, cfg.keeper), r.oracle)
 				if r.check == porcupine.Unknown {
 					t.Errorf("the checker gave up (Unknown), which counts as a failure")
 				}
@@ -127,10 +127,10 @@ func TestChaos(t *testing.T) {
 
 // reportOracle fails the test for a run with an invalid grant, and logs
 // why a run's oracle was inconclusive.
-func reportOracle(t testing.TB, cfg runConfig, o OracleResult) {
+func reportOracle(t testing.TB, run string, o OracleResult) {
 	t.Helper()
 	for _, why := range o.Invalid {
-		t.Errorf("run seed=%d fault=%s keeper=%v: %s", cfg.seed, cfg.fault, cfg.keeper, why)
+		t.Errorf("%s: %s", run, why)
 	}
 	if o.Lost != nil {
 		t.Logf("lock oracle inconclusive (%d grants unchecked): %v", o.Unproven, o.Lost)
