@@ -35,21 +35,42 @@ import (
 // what another has not delivered yet.
 type knowledge struct {
 	key   string
-	token int64 // the own key's creation revision
-	lease int64 // the session's lease, which the own key is attached to
+	token int64 // the own key's creation revision; 0 until the put returns
+	// owns tells whether a read of the own key shows this holding (its
+	// token, the session's lease).
+	owns func(kv *mvccpb.KeyValue) bool
 	// blocks tells whether a queue key older than the own key keeps the
-	// lock from being held (any key for a writer, a writer's for a reader).
+	// lock from being held (any key for a writer, a writer's for a
+	// reader); nil when the caller lists only keys that block.
 	blocks func(kv *mvccpb.KeyValue) bool
 
-	base     int64            // revision of the snapshot the view rests on; 0 before the first
-	complete bool             // ... which listed every blocking key older than the own key
-	ahead    map[string]int64 // blocking keys listed by it, not yet seen deleted: key -> creation revision
-	deleted  int64            // highest revision at which a key ahead was seen deleted
-	gone     map[string]int64 // deletions seen after base, by key, for a later snapshot older than them
-	ownTo    int64            // the own key is known unchanged from the token through this revision
-	sources  map[source]*coverage
-	lost     bool // the own key was deleted or taken over: never granted
-	seam     grantSeam
+	base     int64                // revision of the snapshot the view rests on; 0 before the first
+	complete bool                 // ... which listed every blocking key older than the own key
+	ahead    map[string]*keyAhead // blocking keys listed by it, not yet seen deleted
+	// removed are the keys the snapshot listed that have been seen gone
+	// since, each with the lowest revision by which it is known gone (the
+	// revision of its delete event, or of a read that no longer found it).
+	removed map[string]int64
+	// gone is, by key, the lowest revision after base by which a key is
+	// known gone: a later snapshot older than it still lists the key.
+	gone    map[string]int64
+	ownTo   int64 // the own key is known unchanged from the token through this revision
+	sources map[source]*coverage
+	// over says, for each source, that its generations below this one
+	// are over: the news that a generation came up may arrive after the
+	// news that it went down (a watch reports both on its goroutine while
+	// the lock subscribes on another), and must not bring it back.
+	over map[source]uint64
+	lost bool // the own key was deleted or taken over: never granted
+	seam grantSeam
+}
+
+// keyAhead is a blocking key the snapshot listed.
+type keyAhead struct {
+	created int64 // its creation revision
+	// through is the highest revision at which it is known to be there
+	// still: the snapshot's, or a later read's (confirm).
+	through int64
 }
 
 // source names where a fact came from: the own key's watch, the queue
@@ -59,6 +80,7 @@ type source string
 // coverage is what one source delivers: every event of its range from
 // start on, in revision order, up to progress.
 type coverage struct {
+	gen       uint64
 	start     int64
 	progress  int64
 	coversOwn bool            // its range holds the own key
@@ -82,9 +104,16 @@ const (
 	decideLost                        // the own key is gone: never held
 )
 
-func newKnowledge(key string, token, lease int64, blocks func(*mvccpb.KeyValue) bool) *knowledge {
-	return &knowledge{key: key, token: token, lease: lease, blocks: blocks, ownTo: token,
-		ahead: map[string]int64{}, gone: map[string]int64{}, sources: map[source]*coverage{}}
+func newKnowledge(key string, owns, blocks func(*mvccpb.KeyValue) bool) *knowledge {
+	return &knowledge{key: key, owns: owns, blocks: blocks,
+		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string]int64{}, sources: map[source]*coverage{}, over: map[source]uint64{}}
+}
+
+// setToken records the own key's creation revision, as its put returns:
+// the own key is known to be this holding at it.
+func (k *knowledge) setToken(token int64) {
+	k.token, k.ownTo = token, max(k.ownTo, token)
+	k.extend()
 }
 
 // snapshot takes a read at revision rev: the own key as it was (nil if
@@ -92,28 +121,29 @@ func newKnowledge(key string, token, lease int64, blocks func(*mvccpb.KeyValue) 
 // older key lies past what was read. A snapshot older than the one the
 // view rests on adds nothing and is dropped.
 func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.KeyValue, complete bool) {
-	if rev < k.token || rev < k.base || k.lost {
+	if k.token == 0 || rev < k.token || rev < k.base || k.lost {
 		return
 	}
-	if !k.isOwn(own) {
+	if !k.owns(own) {
 		k.lost = true
 		return
 	}
 	k.ownTo = max(k.ownTo, rev)
-	k.base, k.complete, k.deleted = rev, complete, 0
-	k.ahead = make(map[string]int64, len(older))
+	k.base, k.complete = rev, complete
+	k.removed = map[string]int64{}
+	k.ahead = make(map[string]*keyAhead, len(older))
 	for _, kv := range older {
 		key := string(kv.Key)
-		if kv.CreateRevision >= k.token || !k.blocks(kv) {
+		if kv.CreateRevision >= k.token || (k.blocks != nil && !k.blocks(kv)) {
 			continue
 		}
 		// A deletion seen after this snapshot removes the key it listed:
 		// a key of that name made again would be newer than the own key.
 		if d := k.gone[key]; d > rev {
-			k.deleted = max(k.deleted, d)
+			k.removed[key] = d
 			continue
 		}
-		k.ahead[key] = kv.CreateRevision
+		k.ahead[key] = &keyAhead{created: kv.CreateRevision, through: rev}
 	}
 	for key, d := range k.gone {
 		if d <= rev {
@@ -123,17 +153,72 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 	k.extend()
 }
 
-// isOwn tells whether kv, the own key as read, is still this holding.
-func (k *knowledge) isOwn(kv *mvccpb.KeyValue) bool {
-	return kv != nil && kv.CreateRevision == k.token && kv.Lease == k.lease
+// clear drops key from the keys ahead: a read showed it, with the
+// creation revision the snapshot listed, to be no key that blocks the
+// lock (a keys-only read lists every key under the name). A key's kind is
+// fixed when it is made (its lease and its value are put with it), so it
+// never blocked.
+func (k *knowledge) clear(key string, created int64) {
+	if a := k.ahead[key]; a != nil && a.created == created {
+		delete(k.ahead, key)
+	}
 }
 
-// up records that src delivers every event of its range from start on
-// (events at revisions below start may have gone unseen). keys is the set
-// it covers, nil for the whole queue; coversOwn says that holds the own
-// key. A source that comes up again starts over.
-func (k *knowledge) up(src source, start int64, keys []string, coversOwn bool) {
-	c := &coverage{start: start, progress: start - 1, coversOwn: coversOwn}
+// confirm takes a read at rev of one key ahead, which showed it there
+// with the creation revision the snapshot listed: a watch of it that
+// started no later than the revision after rev delivers its deletion.
+func (k *knowledge) confirm(key string, created, rev int64) {
+	if a := k.ahead[key]; a != nil && a.created == created {
+		a.through = max(a.through, rev)
+	}
+}
+
+// goneBy takes a read at rev of one key ahead, which showed it gone (or
+// made again, newer than the own key): it was deleted at rev or before,
+// which counts as a deletion at rev.
+func (k *knowledge) goneBy(key string, rev int64) { k.sawGone(key, rev) }
+
+// sawGone records that key is gone by rev. The first deletion after the
+// snapshot is of the key it listed (any later one is of a key made again,
+// newer than the own one), so the lowest revision known counts: a delete
+// event may come after a read that found the key gone, and lowers the
+// revision a grant rests on.
+func (k *knowledge) sawGone(key string, rev int64) {
+	if rev <= k.base {
+		return
+	}
+	if d, ok := k.gone[key]; !ok || rev < d {
+		k.gone[key] = rev
+	}
+	if _, ok := k.ahead[key]; ok {
+		delete(k.ahead, key)
+		k.removed[key] = k.gone[key]
+	} else if d, ok := k.removed[key]; ok && rev < d {
+		k.removed[key] = rev
+	}
+}
+
+// deleted is the revision by which every key the snapshot listed and
+// that has gone since is known gone.
+func (k *knowledge) deleted() int64 {
+	var d int64
+	for _, r := range k.removed {
+		d = max(d, r)
+	}
+	return d
+}
+
+// up records that src, in generation gen, delivers every event of its
+// range from start on (events at revisions below start may have gone
+// unseen). keys is the set it covers, nil for the whole queue; coversOwn
+// says that holds the own key. A source that comes up again, in a newer
+// generation, starts over; news of an older generation is dropped, and so
+// is a second up of the one that is up.
+func (k *knowledge) up(src source, gen uint64, start int64, keys []string, coversOwn bool) {
+	if c := k.sources[src]; gen < k.over[src] || (c != nil && c.gen >= gen) {
+		return
+	}
+	c := &coverage{gen: gen, start: start, progress: start - 1, coversOwn: coversOwn}
 	if keys != nil {
 		c.keys = make(map[string]bool, len(keys))
 		for _, key := range keys {
@@ -144,17 +229,22 @@ func (k *knowledge) up(src source, start int64, keys []string, coversOwn bool) {
 	k.extend()
 }
 
-// down records that src stopped: it vouches for nothing after what it
-// delivered.
-func (k *knowledge) down(src source) { delete(k.sources, src) }
+// down records that src stopped in generation gen (any generation up to
+// gen is over): it vouches for nothing after what it delivered.
+func (k *knowledge) down(src source, gen uint64) {
+	if c := k.sources[src]; c != nil && c.gen <= gen {
+		delete(k.sources, src)
+	}
+	k.over[src] = max(k.over[src], gen+1)
+}
 
-// events takes one response of src, in revision order, and what it
-// vouches for: every event of its range up to progress (at least the last
-// event's revision) has been delivered. Events of a source that is not up
-// are dropped.
-func (k *knowledge) events(src source, evs []*mvccpb.Event, progress int64) {
+// events takes one response of src in generation gen, in revision
+// order, and what it vouches for: every event of its range up to progress
+// (at least the last event's revision) has been delivered. Events of a
+// source that is not up in that generation are dropped.
+func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress int64) {
 	c, ok := k.sources[src]
-	if !ok {
+	if !ok || c.gen != gen {
 		return
 	}
 	for _, ev := range evs {
@@ -172,13 +262,8 @@ func (k *knowledge) event(ev *mvccpb.Event) {
 		k.ownEvent(ev)
 		return
 	}
-	if ev.Type != mvccpb.DELETE || rev <= k.base {
-		return
-	}
-	k.gone[key] = max(k.gone[key], rev)
-	if _, ok := k.ahead[key]; ok {
-		delete(k.ahead, key)
-		k.deleted = max(k.deleted, rev)
+	if ev.Type == mvccpb.DELETE {
+		k.sawGone(key, rev)
 	}
 }
 
@@ -189,7 +274,7 @@ func (k *knowledge) ownEvent(ev *mvccpb.Event) {
 	if ev.Kv.ModRevision <= k.token {
 		return // an earlier holding of the same key
 	}
-	if ev.Type == mvccpb.DELETE || !k.isOwn(ev.Kv) {
+	if ev.Type == mvccpb.DELETE || !k.owns(ev.Kv) {
 		k.lost = true
 	}
 }
@@ -222,7 +307,9 @@ func (k *knowledge) decide() decision {
 	switch {
 	case k.lost:
 		return decision{kind: decideLost}
-	case k.base == 0 || !k.complete:
+	case k.base == 0 || (len(k.ahead) == 0 && !k.complete):
+		// Unread, or every key a partial snapshot listed is gone:
+		// older ones may lie past what it read.
 		return decision{kind: decideRead, rev: k.readFloor()}
 	case len(k.ahead) == 0:
 		return k.decideEmpty()
@@ -238,7 +325,7 @@ func (k *knowledge) decide() decision {
 // decideEmpty decides once no key ahead is left: granted if the own key
 // is known unchanged through the last deletion.
 func (k *knowledge) decideEmpty() decision {
-	g := max(k.base, k.deleted)
+	g := max(k.base, k.deleted())
 	switch {
 	case k.ownTo >= g || k.seam.ignoresOwn():
 		return decision{kind: decideGranted, rev: g}
@@ -253,7 +340,7 @@ func (k *knowledge) decideEmpty() decision {
 // than the revision before any source's start, so that every source up
 // carries on from it with no gap.
 func (k *knowledge) readFloor() int64 {
-	floor := max(k.token, k.base, k.deleted)
+	floor := max(k.token, k.base, k.deleted())
 	for _, d := range k.gone {
 		floor = max(floor, d)
 	}
@@ -267,9 +354,9 @@ func (k *knowledge) readFloor() int64 {
 // snapshot, by a source up: its deletion will be delivered. Keys ahead
 // that no source covers change nothing while one that is covered stays.
 func (k *knowledge) watched() bool {
-	for key := range k.ahead {
+	for key, a := range k.ahead {
 		for _, c := range k.sources {
-			if c.covers(key) && k.contiguous(c.start, k.base) {
+			if c.covers(key) && k.contiguous(c.start, a.through) {
 				return true
 			}
 		}

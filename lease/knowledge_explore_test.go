@@ -72,6 +72,12 @@ func genHistory(r *rand.Rand) history {
 			if live[h.own] && r.IntN(3) == 0 {
 				put(h.own, "x", 0, h.token) // a foreign put that drops the lease
 			}
+		case 2:
+			// The session of a key ahead that went queues again: a key
+			// of the same name, newer than the own one.
+			if key := h.older[r.IntN(len(h.older))]; !live[key] {
+				put(key, "", otherLease, 0)
+			}
 		}
 	}
 	h.end = rev
@@ -151,7 +157,9 @@ type watch struct {
 	keys      []string
 	coversOwn bool
 	up        bool
-	next      int // index in the history's events of the next one to deliver
+	next      int    // index in the history's events of the next one to deliver
+	gen       uint64 // odd while up, as a keyWatch's epoch
+	lastStart int64  // where its last generation up started
 }
 
 func (w *watch) covers(key string) bool { return w.keys == nil || slices.Contains(w.keys, key) }
@@ -178,7 +186,8 @@ func newWorld(seed uint64, mutate func(*knowledge)) *world {
 	reader := r.IntN(3) == 0
 	blocks := func(kv *mvccpb.KeyValue) bool { return !reader || string(kv.Value) != readerVal }
 	w := &world{r: r, h: h, head: h.token, blocks: blocks}
-	w.k = newKnowledge(h.own, h.token, ownLease, blocks)
+	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
+	w.k.setToken(h.token)
 	if mutate != nil {
 		mutate(w.k)
 	}
@@ -215,6 +224,10 @@ func (w *world) step() {
 		w.answer(w.floor + w.r.Int64N(w.head-w.floor+1)) // any member at or past the floor
 	case n == 7:
 		w.toggle(w.watches[w.r.IntN(len(w.watches))])
+	case n == 8:
+		w.lateUp(w.watches[w.r.IntN(len(w.watches))])
+	case n == 9 && w.head > w.h.token:
+		w.readFollowed(w.h.token + w.r.Int64N(w.head-w.h.token+1))
 	}
 	w.check()
 }
@@ -222,9 +235,10 @@ func (w *world) step() {
 // toggle brings a watch up (it starts at the revision after the head, as
 // a watch opened at the current revision does) or down.
 func (w *world) toggle(wt *watch) {
+	wt.gen++
 	if wt.up {
 		wt.up = false
-		w.k.down(wt.name)
+		w.k.down(wt.name, wt.gen)
 		w.logf("%s down", wt.name)
 		return
 	}
@@ -234,8 +248,21 @@ func (w *world) toggle(wt *watch) {
 	if wt.next < 0 {
 		wt.next = len(w.h.evs)
 	}
-	w.k.up(wt.name, start, wt.keys, wt.coversOwn)
+	wt.lastStart = start
+	w.k.up(wt.name, wt.gen, start, wt.keys, wt.coversOwn)
 	w.logf("%s up at %d", wt.name, start)
+}
+
+// lateUp hands the rule, again, the news that a watch now down came up in
+// its last generation: news that arrives after the watch went down (the
+// watch reports it on its goroutine as a lock subscribes on another). The
+// rule must not count on a watch that delivers nothing more.
+func (w *world) lateUp(wt *watch) {
+	if wt.up || wt.gen == 0 {
+		return
+	}
+	w.k.up(wt.name, wt.gen-1, wt.lastStart, wt.keys, wt.coversOwn)
+	w.logf("%s late news: up in generation %d", wt.name, wt.gen-1)
 }
 
 // deliver sends a watch's next response: the events of its range in the
@@ -262,12 +289,14 @@ func (w *world) deliver(wt *watch, all bool) {
 		}
 	}
 	if len(evs) > 0 {
-		w.k.events(wt.name, evs, 0)
+		w.k.events(wt.name, wt.gen, evs, 0)
 		w.logf("%s delivers %d events through %d", wt.name, len(evs), evs[len(evs)-1].Kv.ModRevision)
 	}
 }
 
-// answer reads the queue at rev, as a member that has applied rev does.
+// answer reads the queue at rev, as a member that has applied rev does:
+// every key older than the own one, or, as a page of a long queue, only
+// the two newest of them.
 func (w *world) answer(rev int64) {
 	kvs := w.h.at(rev)
 	var older []*mvccpb.KeyValue
@@ -276,9 +305,30 @@ func (w *world) answer(rev int64) {
 			older = append(older, kv)
 		}
 	}
+	slices.SortFunc(older, func(a, b *mvccpb.KeyValue) int { return int(b.CreateRevision - a.CreateRevision) })
+	complete := true
+	if len(older) > 2 && w.r.IntN(3) == 0 {
+		older, complete = older[:2], false
+	}
 	w.reading = false
-	w.k.snapshot(rev, kvs[w.h.own], older, true)
-	w.logf("read at %d", rev)
+	w.k.snapshot(rev, kvs[w.h.own], older, complete)
+	w.logf("read at %d (complete %v)", rev, complete)
+}
+
+// readFollowed reads the keys a far waiter follows, at rev, as its
+// follow does once their watches are up: each one there (with the
+// creation revision it had) or gone.
+func (w *world) readFollowed(rev int64) {
+	kvs := w.h.at(rev)
+	n := len(w.h.older)
+	for _, key := range w.h.older[max(0, n-2):] {
+		if kv := kvs[key]; kv != nil && kv.CreateRevision < w.h.token {
+			w.k.confirm(key, kv.CreateRevision, rev)
+		} else {
+			w.k.goneBy(key, rev)
+		}
+	}
+	w.logf("read the followed keys at %d", rev)
 }
 
 // check holds every decision to the oracle.
