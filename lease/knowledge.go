@@ -62,7 +62,11 @@ type knowledge struct {
 	// the lock subscribes on another), and must not bring it back.
 	over map[source]uint64
 	lost bool // the own key was deleted or taken over: never granted
-	seam grantSeam
+	// early holds the own key's events that came before its token was
+	// known (a watch may deliver a change of the key before the put's
+	// answer arrives): setToken applies them.
+	early []*mvccpb.Event
+	seam  grantSeam
 }
 
 // keyAhead is a blocking key the snapshot listed.
@@ -100,6 +104,7 @@ type decisionKind int
 const (
 	decideWait    decisionKind = iota // a source will deliver what is missing
 	decideRead                        // read a snapshot at rev or later
+	decideReadOwn                     // read the own key at rev or later
 	decideGranted                     // held since rev
 	decideLost                        // the own key is gone: never held
 )
@@ -113,6 +118,25 @@ func newKnowledge(key string, owns, blocks func(*mvccpb.KeyValue) bool) *knowled
 // the own key is known to be this holding at it.
 func (k *knowledge) setToken(token int64) {
 	k.token, k.ownTo = token, max(k.ownTo, token)
+	for _, ev := range k.early {
+		k.ownEvent(ev)
+	}
+	k.early = nil
+	k.extend()
+}
+
+// ownRead takes a read of the own key alone at rev; kv is what it showed
+// (nil if absent). Found with its token, the key has lasted from the
+// token to rev: a key deleted and made again has a new creation revision.
+func (k *knowledge) ownRead(rev int64, kv *mvccpb.KeyValue) {
+	if k.token == 0 || rev < k.token || k.lost {
+		return
+	}
+	if !k.owns(kv) {
+		k.lost = true
+		return
+	}
+	k.ownTo = max(k.ownTo, rev)
 	k.extend()
 }
 
@@ -271,6 +295,10 @@ func (k *knowledge) event(ev *mvccpb.Event) {
 // or a put that made it another holding's (a new creation revision) or
 // moved it off the session's lease, ends it.
 func (k *knowledge) ownEvent(ev *mvccpb.Event) {
+	if k.token == 0 {
+		k.early = append(k.early, ev)
+		return
+	}
 	if ev.Kv.ModRevision <= k.token {
 		return // an earlier holding of the same key
 	}
@@ -332,7 +360,7 @@ func (k *knowledge) decideEmpty() decision {
 	case k.ownWillReach():
 		return decision{kind: decideWait}
 	}
-	return decision{kind: decideRead, rev: g}
+	return decision{kind: decideReadOwn, rev: g}
 }
 
 // readFloor is the lowest revision a read may reflect and still be of

@@ -172,6 +172,9 @@ type world struct {
 	head    int64
 	watches []*watch
 	reading bool
+	ownOnly bool // the read asked for is of the own key alone
+	// tokenLate: the rule is told the token only after a few steps.
+	tokenLate bool
 	floor   int64
 	k       *knowledge
 	blocks  func(*mvccpb.KeyValue) bool
@@ -187,7 +190,12 @@ func newWorld(seed uint64, mutate func(*knowledge)) *world {
 	blocks := func(kv *mvccpb.KeyValue) bool { return !reader || string(kv.Value) != readerVal }
 	w := &world{r: r, h: h, head: h.token, blocks: blocks}
 	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
-	w.k.setToken(h.token)
+	// Now and then the put's answer comes late: the watches may deliver
+	// before the rule knows the token.
+	w.tokenLate = r.IntN(4) == 0
+	if !w.tokenLate {
+		w.k.setToken(h.token)
+	}
 	if mutate != nil {
 		mutate(w.k)
 	}
@@ -214,6 +222,11 @@ func (w *world) logf(format string, args ...any) {
 
 // step does one random thing the world allows.
 func (w *world) step() {
+	if w.tokenLate && w.r.IntN(4) == 0 {
+		w.tokenLate = false
+		w.k.setToken(w.h.token)
+		w.logf("the put returns: token %d", w.h.token)
+	}
 	switch n := w.r.IntN(10); {
 	case n < 2 && w.head < w.h.end:
 		w.head++
@@ -221,7 +234,12 @@ func (w *world) step() {
 	case n < 5:
 		w.deliver(w.watches[w.r.IntN(len(w.watches))], false)
 	case n < 7 && w.reading && w.floor <= w.head:
-		w.answer(w.floor + w.r.Int64N(w.head-w.floor+1)) // any member at or past the floor
+		rev := w.floor + w.r.Int64N(w.head-w.floor+1) // any member at or past the floor
+		if w.ownOnly {
+			w.answerOwn(rev)
+		} else {
+			w.answer(rev)
+		}
 	case n == 7:
 		w.toggle(w.watches[w.r.IntN(len(w.watches))])
 	case n == 8:
@@ -315,6 +333,13 @@ func (w *world) answer(rev int64) {
 	w.logf("read at %d (complete %v)", rev, complete)
 }
 
+// answerOwn reads the own key alone at rev.
+func (w *world) answerOwn(rev int64) {
+	w.reading = false
+	w.k.ownRead(rev, w.h.at(rev)[w.h.own])
+	w.logf("read the own key at %d", rev)
+}
+
 // readFollowed reads the keys a far waiter follows, at rev, as its
 // follow does once their watches are up: each one there (with the
 // creation revision it had) or gone.
@@ -348,10 +373,10 @@ func (w *world) check() {
 			w.fail("lost while the own key is still held at %d", w.head)
 		}
 		w.done = true
-	case decideRead:
+	case decideRead, decideReadOwn:
 		if !w.reading {
-			w.reading, w.floor = true, d.rev
-			w.logf("asks a read at %d or later", d.rev)
+			w.reading, w.ownOnly, w.floor = true, d.kind == decideReadOwn, d.rev
+			w.logf("asks a read at %d or later (own key only: %v)", d.rev, w.ownOnly)
 		}
 	}
 }
@@ -360,11 +385,17 @@ func (w *world) check() {
 // the rule must then decide as the final queue says.
 func (w *world) finish() {
 	w.head = w.h.end
+	if w.tokenLate {
+		w.tokenLate = false
+		w.k.setToken(w.h.token)
+	}
 	for range 4 {
 		for _, wt := range w.watches {
 			w.deliver(wt, true)
 		}
-		if w.reading {
+		if w.reading && w.ownOnly {
+			w.answerOwn(w.head)
+		} else if w.reading {
 			w.answer(w.head)
 		}
 		w.check()
@@ -453,5 +484,24 @@ func TestGrantRuleExplorer(t *testing.T) {
 	// checked nothing.
 	if o.granted < seeds/10 || o.lost < seeds/20 || o.waiting < seeds/20 {
 		t.Fatalf("outcomes too uneven to trust: %+v", o)
+	}
+}
+
+// TestGrantRuleOwnKeyBeforeToken: a watch may deliver the own key's
+// deletion before the put's answer tells the lock its token. The rule
+// must still count it once the token is known, however far the watch's
+// progress carries the own key.
+func TestGrantRuleOwnKeyBeforeToken(t *testing.T) {
+	const token = 5
+	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
+	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
+		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
+	}, nil)
+	k.up("own", 1, token, []string{"q/own"}, true)
+	k.events("own", 1, []*mvccpb.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/own"), ModRevision: token + 2}}}, token+3)
+	k.setToken(token)
+	k.snapshot(token, own, nil, true)
+	if d := k.decide(); d.kind != decideLost {
+		t.Fatalf("own key deleted at %d, before the token was known: the rule says %+v, want lost", token+2, d)
 	}
 }
