@@ -175,12 +175,12 @@ type world struct {
 	ownOnly bool // the read asked for is of the own key alone
 	// tokenLate: the rule is told the token only after a few steps.
 	tokenLate bool
-	floor   int64
-	k       *knowledge
-	blocks  func(*mvccpb.KeyValue) bool
-	trace   []string
-	done    bool
-	err     error // the first decision the oracle refused
+	floor     int64
+	k         *knowledge
+	blocks    func(*mvccpb.KeyValue) bool
+	trace     []string
+	done      bool
+	err       error // the first decision the oracle refused
 }
 
 func newWorld(seed uint64, mutate func(*knowledge)) *world {
