@@ -48,24 +48,24 @@ type followed struct {
 
 // subscribe makes l a subscriber of every watch kept, and returns the
 // epoch of each, as a view is about to be read: a key whose watch was up
-// (odd epoch) through the read is followed from the read on. It also
-// returns the highest revision the watches handed on before l
-// subscribed: a read must be no older, or it could show a key whose
-// deletion l was never sent (the watch and the read may be served by
-// different members).
-func (f *follows) subscribe(l *Lock) (map[string]uint64, int64) {
+// (odd epoch) through the read is followed from the read on.
+func (f *follows) subscribe(l *Lock) map[string]uint64 {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.m) == 0 {
-		return nil, 0 // no far wait yet: nothing to allocate for
-	}
-	epochs := make(map[string]uint64, len(f.m))
-	var seen int64
+	ws := make(map[string]*keyWatch, len(f.m))
 	for k, fw := range f.m {
-		epochs[k] = fw.w.subscribe(l)
-		seen = max(seen, fw.w.seenRev.Load())
+		ws[k] = fw.w
 	}
-	return epochs, seen
+	f.mu.Unlock()
+	if len(ws) == 0 {
+		return nil // no far wait yet: nothing to allocate for
+	}
+	// Outside f.mu: subscribing takes l.mu, and l.mu is held when f.mu
+	// is taken (followingLocked).
+	epochs := make(map[string]uint64, len(ws))
+	for k, w := range ws {
+		epochs[k] = l.subscribeTo(w)
+	}
+	return epochs
 }
 
 // epochOf is the current epoch of the watch of key, if one is kept.
@@ -93,7 +93,7 @@ func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[strin
 	epochs := make(map[string]uint64, len(keys))
 	var upRev int64
 	for i, w := range ws {
-		w.subscribe(l)
+		l.subscribeTo(w)
 		epoch, err := w.upEpoch(ctx, l)
 		if err != nil {
 			return nil, 0, err
@@ -238,7 +238,7 @@ func (l *Lock) followingLocked() bool {
 func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	keys := l.newestAhead(followKeys)
-	minRev := max(l.token, l.deletedRev)
+	minRev := l.know.readFloor()
 	for _, k := range keys {
 		minRev = max(minRev, l.ahead[k].seenAt)
 	}
@@ -268,11 +268,14 @@ func (l *Lock) follow(ctx context.Context) error {
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		switch {
 		case len(kvs) == 0 || kvs[0].CreateRevision != a.token:
+			l.know.goneBy(k, resp.Header.Revision)
 			l.applyDelete(k, resp.Header.Revision)
 		case !isQueueKey(pfx, kvs[0]) || !l.blocks(kvs[0]):
+			l.know.clear(k, a.token)
 			delete(l.ahead, k)
 			l.refollow = true
 		default:
+			l.know.confirm(k, a.token, resp.Header.Revision)
 			a.candidate, a.reader = false, modeOf(kvs[0]) == Read
 			l.ahead[k] = a
 			if l.followEpochs == nil {

@@ -78,17 +78,10 @@ type Lock struct {
 	far          bool
 	refollow     bool
 	followEpochs map[string]uint64
-	// deletedRev is the highest revision of a deletion applied to the
-	// view: a later read must not be older, or it would show the key again
-	// with its deletion already spent.
-	deletedRev int64
-	// ownTo is the highest revision through which the own key is known to
-	// have been this holding: the revision of a read that found it, or of
-	// the last event the queue watch (which covers the own key, in order
-	// with the keys ahead) delivered in the view's epoch. A grant at
-	// deletedRev needs ownTo to reach it: the own-key watch delivers in no
-	// fixed order with the watches of keys ahead.
-	ownTo    int64
+	// know is what the lock knows of its queue, fed by every read and
+	// watch, and the one rule that decides its grant (knowledge.go). The
+	// fields above and below only choose how to wait and what to read.
+	know     *knowledge
 	epoch    uint64 // of the queue watch
 	ownEpoch uint64 // of the own-key watch
 	synced   bool
@@ -218,6 +211,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 		value = ReaderValue
 	}
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, value: value, gate: release, w: w}
+	l.know = newKnowledge(l.key, l.owns, nil)
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -254,11 +248,9 @@ func (l *Lock) start() error {
 		return err
 	}
 	l.stopFinish = context.AfterFunc(l.ctx, l.finish)
-	ownEpoch := l.w.own.subscribe(l)
-	epoch := l.w.queue.subscribe(l)
-	// The enqueue is a write, newer than anything a watch handed on
-	// before this subscription.
-	follows, _ := l.w.follows.subscribe(l)
+	ownEpoch := l.subscribeTo(l.w.own)
+	epoch := l.subscribeTo(l.w.queue)
+	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.ownEpoch, l.epoch, l.followEpochs = ownEpoch, epoch, follows
 	l.mu.Unlock()
@@ -310,7 +302,7 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // create's first read).
 func (l *Lock) await(ctx context.Context, try bool) error {
 	switch v := l.look(); {
-	case v.held:
+	case v.held():
 		return nil
 	case v.ended:
 		return context.Cause(l.ctx)
@@ -470,7 +462,8 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 // token on goroutines of their own.
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
-	l.token, l.fresh, l.ownTo = token, true, token
+	l.token, l.fresh = token, true
+	l.know.setToken(token)
 	l.mu.Unlock()
 }
 
@@ -507,7 +500,7 @@ func (l *Lock) leaveMirror() {
 	l.mu.Unlock()
 	if was {
 		l.w.queue.mirror.leave(l, token)
-		l.w.queue.subscribe(l)
+		l.subscribeTo(l.w.queue)
 	}
 }
 
@@ -592,6 +585,9 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 		// The page ended before the oldest key: older ones may be past it.
 		l.beyond = page.More && older > 0
 	}
+	// Whoever calls this has found the own key this holding's at rev:
+	// the put just made it, or the read of the view read it too.
+	l.know.snapshot(rev, l.ownKV(), l.aheadKVs(), !l.beyond)
 	l.synced = true
 	for _, d := range l.pending {
 		l.applyDelete(d.key, d.rev)
@@ -605,27 +601,18 @@ type deletion struct {
 	rev int64
 }
 
-// deleted is called by the name's watches with the events of one watch
-// response, in revision order; it applies their deletions together, so
-// that the waiter never looks at a view that has some of them and not
-// others. fromQueue tells that they came from the queue watch, in epoch.
-//
-// The queue watch's deletion of the lock's own key counts as much as the
-// own-key watch's: the two are separate watches, and the client may hand
-// the own-key watch's events over later than the queue watch's, so a
-// waiter whose key went just before the last key ahead (or in the same
-// transaction) must learn it from the queue watch, which delivers both in
-// order.
-func (l *Lock) deleted(events []*clientv3.Event, fromQueue bool, epoch uint64) {
+// deleted is called by a watch of the name with the events of one
+// response, in revision order, in the watch's epoch. The knowledge takes
+// them all, whatever the source; the view (l.ahead), which chooses how to
+// wait, takes a queue watch's only in the epoch it was read under, and
+// holds back deletions that come while it is being read.
+func (l *Lock) deleted(w *keyWatch, events []*clientv3.Event, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if fromQueue && epoch != l.epoch {
+	l.feed(w, events, epoch)
+	defer l.poke()
+	if w.prefix && epoch != l.epoch {
 		return // the view is read again before it is relied on
-	}
-	if fromQueue && len(events) > 0 {
-		// In its epoch the queue watch has delivered every change under
-		// the name, the own key's included, up to its last event.
-		defer func(rev int64) { l.ownTo = max(l.ownTo, rev) }(events[len(events)-1].Kv.ModRevision)
 	}
 	for _, ev := range events {
 		if ev.Type != mvccpb.DELETE {
@@ -664,12 +651,8 @@ func (l *Lock) applyDelete(key string, rev int64) {
 	}
 	if a, ok := l.ahead[key]; ok && rev > a.seenAt {
 		delete(l.ahead, key)
-		l.deletedRev = max(l.deletedRev, rev)
 		if l.far {
 			l.refollow = true
-		}
-		if len(l.ahead) == 0 || l.far {
-			l.poke()
 		}
 	}
 }
@@ -692,34 +675,35 @@ func (l *Lock) keyGoneLocked() {
 	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
 }
 
-// view is what a waiter knows of the queue ahead of it.
+// view is what a waiter knows of the queue ahead of it: the rule's
+// decision (l.know), and what the waiter needs to choose how to wait or
+// what to read next.
 type view struct {
-	held      bool             // nothing ahead: the lock is held
-	ended     bool             // the lock has ended (see its context's cause): it is never held
-	stale     bool             // the view must be read (again): it is unread, or its read failed
-	ownStale  bool             // the own-key watch was not up all along since the view was read: the key must be read again once it is
-	ownBehind bool             // nothing is left ahead, but the own key is not known to have lasted until the last deletion
-	near      bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
-	current   bool             // the queue watch has kept the view current since it was read
-	far       bool             // the lock follows only the newest keys ahead (see Lock.far)
-	followed  bool             // ... and their watches keep the view current: a deletion of one wakes it
-	refollow  bool             // ... and one of them went: the view must be read again
-	pred      *mvccpb.KeyValue // the nearest key ahead; nil if the page held none
-	mirrored  bool             // the lock waits on its Keeper's copy of the queue
+	d        decision         // the rule's: granted, lost, wait, or read at d.rev or later
+	ended    bool             // the lock has ended (see its context's cause): it is never held
+	unread   bool             // the view of the keys ahead (l.ahead) is unread, or its read failed
+	ownStale bool             // the own-key watch was not up all along since the view was read
+	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
+	current  bool             // the queue watch has kept the view current since it was read
+	far      bool             // the lock follows only the newest keys ahead (see Lock.far)
+	followed bool             // ... and their watches keep the view current
+	refollow bool             // ... and one of them went: the view must be read again
+	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the view holds none
+	mirrored bool             // the lock waits on its Keeper's copy of the queue, which is up
 }
 
-// look reads the lock's view. Once it finds nothing ahead, the lock counts
-// as held from then on, for recheck: no key older than the lock's own can
-// appear later, and the own-key watch (current since the view was read)
-// would have reported the lock's own key gone.
+func (v view) held() bool { return v.d.kind == decideGranted }
+
+// look asks the rule whether the lock is held, and gathers what the
+// waiter needs to act on its answer. Once granted, the lock counts as
+// held from then on, for recheck: no key older than the lock's own can
+// appear later, and the own-key watch reports the own key's end.
 //
-// A fresh view (read as the key was put) that shows nothing ahead grants
-// the lock even if the own-key watch is not up: the key was there when
-// the view was read. The watch is opened once the lock has been held for
-// ownWatchDelay; it comes up reading the key again (recheck), so a
-// deletion meanwhile is reported then. A lock held for less opens no
-// watch: the event its own Unlock would send it is the largest cost of an
-// uncontended lock after the requests themselves.
+// A lock granted by the view read with its put may have its own-key
+// watch down: it is opened once the lock has been held for
+// ownWatchDelay, and reads the key again as it comes up (recheck). A lock
+// held for less opens no watch: the event its own Unlock would send it is
+// the largest cost of an uncontended lock after the requests themselves.
 func (l *Lock) look() view {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -728,14 +712,17 @@ func (l *Lock) look() view {
 		// gone): it must not be granted, whatever its view says.
 		return view{ended: true}
 	}
-	// Only the first look may rely on a fresh view: after it, the lock
-	// waits.
+	// Only the first look may count the lock as granted at once (see
+	// restQueue).
 	defer func() { l.fresh = false }()
 	if l.mirrored {
-		return l.lookInMirror()
+		if v, ok := l.lookInMirror(); ok {
+			return v
+		}
 	}
 	v := view{
-		stale:    !l.synced,
+		d:        l.know.decide(),
+		unread:   !l.synced,
 		ownStale: l.ownStale(),
 		near:     l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
 		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified(),
@@ -748,19 +735,21 @@ func (l *Lock) look() view {
 		l.far = true
 		v.far, v.followed, v.refollow = true, l.followingLocked(), l.refollow
 	}
-	if !v.stale && !v.ownStale && len(l.ahead) == 0 && !l.beyond {
-		if l.ownTo < l.deletedRev {
-			// The last deletion came from a watch of a key ahead: whether
-			// the own key went before it, only a read at its revision
-			// tells.
-			v.ownBehind = true
-			return v
-		}
+	l.decided(&v)
+	return v
+}
+
+// decided acts on the rule's decision as look returns it: a grant is
+// recorded, a lost key ends the lock. l.mu is held.
+func (l *Lock) decided(v *view) {
+	switch v.d.kind {
+	case decideGranted:
 		l.atOnce = l.fresh
 		l.grant()
-		v.held = true
+	case decideLost:
+		l.keyGoneLocked()
+		v.ended = true
 	}
-	return v
 }
 
 // ownWatchDelay is how long a lock granted with its own-key watch not up
@@ -820,26 +809,39 @@ func (l *Lock) grant() {
 }
 
 // lookInMirror is look for a lock waiting on its Keeper's copy of the
-// queue. Once held, it leaves the copy's waiters. l.mu is held.
-func (l *Lock) lookInMirror() view {
-	blocked, pred, ok := l.w.queue.mirror.blocked(l.epoch, l)
-	v := view{stale: !ok, ownStale: l.ownStale(), near: true, current: ok, mirrored: true, pred: pred}
-	if !v.stale && !v.ownStale && !blocked {
-		l.grant()
-		v.held = true
-		l.atOnce, l.onlyKey = l.fresh, l.w.queue.mirror.only(l)
+// queue: the copy, which holds every key under the name as of its
+// revision, is a snapshot for the rule whenever it shows the lock not
+// blocked (or its own key not its own). ok is false if there is no copy
+// of the lock's epoch any more: the lock then reads its view. Once held,
+// the lock leaves the copy's waiters. l.mu is held.
+func (l *Lock) lookInMirror() (v view, ok bool) {
+	mv := l.w.queue.mirror.blocked(l.epoch, l)
+	if !mv.ok {
+		return view{}, false
+	}
+	if !mv.blocked || !l.owns(mv.own) {
+		l.know.snapshot(mv.rev, mv.own, nil, true)
+	}
+	v = view{d: l.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: mv.pred}
+	if v.d.kind == decideRead && mv.blocked {
+		// The copy wakes the lock when a deletion may grant it.
+		v.d = decision{kind: decideWait}
+	}
+	l.decided(&v)
+	if v.held() {
+		l.onlyKey = l.w.queue.mirror.only(l)
 		l.w.queue.mirror.leave(l, l.token)
 	}
-	return v
+	return v, true
 }
 
-// wait blocks until no queue key older than the lock's own is left. Near
-// the head of the queue it follows the queue watch's deletions, and the
-// last one ahead grants the lock with no read; further back it follows
-// the two newest keys ahead (follow), reads its view again when one goes
-// (rereadFar), and is granted with no read when the last one goes. With try set it
-// looks once and returns ErrLocked if a key is ahead. If ctx ends, the
-// error names the key it was waiting behind.
+// wait blocks until the rule grants the lock. Near the head of the queue
+// it follows the queue watch's deletions, and the last one ahead grants
+// the lock with no read; further back it follows the two newest keys ahead
+// (follow), reads its view again when one goes (rereadFar), and when the
+// last one goes reads its own key, unless a watch has shown it lasting
+// that long. With try set it looks once and returns ErrLocked if a key is
+// ahead. If ctx ends, the error names the key it was waiting behind.
 func (l *Lock) wait(ctx context.Context, try bool) error {
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
@@ -851,42 +853,28 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		}
 		var err error
 		switch {
-		case v.held:
+		case v.held():
 			return nil
 		case v.ended:
 			return context.Cause(l.ctx)
-		case try && !v.stale && v.pred != nil:
+		case try && !v.unread && v.pred != nil:
 			// Someone holds it: whether the lock's own key is still there
 			// changes nothing about that.
 			return lockedBy(v.pred)
-		case v.ownStale && !v.stale:
-			err = l.confirmOwn(ctx)
-		case v.ownBehind:
-			err = l.confirmOwnAt(ctx)
-		case v.mirrored && !v.stale:
-			// The Keeper's copy wakes the lock when it may hold it.
+		case v.d.kind == decideWait && !v.ownStale && !(v.far && !v.followed):
+			// A watch will deliver what the rule lacks, and wake the
+			// lock. A waiter keeps its own-key watch up even where the
+			// rule needs it not (the queue watch or the Keeper's copy
+			// covers the own key): the copy wakes only the waiters a
+			// deletion may grant, and neither carries a put by someone
+			// else that moves the key off the lease.
 			select {
 			case <-l.changed:
 			case <-ctx.Done():
 				err = ctx.Err()
 			}
-		case v.stale || v.pred == nil:
-			// The own-key watch went down, or the page read held no
-			// queue key but older keys lie past it: read again.
-			err = l.reread(ctx, 0)
-		case v.followed || (v.near && v.current):
-			select {
-			case <-l.changed:
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		case v.far && v.refollow:
-			err = l.rereadFar(ctx)
-		case v.far:
-			err = l.follow(ctx)
 		default:
-			l.w.queue.resume()
-			err = l.rereadNear(ctx)
+			err = l.read(ctx, v)
 		}
 		if err == nil {
 			retry.reset()
@@ -903,6 +891,30 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 	}
 }
 
+// read reads what the rule lacks, the way the lock's place in the queue
+// calls for: its own key alone, its view of the queue, or the keys it
+// follows far back.
+func (l *Lock) read(ctx context.Context, v view) error {
+	switch {
+	case v.d.kind == decideReadOwn:
+		return l.confirmOwnAt(ctx, v.d.rev)
+	case v.ownStale && !v.unread:
+		return l.confirmOwn(ctx)
+	case v.unread || v.pred == nil:
+		// Unread, or the page read held no queue key but older keys lie
+		// past it: read again.
+		return l.reread(ctx, v.d.rev)
+	case v.far && v.refollow:
+		return l.rereadFar(ctx)
+	case v.far:
+		return l.follow(ctx)
+	case !v.current:
+		l.w.queue.resume()
+		return l.rereadNear(ctx)
+	}
+	return l.reread(ctx, v.d.rev)
+}
+
 // confirmOwn opens the own-key watch of a lock that has to wait, and reads
 // its key once the watch is up: a deletion before then went unseen. The
 // rest of the view stays as it is.
@@ -911,12 +923,8 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kvs, err := l.readOwnKey(ctx)
-	if err != nil {
+	if err := l.readOwn(ctx, l.w.own.upRev.Load()); err != nil {
 		return err
-	}
-	if !l.ownsFirst(kvs) {
-		return ErrKeyDeleted
 	}
 	l.mu.Lock()
 	l.ownEpoch = ownEpoch
@@ -924,25 +932,31 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 	return nil
 }
 
-// confirmOwnAt reads the lock's own key at the revision of the last
-// deletion ahead, or later: a waiter whose key went before that deletion
-// must never be told it holds the lock.
-func (l *Lock) confirmOwnAt(ctx context.Context) error {
-	l.mu.Lock()
-	minRev := l.deletedRev
-	l.mu.Unlock()
-	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.w.own.upRev.Load(), l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+// confirmOwnAt reads the lock's own key at revision rev or later: the
+// last deletion ahead came from a watch that does not cover the own key,
+// and a waiter whose key went before that deletion must never be told it
+// holds the lock.
+func (l *Lock) confirmOwnAt(ctx context.Context, rev int64) error {
+	return l.readOwn(ctx, rev)
+}
+
+// readOwn reads the lock's own key in a state no older than minRev (nor
+// than the token) and hands the answer to the rule; ErrKeyDeleted if the
+// key is no longer this holding's.
+func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
+	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...)}
 	})
 	if err != nil {
 		return err
 	}
-	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+	kv := firstKV(resp.Responses[0].GetResponseRange().Kvs)
+	l.mu.Lock()
+	l.know.ownRead(resp.Header.Revision, kv)
+	l.mu.Unlock()
+	if !l.owns(kv) {
 		return ErrKeyDeleted
 	}
-	l.mu.Lock()
-	l.ownTo = max(l.ownTo, resp.Header.Revision)
-	l.mu.Unlock()
 	return nil
 }
 
@@ -1068,15 +1082,16 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 // holding's: a waiter whose key vanished must never be told it holds the
 // lock.
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
-	follows, seen := l.w.follows.subscribe(l)
+	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.ownEpoch, l.epoch, l.followEpochs, l.synced, l.pending = ownEpoch, epoch, follows, false, nil
-	// No older than anything the watches handed on before this point:
-	// their events until now were not applied to this view (a queue
-	// watch's, of another epoch, were dropped), and a read served by a
-	// member that had not applied them would show keys whose deletion
-	// no watch will send again.
-	minRev = max(minRev, l.token, l.deletedRev, seen, l.w.own.seenRev.Load())
+	// No older than what the rule relies on having seen (readFloor), nor
+	// than what the own-key and queue watches handed on before this
+	// point: the view took none of a queue watch's events of another
+	// epoch, and a read older than them would show keys whose deletion no
+	// watch will send again (the rule knows they went; the view, which
+	// chooses how to wait, would wait for them).
+	minRev = max(minRev, l.know.readFloor(), l.w.own.seenRev.Load())
 	if epoch%2 == 1 {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
 	}
@@ -1087,12 +1102,12 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	if err != nil {
 		return nil, 0, err
 	}
-	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; !l.ownsFirst(kvs) {
+		l.mu.Lock()
+		l.know.ownRead(resp.Header.Revision, firstKV(kvs))
+		l.mu.Unlock()
 		return nil, 0, ErrKeyDeleted
 	}
-	l.mu.Lock()
-	l.ownTo = max(l.ownTo, resp.Header.Revision)
-	l.mu.Unlock()
 	return resp.Responses[1].GetResponseRange(), resp.Header.Revision, nil
 }
 
@@ -1137,13 +1152,7 @@ func (l *Lock) readOwnKey(ctx context.Context) ([]*mvccpb.KeyValue, error) {
 }
 
 // ownsFirst is owns for the result of a read of the lock's key.
-func (l *Lock) ownsFirst(kvs []*mvccpb.KeyValue) bool {
-	var kv *mvccpb.KeyValue
-	if len(kvs) > 0 {
-		kv = kvs[0]
-	}
-	return l.owns(kv)
-}
+func (l *Lock) ownsFirst(kvs []*mvccpb.KeyValue) bool { return l.owns(firstKV(kvs)) }
 
 // leave hands the name's local gate on, once.
 func (l *Lock) leave() {

@@ -355,37 +355,50 @@ func (m *queueMirror) oldest(o *order, writers bool) int64 {
 	return 0
 }
 
-// blocked tells whether lock l still has a key ahead that blocks it, in
-// the copy of epoch; ok is false if there is no such copy (the watch went
-// down since, or the name has too many keys): l must read its view. If it
-// is blocked, pred is the nearest key ahead of it. A lock whose own key is
-// gone from the copy is blocked for good: its own-key watch ends it.
-func (m *queueMirror) blocked(epoch uint64, l *Lock) (blocked bool, pred *mvccpb.KeyValue, ok bool) {
+// mirrorView is what the copy says of one lock.
+type mirrorView struct {
+	ok      bool             // there is a copy of the lock's epoch; the rest is unset if not
+	blocked bool             // a key ahead blocks the lock, or its own key is not in the copy as its own
+	pred    *mvccpb.KeyValue // the nearest key ahead, if one blocks
+	own     *mvccpb.KeyValue // the lock's own key in the copy; nil if absent
+	rev     int64            // the revision the copy is the state of
+}
+
+// blocked tells what the copy of epoch says of lock l: whether a key
+// ahead still blocks it (and the nearest key ahead), and the lock's own
+// key as the copy holds it, as of the copy's revision. ok is false if
+// there is no such copy (the watch went down since, or the name has too
+// many keys): l must read its view. A lock whose own key is gone from the
+// copy, or made again, is blocked for good.
+func (m *queueMirror) blocked(epoch uint64, l *Lock) mirrorView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.valid || m.epoch != epoch {
-		return false, nil, false
+		return mirrorView{}
 	}
-	token, mode := l.token, l.mode
-	if own := m.keys[l.key]; own == nil || own.CreateRevision != token {
-		return true, nil, true
+	v := mirrorView{ok: true, own: m.keys[l.key], rev: m.rev}
+	if v.own == nil || v.own.CreateRevision != l.token {
+		v.blocked = true
+		return v
 	}
 	o, writers := &m.queue, false
-	if mode == Read {
+	if l.mode == Read {
 		o, writers = &m.writers, true
 	}
-	if head := m.oldest(o, writers); head == 0 || head >= token {
-		return false, nil, true
+	if head := m.oldest(o, writers); head == 0 || head >= l.token {
+		return v
 	}
+	v.blocked = true
 	// The nearest key ahead, for errors that name it: the newest live
 	// entry older than the token.
-	i, _ := slices.BinarySearchFunc(o.entries[o.front:], token, func(e orderEntry, t int64) int { return int(e.rev - t) })
+	i, _ := slices.BinarySearchFunc(o.entries[o.front:], l.token, func(e orderEntry, t int64) int { return int(e.rev - t) })
 	for j := o.front + i - 1; j >= o.front; j-- {
 		if e := o.entries[j]; m.live(e, false) {
-			return true, &mvccpb.KeyValue{Key: []byte(e.key), CreateRevision: e.rev}, true
+			v.pred = &mvccpb.KeyValue{Key: []byte(e.key), CreateRevision: e.rev}
+			break
 		}
 	}
-	return true, nil, true
+	return v
 }
 
 // only tells whether lock l's own key is the only key under the name in

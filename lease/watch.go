@@ -234,7 +234,7 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			w.mirror.apply(w.key, wr.Events, epoch)
 		}
 		for _, sub := range w.subscribers() {
-			sub.deleted(wr.Events, w.prefix, epoch)
+			sub.deleted(w, wr.Events, epoch)
 		}
 	}
 	return cameUp
@@ -249,8 +249,12 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 		w.epoch.Add(1)
 		close(w.up)
 	}
+	epoch := w.epoch.Load()
 	w.mu.Unlock()
 	for _, sub := range w.subscribers() {
+		// Opened with no start revision, the watch reports every change
+		// after the revision it came up at.
+		sub.sourceUp(w, epoch, w.upRev.Load()+1)
 		if w.prefix || w.ahead {
 			sub.poke()
 		} else if sub.recheck(ctx) != nil {
@@ -278,12 +282,13 @@ func (w *keyWatch) down() {
 		w.epoch.Add(1)
 		w.up = make(chan struct{})
 	}
+	epoch := w.epoch.Load()
 	w.mu.Unlock()
 	if w.mirror != nil {
 		w.mirror.drop()
 	}
 	for _, sub := range w.subscribers() {
-		sub.poke()
+		sub.sourceDown(w, epoch)
 	}
 }
 

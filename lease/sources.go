@@ -1,0 +1,80 @@
+package lease
+
+import (
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The lock's watches feed its knowledge (knowledge.go), each as a source
+// of its own: what it covers, from which revision, and in which of its
+// generations (the watch's epoch, odd while it is up).
+
+// sourceOf names watch w as a source of l's knowledge, with the keys it
+// covers (nil: every key under the name) and whether those hold the own
+// key. The queue watch covers the own key for its deletion only (it
+// leaves puts out); a put by someone else that moves the key off the
+// lease reaches the lock through its own-key watch, which keeps puts.
+func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool) {
+	switch {
+	case w == l.w.own:
+		return "own", []string{l.key}, true
+	case w.prefix:
+		return "queue", nil, true
+	}
+	return source("follow " + w.key), []string{w.key}, false
+}
+
+// subscribeTo makes l a subscriber of w and returns w's epoch. If w is
+// up, it covers l from the revision after the last response it handed
+// on: l was not sent what came before (loaded after subscribing, so it
+// is never lower than what l missed).
+func (l *Lock) subscribeTo(w *keyWatch) uint64 {
+	epoch := w.subscribe(l)
+	if epoch%2 == 1 {
+		l.sourceUp(w, epoch, w.seenRev.Load()+1)
+	}
+	return epoch
+}
+
+// sourceUp records that w came up in epoch, delivering every change of
+// its range from start on, and wakes the waiter.
+func (l *Lock) sourceUp(w *keyWatch, epoch uint64, start int64) {
+	src, keys, own := l.sourceOf(w)
+	l.mu.Lock()
+	l.know.up(src, epoch, start, keys, own)
+	l.mu.Unlock()
+	l.poke()
+}
+
+// sourceDown records that w went down, ending epoch-1, and wakes the
+// waiter.
+func (l *Lock) sourceDown(w *keyWatch, epoch uint64) {
+	src, _, _ := l.sourceOf(w)
+	l.mu.Lock()
+	l.know.down(src, epoch)
+	l.mu.Unlock()
+	l.poke()
+}
+
+// ownKV is the own key as a read that found it this holding's shows it.
+// l.mu is held.
+func (l *Lock) ownKV() *mvccpb.KeyValue {
+	return &mvccpb.KeyValue{Key: []byte(l.key), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
+}
+
+// aheadKVs lists the view's keys ahead for the knowledge's snapshot.
+// l.mu is held.
+func (l *Lock) aheadKVs() []*mvccpb.KeyValue {
+	kvs := make([]*mvccpb.KeyValue, 0, len(l.ahead))
+	for k, a := range l.ahead {
+		kvs = append(kvs, &mvccpb.KeyValue{Key: []byte(k), CreateRevision: a.token})
+	}
+	return kvs
+}
+
+// feed hands the knowledge the events of one watch response.
+// l.mu is held.
+func (l *Lock) feed(w *keyWatch, events []*clientv3.Event, epoch uint64) {
+	src, _, _ := l.sourceOf(w)
+	l.know.events(src, epoch, events, 0)
+}
