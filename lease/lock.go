@@ -382,26 +382,8 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	cli, pfx := l.s.client, l.name+"/"
 	put := clientv3.OpPut(l.key, l.value, clientv3.WithLease(l.s.id))
 	if try {
-		resp, err := cli.Txn(wctx).
-			If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
-			Then(put).
-			Else(oldestFirst(pfx)).
-			Commit()
-		if err != nil {
-			if !rpcerr.Definite(err) {
-				l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
-			}
+		if done, err := l.tryEmpty(wctx, put); done || err != nil {
 			return err
-		}
-		if resp.Succeeded {
-			l.setToken(resp.Header.Revision)
-			l.setAhead(resp.Header.Revision, nil)
-			return nil
-		}
-		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-			if isQueueKey(pfx, kv) && l.blocks(kv) {
-				return lockedBy(kv)
-			}
 		}
 		// Only keys of nested locks (or, for a reader, of readers) were
 		// seen: queue up, then look again.
@@ -441,9 +423,16 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	l.setToken(resp.Header.Revision)
 	l.s.probeKey.Store(l.key)
 	l.s.sawRevision(resp.Header.Revision)
+	l.queued(ctx, resp, mirrored, keysOnly)
+	return nil
+}
+
+// queued takes the view from the answer of the put that queued the lock,
+// or from the Keeper's copy.
+func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored, keysOnly bool) {
 	if mirrored {
 		l.viewFromMirror(ctx)
-		return nil
+		return
 	}
 	// The page holds the new key itself, the newest under the name.
 	page := resp.Responses[1].GetResponseRange()
@@ -453,7 +442,37 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	} else {
 		l.setAhead(resp.Header.Revision, page)
 	}
-	return nil
+}
+
+// tryEmpty puts the key only if no key at all is under the name, for
+// TryLock, so that a held lock costs it no write. done reports that it
+// was put (and the lock is held), or that a key that blocks it was found
+// (err wraps ErrLocked); otherwise only keys that do not block it were
+// found, and it queues as Lock does.
+func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err error) {
+	pfx := l.name + "/"
+	resp, err := l.s.client.Txn(wctx).
+		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
+		Then(put).
+		Else(oldestFirst(pfx)).
+		Commit()
+	if err != nil {
+		if !rpcerr.Definite(err) {
+			l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+		}
+		return true, err
+	}
+	if resp.Succeeded {
+		l.setToken(resp.Header.Revision)
+		l.setAhead(resp.Header.Revision, nil)
+		return true, nil
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		if isQueueKey(pfx, kv) && l.blocks(kv) {
+			return true, lockedBy(kv)
+		}
+	}
+	return false, nil
 }
 
 // setToken records the lock's token as its key's put returns, and marks
@@ -557,29 +576,14 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	known := l.ahead
+	l.ahead = make(map[string]ahead)
 	l.beyond, l.sharing, l.refollow = false, 0, false
-	if page == nil {
-		l.ahead = make(map[string]ahead)
-	} else {
-		l.ahead = make(map[string]ahead, len(page.Kvs))
+	if page != nil {
 		older := 0
 		for _, kv := range page.Kvs {
-			if kv.CreateRevision >= l.token {
-				continue
-			}
-			older++
-			k, was := string(kv.Key), known[string(kv.Key)]
-			switch {
-			case candidates && isChildKey(pfx, kv) && !was.candidate && was.token == kv.CreateRevision:
-				// Read in full before, as this same key: still known.
-				was.seenAt = rev
-				l.ahead[k] = was
-			case candidates && isChildKey(pfx, kv):
-				l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, candidate: true}
-			case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
-				l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, reader: modeOf(kv) == Read}
-			case !candidates && isQueueKey(pfx, kv):
-				l.sharing++
+			if kv.CreateRevision < l.token {
+				older++
+				l.addAhead(pfx, rev, kv, known, candidates)
 			}
 		}
 		// The page ended before the oldest key: older ones may be past it.
@@ -593,6 +597,25 @@ func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 		l.applyDelete(d.key, d.rev)
 	}
 	l.pending = nil
+}
+
+// addAhead adds kv, a key older than the lock's own read at rev, to the
+// view if it blocks the lock (or, from a keys-only read, may: see
+// setCandidates), or counts it as sharing. l.mu is held.
+func (l *Lock) addAhead(pfx string, rev int64, kv *mvccpb.KeyValue, known map[string]ahead, candidates bool) {
+	k, was := string(kv.Key), known[string(kv.Key)]
+	switch {
+	case candidates && isChildKey(pfx, kv) && !was.candidate && was.token == kv.CreateRevision:
+		// Read in full before, as this same key: still known.
+		was.seenAt = rev
+		l.ahead[k] = was
+	case candidates && isChildKey(pfx, kv):
+		l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, candidate: true}
+	case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
+		l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, reader: modeOf(kv) == Read}
+	case !candidates && isQueueKey(pfx, kv):
+		l.sharing++
+	}
 }
 
 // deletion is a delete event held back while the lock's view is read.
@@ -876,19 +899,25 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		default:
 			err = l.read(ctx, v)
 		}
-		if err == nil {
-			retry.reset()
-			continue
-		}
-		if ctx.Err() != nil || !rpcerr.Transient(ctx, err) {
-			return behind(v.pred, err)
-		}
-		// etcd could not be reached for a moment: the waiter's key stays
-		// queued, and the session's deadline bounds how long this goes on.
-		if err := retry.wait(ctx); err != nil {
+		if err := retried(ctx, &retry, err); err != nil {
 			return behind(v.pred, err)
 		}
 	}
+}
+
+// retried returns nil once a step of wait that failed for a moment may
+// run again (after a backoff), and err if it must not: etcd could not be
+// reached for a moment, and the waiter's key stays queued; the session's
+// deadline bounds how long this goes on.
+func retried(ctx context.Context, retry *backoff, err error) error {
+	if err == nil {
+		retry.reset()
+		return nil
+	}
+	if ctx.Err() != nil || !rpcerr.Transient(ctx, err) {
+		return err
+	}
+	return retry.wait(ctx)
 }
 
 // read reads what the rule lacks, the way the lock's place in the queue

@@ -205,29 +205,41 @@ func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {
 		if wr.Err() != nil {
 			return
 		}
-		for _, ev := range wr.Events {
-			leaderKey := cur != nil && string(ev.Kv.Key) == cur.Key
-			queued := ev.Type == mvccpb.PUT && isQueueKey(pfx, ev.Kv)
-			switch {
-			case leaderKey && (!queued || ev.Kv.CreateRevision != cur.Token):
-				return // the leader went, or its key was replaced
-			case !queued:
-				continue // another key under the name, or a waiter leaving
-			case cur == nil:
-				return // a candidate appeared where there was no leader
-			case !leaderKey:
-				continue // a candidate queued behind the leader
-			}
-			next := leaderOf(o.name, ev.Kv)
-			if next.newer(*last) {
-				if !o.send(*next) {
-					return
-				}
-				*last = *next
-			}
-			cur = next
+		var ok bool
+		if cur, ok = o.apply(pfx, cur, last, wr.Events); !ok {
+			return
 		}
 	}
+}
+
+// apply takes the events of one watch response: a new value of the
+// leader's key is sent on, and it reports false once the leader is gone
+// (or replaced, or a candidate appeared where there was none), when the
+// leader must be read again.
+func (o *Observer) apply(pfx string, cur, last *Leader, evs []*clientv3.Event) (*Leader, bool) {
+	for _, ev := range evs {
+		leaderKey := cur != nil && string(ev.Kv.Key) == cur.Key
+		queued := ev.Type == mvccpb.PUT && isQueueKey(pfx, ev.Kv)
+		switch {
+		case leaderKey && (!queued || ev.Kv.CreateRevision != cur.Token):
+			return nil, false // the leader went, or its key was replaced
+		case !queued:
+			continue // another key under the name, or a waiter leaving
+		case cur == nil:
+			return nil, false // a candidate appeared where there was no leader
+		case !leaderKey:
+			continue // a candidate queued behind the leader
+		}
+		next := leaderOf(o.name, ev.Kv)
+		if next.newer(*last) {
+			if !o.send(*next) {
+				return nil, false
+			}
+			*last = *next
+		}
+		cur = next
+	}
+	return cur, true
 }
 
 func (o *Observer) send(l Leader) bool {
