@@ -391,18 +391,8 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	// A Keeper's watch at rest (keyWatch.granted) keeps no copy: the
 	// enqueue then reads, as a session's own would.
 	mirrored := !try && l.w.queue.mirror != nil && !l.w.queue.isPaused()
-	// A writer whose last lock of the name queued behind more keys than a
-	// page holds reads only the keys ahead, keys-only: etcd 3.7 answers
-	// that from its index, where a full read fetches every key under the
-	// name to sort them. Such a waiter follows only the newest keys
-	// ahead, and reads those in full (follow). Behind a shorter queue the
-	// full read is cheap, and spares that second read.
-	keysOnly := !try && !mirrored && l.mode == Write && l.w.queue.farBack.Load()
 	then := []clientv3.Op{put}
-	switch {
-	case keysOnly:
-		then = append(then, newestFirst(pfx, 0, l.page()+1, clientv3.WithKeysOnly()))
-	case !mirrored:
+	if !mirrored {
 		then = append(then, newestFirst(pfx, 0, l.page()+1))
 	}
 	resp, err := cli.Txn(wctx).
@@ -423,25 +413,19 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	l.setToken(resp.Header.Revision)
 	l.s.probeKey.Store(l.key)
 	l.s.sawRevision(resp.Header.Revision)
-	l.queued(ctx, resp, mirrored, keysOnly)
+	l.queued(ctx, resp, mirrored)
 	return nil
 }
 
 // queued takes the view from the answer of the put that queued the lock,
 // or from the Keeper's copy.
-func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored, keysOnly bool) {
+func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored bool) {
 	if mirrored {
 		l.viewFromMirror(ctx)
 		return
 	}
 	// The page holds the new key itself, the newest under the name.
-	page := resp.Responses[1].GetResponseRange()
-	l.w.queue.farBack.Store(page.More)
-	if keysOnly {
-		l.setCandidates(resp.Header.Revision, page)
-	} else {
-		l.setAhead(resp.Header.Revision, page)
-	}
+	l.setAhead(resp.Header.Revision, resp.Responses[1].GetResponseRange())
 }
 
 // tryEmpty puts the key only if no key at all is under the name, for

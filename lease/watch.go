@@ -57,10 +57,6 @@ type keyWatch struct {
 	key    string
 	prefix bool
 	mirror *queueMirror // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
-	// farBack remembers, for a session's queue watch, whether the last
-	// lock of the name queued behind more keys than one page read holds:
-	// the next then reads the queue keys-only as it queues (see enqueue).
-	farBack atomic.Bool
 	// ahead: a watch of a queue key ahead of the session's own (follows).
 	// Coming up, it wakes its subscribers, as the queue watch does; the
 	// own-key watch instead reads the holder's key again.
