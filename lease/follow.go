@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"slices"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -183,21 +182,10 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 // newestAhead is the keys of the n newest keys ahead, newest first. l.mu is
 // held.
 func (l *Lock) newestAhead(n int) []string {
-	if len(l.ahead) == 0 {
-		return nil
-	}
+	kvs := l.know.keysAhead()
 	keys := make([]string, 0, n)
-	for len(keys) < n {
-		best, bestToken := "", int64(0)
-		for k, a := range l.ahead {
-			if a.token > bestToken && !slices.Contains(keys, k) {
-				best, bestToken = k, a.token
-			}
-		}
-		if best == "" {
-			break
-		}
-		keys = append(keys, best)
+	for _, kv := range kvs[:min(n, len(kvs))] {
+		keys = append(keys, string(kv.Key))
 	}
 	return keys
 }
@@ -214,9 +202,6 @@ func (l *Lock) followingLocked() bool {
 		return false
 	}
 	for _, k := range keys {
-		if l.ahead[k].candidate {
-			return false
-		}
 		read, ok := l.followEpochs[k]
 		if !ok || read%2 == 0 {
 			return false
@@ -240,7 +225,7 @@ func (l *Lock) follow(ctx context.Context) error {
 	keys := l.newestAhead(followKeys)
 	minRev := l.know.readFloor()
 	for _, k := range keys {
-		minRev = max(minRev, l.ahead[k].seenAt)
+		minRev = max(minRev, l.know.ahead[k].through)
 	}
 	l.mu.Unlock()
 	epochs, upRev, err := l.w.follows.ensure(ctx, l, keys)
@@ -261,23 +246,20 @@ func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, k := range keys {
-		a, ok := l.ahead[k]
+		a, ok := l.know.ahead[k]
 		if !ok {
 			continue // its deletion came meanwhile
 		}
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		switch {
-		case len(kvs) == 0 || kvs[0].CreateRevision != a.token:
+		case len(kvs) == 0 || kvs[0].CreateRevision != a.created:
 			l.know.goneBy(k, resp.Header.Revision)
-			l.applyDelete(k, resp.Header.Revision)
 		case !isQueueKey(pfx, kvs[0]) || !l.blocks(kvs[0]):
-			l.know.clear(k, a.token)
-			delete(l.ahead, k)
-			l.refollow = true
+			// Not a key that blocks after all: a put by someone else
+			// moved it off its lease.
+			l.know.clear(k, a.created)
 		default:
-			l.know.confirm(k, a.token, resp.Header.Revision)
-			a.candidate, a.reader = false, modeOf(kvs[0]) == Read
-			l.ahead[k] = a
+			l.know.confirm(kvs[0], resp.Header.Revision)
 			if l.followEpochs == nil {
 				l.followEpochs = make(map[string]uint64, followKeys)
 			}
@@ -306,27 +288,34 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if older.More || !l.knowsAll(pfx, older.Kvs) {
+	if older.More || !l.relist(rev, older.Kvs) {
 		return l.readView(ctx, ownEpoch, epoch, 0)
 	}
-	l.setCandidates(rev, older)
 	return nil
 }
 
-// knowsAll tells whether every key directly under the name in kvs (a
-// keys-only read) is in the view already, read in full with the same
-// token: the view made from kvs then needs no full read.
-func (l *Lock) knowsAll(pfx string, kvs []*mvccpb.KeyValue) bool {
+// relist makes kvs, a keys-only read at rev of the keys under the name
+// older than the lock's own, the rule's snapshot, if every key directly
+// under the name in it is one the rule lists already, read in full with
+// the same creation revision: those read in full tell whether they block,
+// which a keys-only read does not. It reports false, changing nothing, if
+// one is not.
+func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
+	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	listed := make([]*mvccpb.KeyValue, 0, len(kvs))
 	for _, kv := range kvs {
 		if !isChildKey(pfx, kv) {
 			continue
 		}
-		a, ok := l.ahead[string(kv.Key)]
-		if !ok || a.candidate || a.token != kv.CreateRevision {
+		a, ok := l.know.ahead[string(kv.Key)]
+		if !ok || a.created != kv.CreateRevision {
 			return false
 		}
+		listed = append(listed, a.kv)
 	}
+	l.know.snapshot(rev, l.ownKV(), listed, true)
+	l.listed, l.sharing = len(l.know.ahead), 0
 	return true
 }

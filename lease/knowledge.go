@@ -1,6 +1,9 @@
 package lease
 
 import (
+	"cmp"
+	"slices"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
@@ -72,6 +75,10 @@ type knowledge struct {
 // keyAhead is a blocking key the snapshot listed.
 type keyAhead struct {
 	created int64 // its creation revision
+	// kv is the key as last read. The rule needs only its creation
+	// revision; the lock reads the rest (a reader's or a writer's) to
+	// choose how to wait.
+	kv *mvccpb.KeyValue
 	// through is the highest revision at which it is known to be there
 	// still: the snapshot's, or a later read's (confirm).
 	through int64
@@ -167,7 +174,7 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 			k.removed[key] = d
 			continue
 		}
-		k.ahead[key] = &keyAhead{created: kv.CreateRevision, through: rev}
+		k.ahead[key] = &keyAhead{created: kv.CreateRevision, through: rev, kv: kv}
 	}
 	for key, d := range k.gone {
 		if d <= rev {
@@ -188,13 +195,24 @@ func (k *knowledge) clear(key string, created int64) {
 	}
 }
 
-// confirm takes a read at rev of one key ahead, which showed it there
-// with the creation revision the snapshot listed: a watch of it that
-// started no later than the revision after rev delivers its deletion.
-func (k *knowledge) confirm(key string, created, rev int64) {
-	if a := k.ahead[key]; a != nil && a.created == created {
-		a.through = max(a.through, rev)
+// confirm takes a read at rev of one key ahead, kv, which showed it
+// there with the creation revision the snapshot listed: a watch of it
+// that started no later than the revision after rev delivers its
+// deletion.
+func (k *knowledge) confirm(kv *mvccpb.KeyValue, rev int64) {
+	if a := k.ahead[string(kv.Key)]; a != nil && a.created == kv.CreateRevision {
+		a.through, a.kv = max(a.through, rev), kv
 	}
+}
+
+// keysAhead returns the keys ahead, as last read, newest first.
+func (k *knowledge) keysAhead() []*mvccpb.KeyValue {
+	kvs := make([]*mvccpb.KeyValue, 0, len(k.ahead))
+	for _, a := range k.ahead {
+		kvs = append(kvs, a.kv)
+	}
+	slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(b.CreateRevision, a.CreateRevision) })
+	return kvs
 }
 
 // goneBy takes a read at rev of one key ahead, which showed it gone (or

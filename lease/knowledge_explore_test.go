@@ -348,7 +348,7 @@ func (w *world) readFollowed(rev int64) {
 	n := len(w.h.older)
 	for _, key := range w.h.older[max(0, n-2):] {
 		if kv := kvs[key]; kv != nil && kv.CreateRevision < w.h.token {
-			w.k.confirm(key, kv.CreateRevision, rev)
+			w.k.confirm(kv, rev)
 		} else {
 			w.k.goneBy(key, rev)
 		}

@@ -57,26 +57,22 @@ type Lock struct {
 	grantedAt   time.Time
 	finishedEnd bool
 
-	// The lock's view of the queue ahead of it, kept by the watches'
-	// deletions: the keys ahead that block it (see blocks), whether older ones may lie past the page
-	// read, the watch epochs the view follows, and deletions held back
-	// while the view is being read (synced false).
-	ahead  map[string]ahead
-	beyond bool
+	// How the lock waits; what it knows of the keys ahead is in know.
 	// sharing counts the queue keys older than the lock's own that do not
 	// block it (for a reader, other readers' keys), as of the last read:
 	// their deletions, too, reach a waiter that follows the queue watch.
 	sharing int
 	// mirrored: the lock waits on its Keeper's copy of the queue
-	// (viewFromMirror), which knows what is ahead; ahead is unused.
+	// (viewFromMirror), which is a snapshot for the rule as it looks.
 	mirrored bool
 	// far: the lock waited far back in the queue, following only the
 	// newest keys ahead through watches of single keys (follows); it does
 	// so until it is granted. followEpochs are those watches' epochs as
-	// the view was read, or as follow confirmed a key; refollow says that
-	// a followed key went and the view must be read again.
+	// the view was read, or as follow confirmed a key; listed is how many
+	// keys were ahead then: fewer now means a followed key went, and the
+	// view must be read again.
 	far          bool
-	refollow     bool
+	listed       int
 	followEpochs map[string]uint64
 	// know is what the lock knows of its queue, fed by every read and
 	// watch, and the one rule that decides its grant (knowledge.go). The
@@ -84,9 +80,7 @@ type Lock struct {
 	know     *knowledge
 	epoch    uint64 // of the queue watch
 	ownEpoch uint64 // of the own-key watch
-	synced   bool
-	pending  []deletion
-	holding  bool // nothing was left ahead: the lock is (or was) held
+	holding  bool   // nothing was left ahead: the lock is (or was) held
 	// fresh: the view is the one read as the key was put (or the
 	// Keeper's copy as it took the put), and not yet looked at; such a
 	// view may grant the lock with the own-key watch not yet up (see
@@ -486,11 +480,7 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.w.queue.unsubscribe(l)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.mirrored, l.ahead, l.beyond, l.synced = true, nil, false, true
-	for _, d := range l.pending {
-		l.applyDelete(d.key, d.rev) // the own key's deletion, if it came
-	}
-	l.pending = nil
+	l.mirrored = true
 }
 
 // leaveMirror makes a lock that waited on its Keeper's copy of the queue
@@ -527,141 +517,77 @@ func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOptio
 	return clientv3.OpGet(pfx, opts...)
 }
 
-// ahead is a queue key older than the lock's own, as last read.
-type ahead struct {
-	token     int64 // its creation revision
-	seenAt    int64 // the store revision it was read at: only a later delete removes it
-	reader    bool  // a read holding's key
-	candidate bool  // seen in a keys-only read only: perhaps not a queue key
-}
-
-// setAhead makes page, read at store revision rev, the lock's view of the
-// keys ahead of it, and applies the deletions the watches delivered while
-// the read was under way. page may hold the lock's own key and keys of
-// nested locks, which are skipped.
+// setAhead makes page, read at store revision rev together with the
+// lock's own key (found this holding's), the rule's snapshot: the keys
+// older than the lock's own that block it. page may hold the lock's own
+// key, keys of nested locks and other keys under the name, which do not
+// block; a page of keys that do not block is followed by older pages
+// (readView), and a key's kind is fixed when it is made, so the last
+// page's listing stands for the pages before it.
 func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
-	l.setView(rev, page, false)
-}
-
-// setCandidates is setAhead for a keys-only page, which tells neither a
-// key's lease nor its value: every key directly under the name counts as
-// a writer's queue key ahead (a superset of the true view, so the lock is
-// never granted too early), and the view is unverified until a full read
-// (near the head) or the read of the keys a far waiter follows (follow)
-// shows what they are. Keys the view already held, read in full with the
-// same token, keep what that read showed.
-func (l *Lock) setCandidates(rev int64, page *pb.RangeResponse) {
-	l.setView(rev, page, true)
-}
-
-// setView is setAhead (candidates false) and setCandidates.
-func (l *Lock) setView(rev int64, page *pb.RangeResponse, candidates bool) {
 	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	known := l.ahead
-	l.ahead = make(map[string]ahead)
-	l.beyond, l.sharing, l.refollow = false, 0, false
+	l.sharing = 0
+	var listed []*mvccpb.KeyValue
+	older := 0
 	if page != nil {
-		older := 0
 		for _, kv := range page.Kvs {
-			if kv.CreateRevision < l.token {
-				older++
-				l.addAhead(pfx, rev, kv, known, candidates)
+			if kv.CreateRevision >= l.token {
+				continue
+			}
+			older++
+			switch {
+			case isQueueKey(pfx, kv) && l.blocks(kv):
+				listed = append(listed, kv)
+			case isQueueKey(pfx, kv):
+				l.sharing++
 			}
 		}
-		// The page ended before the oldest key: older ones may be past it.
-		l.beyond = page.More && older > 0
 	}
-	// Whoever calls this has found the own key this holding's at rev:
-	// the put just made it, or the read of the view read it too.
-	l.know.snapshot(rev, l.ownKV(), l.aheadKVs(), !l.beyond)
-	l.synced = true
-	for _, d := range l.pending {
-		l.applyDelete(d.key, d.rev)
-	}
-	l.pending = nil
-}
-
-// addAhead adds kv, a key older than the lock's own read at rev, to the
-// view if it blocks the lock (or, from a keys-only read, may: see
-// setCandidates), or counts it as sharing. l.mu is held.
-func (l *Lock) addAhead(pfx string, rev int64, kv *mvccpb.KeyValue, known map[string]ahead, candidates bool) {
-	k, was := string(kv.Key), known[string(kv.Key)]
-	switch {
-	case candidates && isChildKey(pfx, kv) && !was.candidate && was.token == kv.CreateRevision:
-		// Read in full before, as this same key: still known.
-		was.seenAt = rev
-		l.ahead[k] = was
-	case candidates && isChildKey(pfx, kv):
-		l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, candidate: true}
-	case !candidates && isQueueKey(pfx, kv) && l.blocks(kv):
-		l.ahead[k] = ahead{token: kv.CreateRevision, seenAt: rev, reader: modeOf(kv) == Read}
-	case !candidates && isQueueKey(pfx, kv):
-		l.sharing++
-	}
-}
-
-// deletion is a delete event held back while the lock's view is read.
-type deletion struct {
-	key string
-	rev int64
+	// The page ended before the oldest key: older ones may be past it.
+	complete := page == nil || !page.More || older == 0
+	l.know.snapshot(rev, l.ownKV(), listed, complete)
+	l.listed = len(l.know.ahead)
 }
 
 // deleted is called by a watch of the name with the events of one
-// response, in revision order, in the watch's epoch. The knowledge takes
-// them all, whatever the source; the view (l.ahead), which chooses how to
-// wait, takes a queue watch's only in the epoch it was read under, and
-// holds back deletions that come while it is being read.
+// response, in revision order, in the watch's epoch. The rule takes them
+// all, whatever the source, and the waiter looks again; a change of the
+// own key after the token ends a held lock here (a waiter's end is the
+// rule's to decide).
 func (l *Lock) deleted(w *keyWatch, events []*clientv3.Event, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.feed(w, events, epoch)
 	defer l.poke()
-	if w.prefix && epoch != l.epoch {
-		return // the view is read again before it is relied on
+	if l.token == 0 {
+		return // the rule keeps the own key's events until the token is known
 	}
 	for _, ev := range events {
-		if ev.Type != mvccpb.DELETE {
-			l.putLocked(ev.Kv)
-			continue
+		if string(ev.Kv.Key) == l.key {
+			l.ownChanged(ev)
 		}
-		key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
-		if !l.synced {
-			l.pending = append(l.pending, deletion{key, rev})
-			continue
-		}
-		l.applyDelete(key, rev)
 	}
 }
 
-// putLocked ends the lock if kv, a put of its own key after the token,
-// made it another holding's or moved it off the session's lease (a put by
-// someone else: the key no longer goes with the session). l.mu is held.
-func (l *Lock) putLocked(kv *mvccpb.KeyValue) {
-	if string(kv.Key) == l.key && l.token != 0 && kv.ModRevision > l.token && !l.owns(kv) {
+// ownChanged ends the lock if ev, a change of its own key after the
+// token, deleted it, made it another holding's or moved it off the
+// session's lease (a put by someone else: the key no longer goes with the
+// session). A delete event's key has no creation revision or lease: not
+// ours (unless a mutant says so). l.mu is held.
+func (l *Lock) ownChanged(ev *clientv3.Event) {
+	if ev.Kv.ModRevision > l.token && !l.owns(ownAfter(ev)) {
 		l.keyGoneLocked()
 	}
 }
 
-// applyDelete applies a deletion at revision rev to the lock's view. l.mu
-// is held.
-func (l *Lock) applyDelete(key string, rev int64) {
-	if key == l.key {
-		// A delete event's key has no creation revision or lease: not ours
-		// (unless a mutant says so). Deletes of earlier holdings of the same
-		// key came before the token.
-		if rev > l.token && !l.owns(nil) {
-			l.keyGoneLocked()
-		}
-		return
+// ownAfter is the own key as ev left it: nil if deleted.
+func ownAfter(ev *clientv3.Event) *mvccpb.KeyValue {
+	if ev.Type == mvccpb.DELETE {
+		return nil
 	}
-	if a, ok := l.ahead[key]; ok && rev > a.seenAt {
-		delete(l.ahead, key)
-		if l.far {
-			l.refollow = true
-		}
-	}
+	return ev.Kv
 }
 
 // poke wakes the waiter, if any, to look at the lock's view again.
@@ -688,7 +614,7 @@ func (l *Lock) keyGoneLocked() {
 type view struct {
 	d        decision         // the rule's: granted, lost, wait, or read at d.rev or later
 	ended    bool             // the lock has ended (see its context's cause): it is never held
-	unread   bool             // the view of the keys ahead (l.ahead) is unread, or its read failed
+	unread   bool             // no read of the queue has been taken yet
 	ownStale bool             // the own-key watch was not up all along since the view was read
 	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
 	current  bool             // the queue watch has kept the view current since it was read
@@ -729,10 +655,10 @@ func (l *Lock) look() view {
 	}
 	v := view{
 		d:        l.know.decide(),
-		unread:   !l.synced,
+		unread:   l.know.base == 0,
 		ownStale: l.ownStale(),
-		near:     l.w.shared != nil || (!l.beyond && (len(l.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
-		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load() && !l.unverified(),
+		near:     l.w.shared != nil || (l.know.complete && (len(l.know.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
+		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load(),
 		pred:     l.nearestAhead(),
 	}
 	// Once far back, a waiter keeps following single keys until granted:
@@ -740,7 +666,7 @@ func (l *Lock) look() view {
 	// queue watch there would cost a read on the path of the handoff.
 	if l.w.shared == nil && (l.far || !v.near) {
 		l.far = true
-		v.far, v.followed, v.refollow = true, l.followingLocked(), l.refollow
+		v.far, v.followed, v.refollow = true, l.followingLocked(), len(l.know.ahead) < l.listed
 	}
 	l.decided(&v)
 	return v
@@ -978,8 +904,8 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 // every deletion (waiting for the one just ahead would read again after
 // each reader that leaves before it). l.mu is held.
 func (l *Lock) onlyReadersAhead() bool {
-	for _, a := range l.ahead {
-		if !a.reader {
+	for _, a := range l.know.ahead {
+		if modeOf(a.kv) != Read {
 			return false
 		}
 	}
@@ -989,22 +915,10 @@ func (l *Lock) onlyReadersAhead() bool {
 // nearestAhead is the newest key ahead, the one a waiter names. l.mu is
 // held.
 func (l *Lock) nearestAhead() *mvccpb.KeyValue {
-	keys := l.newestAhead(1)
-	if len(keys) == 0 {
-		return nil
+	if kvs := l.know.keysAhead(); len(kvs) > 0 {
+		return &mvccpb.KeyValue{Key: kvs[0].Key, CreateRevision: kvs[0].CreateRevision}
 	}
-	return &mvccpb.KeyValue{Key: []byte(keys[0]), CreateRevision: l.ahead[keys[0]].token}
-}
-
-// unverified tells whether the view counts a key seen in a keys-only read
-// only (setCandidates), which may not block the lock. l.mu is held.
-func (l *Lock) unverified() bool {
-	for _, a := range l.ahead {
-		if a.candidate {
-			return true
-		}
-	}
-	return false
+	return nil
 }
 
 // behind says which key a waiter was waiting behind when err ended it.
@@ -1068,22 +982,20 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 		if err != nil {
 			return err
 		}
+		if len(page.Kvs) > 0 && page.Kvs[len(page.Kvs)-1].CreateRevision <= 1 {
+			page.More = false // nothing is older than revision 1
+		}
 		l.setAhead(rev, page)
 		if len(page.Kvs) == 0 || !page.More {
 			return nil
 		}
 		l.mu.Lock()
-		noneBlocks := len(l.ahead) == 0
+		noneBlocks := len(l.know.ahead) == 0
 		l.mu.Unlock()
 		if !noneBlocks {
 			return nil
 		}
-		if maxRev = page.Kvs[len(page.Kvs)-1].CreateRevision - 1; maxRev <= 0 {
-			l.mu.Lock()
-			l.beyond = false
-			l.mu.Unlock()
-			return nil
-		}
+		maxRev = page.Kvs[len(page.Kvs)-1].CreateRevision - 1
 	}
 }
 
@@ -1097,7 +1009,7 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
 	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
-	l.ownEpoch, l.epoch, l.followEpochs, l.synced, l.pending = ownEpoch, epoch, follows, false, nil
+	l.ownEpoch, l.epoch, l.followEpochs = ownEpoch, epoch, follows
 	// No older than what the rule relies on having seen (readFloor), nor
 	// than what the own-key and queue watches handed on before this
 	// point: the view took none of a queue watch's events of another

@@ -62,16 +62,6 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 	return &mvccpb.KeyValue{Key: []byte(l.key), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
 }
 
-// aheadKVs lists the view's keys ahead for the knowledge's snapshot.
-// l.mu is held.
-func (l *Lock) aheadKVs() []*mvccpb.KeyValue {
-	kvs := make([]*mvccpb.KeyValue, 0, len(l.ahead))
-	for k, a := range l.ahead {
-		kvs = append(kvs, &mvccpb.KeyValue{Key: []byte(k), CreateRevision: a.token})
-	}
-	return kvs
-}
-
 // feed hands the knowledge the events of one watch response.
 // l.mu is held.
 func (l *Lock) feed(w *keyWatch, events []*clientv3.Event, epoch uint64) {
