@@ -34,7 +34,7 @@ func TestTLSAndAuth(t *testing.T) {
 			t.Fatal(err)
 		}
 		cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), TLS: tc, Username: user, Password: password,
-			DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+			DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 		if err == nil {
 			t.Cleanup(func() { cli.Close() })
 		}

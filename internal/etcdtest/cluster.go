@@ -164,36 +164,8 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 		}
 		initial = append(initial, m.Name+"="+advertised)
 	}
-	lg := cfg.Logger
-	if lg == nil {
-		lg = zap.NewNop()
-	}
 	for _, m := range c.Members {
-		ec := embed.NewConfig()
-		ec.Name = m.Name
-		ec.Dir = fmt.Sprintf("%s/%s.%d", dir, m.Name, attempt)
-		cu, _ := url.Parse(m.ClientURL)
-		pu, _ := url.Parse(m.PeerURL)
-		ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-		ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-		if m.peerProxy != nil {
-			au, _ := url.Parse(strings.Replace(initialURL(initial, m.Name), "tcp://", "http://", 1))
-			ec.AdvertisePeerUrls = []url.URL{*au}
-		}
-		ec.InitialCluster = strings.Join(initial, ",")
-		ec.InitialClusterToken = "leasefence-test"
-		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg.Named(m.Name))
-		if cfg.ClientTLS != nil {
-			ec.ClientTLSInfo = *cfg.ClientTLS
-		}
-		ec.UnsafeNoFsync = cfg.NoFsync
-		if cfg.TickMs > 0 {
-			ec.TickMs = cfg.TickMs
-		}
-		if cfg.ElectionMs > 0 {
-			ec.ElectionMs = cfg.ElectionMs
-		}
-		m.cfg = ec
+		m.cfg = memberConfig(cfg, m, initial, dir, attempt)
 	}
 	// Members of a new cluster wait for each other, so start them together.
 	errc := make(chan error, n)
@@ -212,6 +184,44 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 		c.endpoints = append(c.endpoints, m.ClientURL)
 	}
 	return nil
+}
+
+// memberConfig is member m's embedded etcd configuration.
+func memberConfig(cfg Config, m *Member, initial []string, dir string, attempt int) *embed.Config {
+	lg := cfg.Logger
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	ec := embed.NewConfig()
+	ec.Name = m.Name
+	ec.Dir = fmt.Sprintf("%s/%s.%d", dir, m.Name, attempt)
+	cu, _ := url.Parse(m.ClientURL)
+	pu, _ := url.Parse(m.PeerURL)
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	if m.peerProxy != nil {
+		au, _ := url.Parse(strings.Replace(initialURL(initial, m.Name), "tcp://", "http://", 1))
+		ec.AdvertisePeerUrls = []url.URL{*au}
+	}
+	ec.InitialCluster = strings.Join(initial, ",")
+	ec.InitialClusterToken = "leasefence-test"
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg.Named(m.Name))
+	if cfg.ClientTLS != nil {
+		ec.ClientTLSInfo = *cfg.ClientTLS
+	}
+	// bcrypt's lowest cost: the default makes each password check cost a
+	// test cluster tens of milliseconds of CPU (much more under -race on
+	// a loaded machine, where a client's authentication outran its dial
+	// timeout), and these clusters guard nothing.
+	ec.BcryptCost = 4
+	ec.UnsafeNoFsync = cfg.NoFsync
+	if cfg.TickMs > 0 {
+		ec.TickMs = cfg.TickMs
+	}
+	if cfg.ElectionMs > 0 {
+		ec.ElectionMs = cfg.ElectionMs
+	}
+	return ec
 }
 
 func (m *Member) start(ctx context.Context) error {
