@@ -182,7 +182,7 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 // newestAhead is the keys of the n newest keys ahead, newest first. l.mu is
 // held.
 func (l *Lock) newestAhead(n int) []string {
-	kvs := l.know.keysAhead()
+	kvs := l.q.know.keysAhead()
 	keys := make([]string, 0, n)
 	for _, kv := range kvs[:min(n, len(kvs))] {
 		keys = append(keys, string(kv.Key))
@@ -202,7 +202,7 @@ func (l *Lock) followingLocked() bool {
 		return false
 	}
 	for _, k := range keys {
-		read, ok := l.followEpochs[k]
+		read, ok := l.q.followEpochs[k]
 		if !ok || read%2 == 0 {
 			return false
 		}
@@ -223,9 +223,9 @@ func (l *Lock) followingLocked() bool {
 func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	keys := l.newestAhead(followKeys)
-	minRev := l.know.readFloor()
+	minRev := l.q.know.readFloor()
 	for _, k := range keys {
-		minRev = max(minRev, l.know.ahead[k].through)
+		minRev = max(minRev, l.q.know.ahead[k].through)
 	}
 	l.mu.Unlock()
 	epochs, upRev, err := l.w.follows.ensure(ctx, l, keys)
@@ -246,24 +246,24 @@ func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, k := range keys {
-		a, ok := l.know.ahead[k]
+		a, ok := l.q.know.ahead[k]
 		if !ok {
 			continue // its deletion came meanwhile
 		}
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		switch {
 		case len(kvs) == 0 || kvs[0].CreateRevision != a.created:
-			l.know.goneBy(k, resp.Header.Revision)
+			l.q.know.goneBy(k, resp.Header.Revision)
 		case !isQueueKey(pfx, kvs[0]) || !l.blocks(kvs[0]):
 			// Not a key that blocks after all: a put by someone else
 			// moved it off its lease.
-			l.know.clear(k, a.created)
+			l.q.know.clear(k, a.created)
 		default:
-			l.know.confirm(kvs[0], resp.Header.Revision)
-			if l.followEpochs == nil {
-				l.followEpochs = make(map[string]uint64, followKeys)
+			l.q.know.confirm(kvs[0], resp.Header.Revision)
+			if l.q.followEpochs == nil {
+				l.q.followEpochs = make(map[string]uint64, followKeys)
 			}
-			l.followEpochs[k] = epochs[k]
+			l.q.followEpochs[k] = epochs[k]
 		}
 	}
 	return nil
@@ -309,13 +309,13 @@ func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 		if !isChildKey(pfx, kv) {
 			continue
 		}
-		a, ok := l.know.ahead[string(kv.Key)]
+		a, ok := l.q.know.ahead[string(kv.Key)]
 		if !ok || a.created != kv.CreateRevision {
 			return false
 		}
 		listed = append(listed, a.kv)
 	}
-	l.know.snapshot(rev, l.ownKV(), listed, true)
-	l.listed, l.sharing = len(l.know.ahead), 0
+	l.q.know.snapshot(rev, l.ownKV(), listed, true)
+	l.q.listed, l.q.sharing = len(l.q.know.ahead), 0
 	return true
 }

@@ -93,8 +93,8 @@ func (l *Lock) reportGranted(waited time.Duration) {
 		s.hooks.Acquired(l.name, l.token, waited)
 	}
 	l.mu.Lock()
-	l.grantedAt = time.Now()
-	stopped := l.finishedEnd
+	l.hold.grantedAt = time.Now()
+	stopped := l.hold.finishedEnd
 	l.mu.Unlock()
 	if stopped {
 		l.reportEnd()
@@ -105,8 +105,8 @@ func (l *Lock) reportGranted(waited time.Duration) {
 // lock's end if it was granted.
 func (l *Lock) finishing() {
 	l.mu.Lock()
-	l.finishedEnd = true
-	granted := !l.grantedAt.IsZero()
+	l.hold.finishedEnd = true
+	granted := !l.hold.grantedAt.IsZero()
 	l.mu.Unlock()
 	if granted {
 		l.reportEnd()
@@ -117,7 +117,7 @@ func (l *Lock) finishing() {
 // ended, with the reason as its cause.
 func (l *Lock) reportEnd() {
 	s := l.s
-	why, held := context.Cause(l.ctx), time.Since(l.grantedAt)
+	why, held := context.Cause(l.ctx), time.Since(l.hold.grantedAt)
 	cause := Cause(why)
 	var ce *zapcore.CheckedEntry
 	lost := cause != "released" && cause != "session_closed"

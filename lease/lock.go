@@ -47,7 +47,14 @@ type Lock struct {
 
 	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
 
-	mu    sync.Mutex // guards the fields below
+	mu   sync.Mutex // guards hold and q
+	hold keyState
+	q    waiting
+}
+
+// keyState is a lock's key and its holding, as the caller sees them.
+// Lock.mu guards it.
+type keyState struct {
 	phase phase
 	gate  func() // gives the name's local gate back; nil once given back
 	value string // the key's value: empty for a lock, the leader's for a campaign
@@ -56,8 +63,19 @@ type Lock struct {
 	// comes second reports the lock's end (reportGranted, finishing).
 	grantedAt   time.Time
 	finishedEnd bool
+	granted     bool // the rule granted the lock: it is (or was) held
+	// watchOwn opens the own-key watch once the lock has been held for
+	// ownWatchDelay, when it was granted with that watch not up.
+	watchOwn *time.Timer
+}
 
-	// How the lock waits; what it knows of the keys ahead is in know.
+// waiting is what a lock knows of its queue, and how it waits for its
+// turn. Lock.mu guards it.
+type waiting struct {
+	// know is what the lock knows of its queue, fed by every read and
+	// watch, and the one rule that decides its grant (knowledge.go). The
+	// fields below only choose how to wait and what to read.
+	know *knowledge
 	// sharing counts the queue keys older than the lock's own that do not
 	// block it (for a reader, other readers' keys), as of the last read:
 	// their deletions, too, reach a waiter that follows the queue watch.
@@ -74,26 +92,16 @@ type Lock struct {
 	far          bool
 	listed       int
 	followEpochs map[string]uint64
-	// know is what the lock knows of its queue, fed by every read and
-	// watch, and the one rule that decides its grant (knowledge.go). The
-	// fields above and below only choose how to wait and what to read.
-	know     *knowledge
-	epoch    uint64 // of the queue watch
-	ownEpoch uint64 // of the own-key watch
-	holding  bool   // nothing was left ahead: the lock is (or was) held
+	epoch        uint64 // of the queue watch, as the view was read
+	ownEpoch     uint64 // of the own-key watch, as the view was read
 	// fresh: the view is the one read as the key was put (or the
-	// Keeper's copy as it took the put), and not yet looked at; such a
-	// view may grant the lock with the own-key watch not yet up (see
-	// look, which clears it).
+	// Keeper's copy as it took the put), and not yet looked at.
 	fresh bool
 	// atOnce: the lock was granted at its first look, by the view read
 	// with its put or by the Keeper's copy as it took the put; onlyKey:
 	// the copy then held no other key under the name. See restQueue and
 	// restOwn.
 	atOnce, onlyKey bool
-	// watchOwn opens the own-key watch once the lock has been held for
-	// ownWatchDelay, when it was granted with that watch not up.
-	watchOwn *time.Timer
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -204,8 +212,9 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 	if mode == Read {
 		value = ReaderValue
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, value: value, gate: release, w: w}
-	l.know = newKnowledge(l.key, l.owns, nil)
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w}
+	l.hold.value, l.hold.gate = value, release
+	l.q.know = newKnowledge(l.key, l.owns, nil)
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -246,7 +255,7 @@ func (l *Lock) start() error {
 	epoch := l.subscribeTo(l.w.queue)
 	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
-	l.ownEpoch, l.epoch, l.followEpochs = ownEpoch, epoch, follows
+	l.q.ownEpoch, l.q.epoch, l.q.followEpochs = ownEpoch, epoch, follows
 	l.mu.Unlock()
 	return nil
 }
@@ -257,8 +266,8 @@ func (l *Lock) finish() {
 	defer l.s.wg.Done()
 	defer close(l.finished)
 	l.mu.Lock()
-	if l.watchOwn != nil {
-		l.watchOwn.Stop()
+	if l.hold.watchOwn != nil {
+		l.hold.watchOwn.Stop()
 	}
 	token := l.token
 	l.mu.Unlock()
@@ -374,7 +383,7 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 // enqueue is create's work: its writes use wctx, its waits ctx.
 func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	cli, pfx := l.s.client, l.name+"/"
-	put := clientv3.OpPut(l.key, l.value, clientv3.WithLease(l.s.id))
+	put := clientv3.OpPut(l.key, l.hold.value, clientv3.WithLease(l.s.id))
 	if try {
 		if done, err := l.tryEmpty(wctx, put); done || err != nil {
 			return err
@@ -459,8 +468,8 @@ func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err e
 // token on goroutines of their own.
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
-	l.token, l.fresh = token, true
-	l.know.setToken(token)
+	l.token, l.q.fresh = token, true
+	l.q.know.setToken(token)
 	l.mu.Unlock()
 }
 
@@ -472,7 +481,7 @@ func (l *Lock) setToken(token int64) {
 // the view stays unread, and wait reads it.
 func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.mu.Lock()
-	epoch := l.epoch
+	epoch := l.q.epoch
 	l.mu.Unlock()
 	if !l.w.queue.mirror.join(ctx, l.ctx.Done(), epoch, l) {
 		return
@@ -480,7 +489,7 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.w.queue.unsubscribe(l)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.mirrored = true
+	l.q.mirrored = true
 }
 
 // leaveMirror makes a lock that waited on its Keeper's copy of the queue
@@ -488,8 +497,8 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 // is gone (the watch went down) or the own-key watch restarted.
 func (l *Lock) leaveMirror() {
 	l.mu.Lock()
-	was, token := l.mirrored, l.token
-	l.mirrored = false
+	was, token := l.q.mirrored, l.token
+	l.q.mirrored = false
 	l.mu.Unlock()
 	if was {
 		l.w.queue.mirror.leave(l, token)
@@ -528,7 +537,7 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.sharing = 0
+	l.q.sharing = 0
 	var listed []*mvccpb.KeyValue
 	older := 0
 	if page != nil {
@@ -541,14 +550,14 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 			case isQueueKey(pfx, kv) && l.blocks(kv):
 				listed = append(listed, kv)
 			case isQueueKey(pfx, kv):
-				l.sharing++
+				l.q.sharing++
 			}
 		}
 	}
 	// The page ended before the oldest key: older ones may be past it.
 	complete := page == nil || !page.More || older == 0
-	l.know.snapshot(rev, l.ownKV(), listed, complete)
-	l.listed = len(l.know.ahead)
+	l.q.know.snapshot(rev, l.ownKV(), listed, complete)
+	l.q.listed = len(l.q.know.ahead)
 }
 
 // deleted is called by a watch of the name with the events of one
@@ -601,15 +610,15 @@ func (l *Lock) poke() {
 // keyGoneLocked records that the lock's key was deleted. If an Unlock is
 // in flight, its own outcome decides how the lock ended. l.mu is held.
 func (l *Lock) keyGoneLocked() {
-	if l.phase != steady {
-		l.phase = releasedOrTaken
+	if l.hold.phase != steady {
+		l.hold.phase = releasedOrTaken
 		return
 	}
 	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
 }
 
 // view is what a waiter knows of the queue ahead of it: the rule's
-// decision (l.know), and what the waiter needs to choose how to wait or
+// decision (l.q.know), and what the waiter needs to choose how to wait or
 // what to read next.
 type view struct {
 	d        decision         // the rule's: granted, lost, wait, or read at d.rev or later
@@ -647,26 +656,26 @@ func (l *Lock) look() view {
 	}
 	// Only the first look may count the lock as granted at once (see
 	// restQueue).
-	defer func() { l.fresh = false }()
-	if l.mirrored {
+	defer func() { l.q.fresh = false }()
+	if l.q.mirrored {
 		if v, ok := l.lookInMirror(); ok {
 			return v
 		}
 	}
 	v := view{
-		d:        l.know.decide(),
-		unread:   l.know.base == 0,
+		d:        l.q.know.decide(),
+		unread:   l.q.know.base == 0,
 		ownStale: l.ownStale(),
-		near:     l.w.shared != nil || (l.know.complete && (len(l.know.ahead)+l.sharing <= nearAhead || l.onlyReadersAhead())),
-		current:  l.epoch%2 == 1 && l.epoch == l.w.queue.epoch.Load(),
+		near:     l.w.shared != nil || (l.q.know.complete && (len(l.q.know.ahead)+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
+		current:  l.q.epoch%2 == 1 && l.q.epoch == l.w.queue.epoch.Load(),
 		pred:     l.nearestAhead(),
 	}
 	// Once far back, a waiter keeps following single keys until granted:
 	// as the queue drains it is second in line, and switching to the
 	// queue watch there would cost a read on the path of the handoff.
-	if l.w.shared == nil && (l.far || !v.near) {
-		l.far = true
-		v.far, v.followed, v.refollow = true, l.followingLocked(), len(l.know.ahead) < l.listed
+	if l.w.shared == nil && (l.q.far || !v.near) {
+		l.q.far = true
+		v.far, v.followed, v.refollow = true, l.followingLocked(), len(l.q.know.ahead) < l.q.listed
 	}
 	l.decided(&v)
 	return v
@@ -677,7 +686,7 @@ func (l *Lock) look() view {
 func (l *Lock) decided(v *view) {
 	switch v.d.kind {
 	case decideGranted:
-		l.atOnce = l.fresh
+		l.q.atOnce = l.q.fresh
 		l.grant()
 	case decideLost:
 		l.keyGoneLocked()
@@ -697,12 +706,12 @@ const ownWatchDelay = 50 * time.Millisecond
 func (l *Lock) ownStale() bool {
 	cur := l.w.own.epoch.Load()
 	if cur%2 == 1 {
-		return cur != l.ownEpoch
+		return cur != l.q.ownEpoch
 	}
 	// The watch is not up. If it came up and went down since the view was
 	// read, the deletions it delivered meanwhile have been applied, and
 	// the recheck of its next coming up sees the lock as held.
-	return !l.fresh
+	return !l.q.fresh
 }
 
 // restQueue tells the name's queue watch whether the lock was granted
@@ -712,7 +721,7 @@ func (l *Lock) ownStale() bool {
 // behind.
 func (l *Lock) restQueue() {
 	l.mu.Lock()
-	alone := l.atOnce && (l.w.shared == nil || l.onlyKey)
+	alone := l.q.atOnce && (l.w.shared == nil || l.q.onlyKey)
 	l.mu.Unlock()
 	l.w.queue.granted(alone)
 }
@@ -727,7 +736,7 @@ func (l *Lock) restQueue() {
 // watch's closing and opening to each.
 func (l *Lock) restOwn() bool {
 	l.mu.Lock()
-	brief := l.atOnce && time.Since(l.grantedAt) < ownWatchDelay
+	brief := l.q.atOnce && time.Since(l.hold.grantedAt) < ownWatchDelay
 	l.mu.Unlock()
 	return l.w.own.granted(brief)
 }
@@ -735,9 +744,9 @@ func (l *Lock) restOwn() bool {
 // grant records that nothing is left ahead of the lock. If its own-key
 // watch is not up, it is opened after ownWatchDelay. l.mu is held.
 func (l *Lock) grant() {
-	l.holding = true
-	if l.w.own.epoch.Load()%2 == 0 && l.watchOwn == nil {
-		l.watchOwn = time.AfterFunc(ownWatchDelay, l.w.own.resume)
+	l.hold.granted = true
+	if l.w.own.epoch.Load()%2 == 0 && l.hold.watchOwn == nil {
+		l.hold.watchOwn = time.AfterFunc(ownWatchDelay, l.w.own.resume)
 	}
 }
 
@@ -748,21 +757,21 @@ func (l *Lock) grant() {
 // of the lock's epoch any more: the lock then reads its view. Once held,
 // the lock leaves the copy's waiters. l.mu is held.
 func (l *Lock) lookInMirror() (v view, ok bool) {
-	mv := l.w.queue.mirror.blocked(l.epoch, l)
+	mv := l.w.queue.mirror.blocked(l.q.epoch, l)
 	if !mv.ok {
 		return view{}, false
 	}
 	if !mv.blocked || !l.owns(mv.own) {
-		l.know.snapshot(mv.rev, mv.own, nil, true)
+		l.q.know.snapshot(mv.rev, mv.own, nil, true)
 	}
-	v = view{d: l.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: mv.pred}
+	v = view{d: l.q.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: mv.pred}
 	if v.d.kind == decideRead && mv.blocked {
 		// The copy wakes the lock when a deletion may grant it.
 		v.d = decision{kind: decideWait}
 	}
 	l.decided(&v)
 	if v.held() {
-		l.onlyKey = l.w.queue.mirror.only(l)
+		l.q.onlyKey = l.w.queue.mirror.only(l)
 		l.w.queue.mirror.leave(l, l.token)
 	}
 	return v, true
@@ -866,7 +875,7 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 		return err
 	}
 	l.mu.Lock()
-	l.ownEpoch = ownEpoch
+	l.q.ownEpoch = ownEpoch
 	l.mu.Unlock()
 	return nil
 }
@@ -891,7 +900,7 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 	}
 	kv := firstKV(resp.Responses[0].GetResponseRange().Kvs)
 	l.mu.Lock()
-	l.know.ownRead(resp.Header.Revision, kv)
+	l.q.know.ownRead(resp.Header.Revision, kv)
 	l.mu.Unlock()
 	if !l.owns(kv) {
 		return ErrKeyDeleted
@@ -904,7 +913,7 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 // every deletion (waiting for the one just ahead would read again after
 // each reader that leaves before it). l.mu is held.
 func (l *Lock) onlyReadersAhead() bool {
-	for _, a := range l.know.ahead {
+	for _, a := range l.q.know.ahead {
 		if modeOf(a.kv) != Read {
 			return false
 		}
@@ -915,7 +924,7 @@ func (l *Lock) onlyReadersAhead() bool {
 // nearestAhead is the newest key ahead, the one a waiter names. l.mu is
 // held.
 func (l *Lock) nearestAhead() *mvccpb.KeyValue {
-	if kvs := l.know.keysAhead(); len(kvs) > 0 {
+	if kvs := l.q.know.keysAhead(); len(kvs) > 0 {
 		return &mvccpb.KeyValue{Key: kvs[0].Key, CreateRevision: kvs[0].CreateRevision}
 	}
 	return nil
@@ -990,7 +999,7 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 			return nil
 		}
 		l.mu.Lock()
-		noneBlocks := len(l.know.ahead) == 0
+		noneBlocks := len(l.q.know.ahead) == 0
 		l.mu.Unlock()
 		if !noneBlocks {
 			return nil
@@ -1009,14 +1018,14 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
 	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
-	l.ownEpoch, l.epoch, l.followEpochs = ownEpoch, epoch, follows
+	l.q.ownEpoch, l.q.epoch, l.q.followEpochs = ownEpoch, epoch, follows
 	// No older than what the rule relies on having seen (readFloor), nor
 	// than what the own-key and queue watches handed on before this
 	// point: the view took none of a queue watch's events of another
 	// epoch, and a read older than them would show keys whose deletion no
 	// watch will send again (the rule knows they went; the view, which
 	// chooses how to wait, would wait for them).
-	minRev = max(minRev, l.know.readFloor(), l.w.own.seenRev.Load())
+	minRev = max(minRev, l.q.know.readFloor(), l.w.own.seenRev.Load())
 	if epoch%2 == 1 {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
 	}
@@ -1029,7 +1038,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; !l.ownsFirst(kvs) {
 		l.mu.Lock()
-		l.know.ownRead(resp.Header.Revision, firstKV(kvs))
+		l.q.know.ownRead(resp.Header.Revision, firstKV(kvs))
 		l.mu.Unlock()
 		return nil, 0, ErrKeyDeleted
 	}
@@ -1040,7 +1049,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 // which time a deletion may have gone unseen.
 func (l *Lock) recheck(ctx context.Context) error {
 	l.mu.Lock()
-	held := l.holding
+	held := l.hold.granted
 	l.mu.Unlock()
 	if !held {
 		return nil // a waiter reads its view again itself
@@ -1082,8 +1091,8 @@ func (l *Lock) ownsFirst(kvs []*mvccpb.KeyValue) bool { return l.owns(firstKV(kv
 // leave hands the name's local gate on, once.
 func (l *Lock) leave() {
 	l.mu.Lock()
-	release := l.gate
-	l.gate = nil
+	release := l.hold.gate
+	l.hold.gate = nil
 	l.mu.Unlock()
 	if release != nil {
 		release()
@@ -1156,14 +1165,14 @@ func (l *Lock) unlock(ctx context.Context) error {
 		Commit()
 
 	l.mu.Lock()
-	released := (err == nil && resp.Succeeded) || (err != nil && l.phase == releasedOrTaken)
+	released := (err == nil && resp.Succeeded) || (err != nil && l.hold.phase == releasedOrTaken)
 	finishHere := false
 	if released {
 		// Before the phase goes back: the own-key watch may see our own delete
 		// at any moment after, and must not call it a loss.
 		finishHere = l.cancelWith(ErrUnlocked)
 	}
-	l.phase = steady
+	l.hold.phase = steady
 	l.mu.Unlock()
 	switch {
 	case released:
@@ -1202,7 +1211,7 @@ func (l *Lock) put(ctx context.Context, value string) error {
 		return context.Cause(l.ctx)
 	}
 	l.mu.Lock()
-	l.value = value
+	l.hold.value = value
 	l.mu.Unlock()
 	return nil
 }
@@ -1211,12 +1220,12 @@ func (l *Lock) put(ctx context.Context, value string) error {
 func (l *Lock) currentValue() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.value
+	return l.hold.value
 }
 
 func (l *Lock) setPhase(p phase) {
 	l.mu.Lock()
-	l.phase = p
+	l.hold.phase = p
 	l.mu.Unlock()
 }
 

@@ -41,7 +41,7 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 func (l *Lock) sourceUp(w *keyWatch, epoch uint64, start int64) {
 	src, keys, own := l.sourceOf(w)
 	l.mu.Lock()
-	l.know.up(src, epoch, start, keys, own)
+	l.q.know.up(src, epoch, start, keys, own)
 	l.mu.Unlock()
 	l.poke()
 }
@@ -51,7 +51,7 @@ func (l *Lock) sourceUp(w *keyWatch, epoch uint64, start int64) {
 func (l *Lock) sourceDown(w *keyWatch, epoch uint64) {
 	src, _, _ := l.sourceOf(w)
 	l.mu.Lock()
-	l.know.down(src, epoch)
+	l.q.know.down(src, epoch)
 	l.mu.Unlock()
 	l.poke()
 }
@@ -66,5 +66,5 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 // l.mu is held.
 func (l *Lock) feed(w *keyWatch, events []*clientv3.Event, epoch uint64) {
 	src, _, _ := l.sourceOf(w)
-	l.know.events(src, epoch, events, 0)
+	l.q.know.events(src, epoch, events, 0)
 }
