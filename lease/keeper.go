@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -17,8 +16,8 @@ import (
 const keeperBatch = 100 * time.Millisecond
 
 // Keeper renews the leases of many sessions over one keep-alive stream,
-// with one goroutine and one timer for them all, where each session on its
-// own keeps a stream, two goroutines and two timers. It also shares each
+// with one loop and one timer for them all, where each session on its own
+// keeps a stream, a loop and a timer of its own. It also shares each
 // lock name's queue watch among its sessions: a put or a deletion in a
 // queue reaches the process once, however many of its sessions wait there,
 // and keeps a copy of the queue in order that their locks wait on: an
@@ -38,19 +37,16 @@ const keeperBatch = 100 * time.Millisecond
 // safe for concurrent use.
 type Keeper struct {
 	client *clientv3.Client
-	ctx    context.Context
 	cancel context.CancelFunc
-	// leaderCtx is ctx with etcd's require-leader metadata, the parent of
-	// its streams (the keep-alive, the shared queue watches).
+	// leaderCtx carries etcd's require-leader metadata: the parent of the
+	// shared queue watches.
 	leaderCtx context.Context
-	done      chan struct{}
+	renewer   *renewer
 
-	mu       sync.Mutex
-	sessions map[clientv3.LeaseID]*keptSession
-	queues   map[string]*sharedQueue // queue watches shared by the sessions, by lock name
-	closed   bool
-	wake     chan struct{}  // poked when a session is added
-	wg       sync.WaitGroup // the queue watches' goroutines
+	mu     sync.Mutex              // guards queues and closed; taken before renewer.mu
+	queues map[string]*sharedQueue // queue watches shared by the sessions, by lock name
+	closed bool
+	wg     sync.WaitGroup // the queue watches' goroutines
 }
 
 // sharedQueue is a lock name's queue watch, shared by every session of a
@@ -61,13 +57,6 @@ type sharedQueue struct {
 	lingering
 }
 
-// keptSession is a session's renewal state in a Keeper. k.mu guards it.
-type keptSession struct {
-	s        *Session
-	nextSend time.Time
-	sent     []time.Time // send times of keep-alives not yet answered, oldest first
-}
-
 // NewKeeper starts a Keeper for client. A nil client gives an error
 // wrapping ErrInvalidArgument. Close stops it.
 func NewKeeper(client *clientv3.Client) (*Keeper, error) {
@@ -75,10 +64,9 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 		return nil, failed("keeper", errNilClient)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &Keeper{client: client, ctx: ctx, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx), done: make(chan struct{}),
-		sessions: make(map[clientv3.LeaseID]*keptSession), queues: make(map[string]*sharedQueue),
-		wake: make(chan struct{}, 1)}
-	go k.run()
+	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx),
+		queues: make(map[string]*sharedQueue)}
+	k.renewer = newRenewer(ctx, client, realClock{}, keeperBatch, time.Second)
 	return k, nil
 }
 
@@ -104,11 +92,13 @@ func (k *Keeper) Close() error {
 		return failed("keeper", ErrSessionClosed)
 	}
 	k.closed = true
+	k.mu.Unlock()
 	var left []*Session
-	for _, e := range k.sessions {
+	k.renewer.mu.Lock()
+	for _, e := range k.renewer.sessions {
 		left = append(left, e.s)
 	}
-	k.mu.Unlock()
+	k.renewer.mu.Unlock()
 	var errs []error
 	for _, s := range left {
 		if err := s.Close(); err != nil && !errors.Is(err, ErrSessionClosed) {
@@ -121,7 +111,7 @@ func (k *Keeper) Close() error {
 	}
 	k.mu.Unlock()
 	k.cancel()
-	<-k.done
+	<-k.renewer.done
 	k.wg.Wait()
 	return errors.Join(errs...)
 }
@@ -191,162 +181,13 @@ func (k *Keeper) dropQueue(name string, q *sharedQueue) {
 	q.w.stop()
 }
 
-// add starts renewing s's lease.
+// add starts renewing s's lease, unless the Keeper has closed.
 func (k *Keeper) add(s *Session) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
 		return fmt.Errorf("keeper: %w", ErrSessionClosed)
 	}
-	k.sessions[s.id] = &keptSession{s: s}
-	select {
-	case k.wake <- struct{}{}:
-	default:
-	}
+	k.renewer.add(s)
 	return nil
-}
-
-// remove stops renewing s's lease.
-func (k *Keeper) remove(s *Session) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if e := k.sessions[s.id]; e != nil && e.s == s {
-		delete(k.sessions, s.id)
-	}
-}
-
-// run keeps one keep-alive stream open until Close, opening it again after
-// a pause whenever it fails. Deadlines are watched all the while.
-func (k *Keeper) run() {
-	defer close(k.done)
-	retry := 50 * time.Millisecond
-	for k.ctx.Err() == nil {
-		if k.stream() {
-			retry = 50 * time.Millisecond
-		}
-		// Down: keep watching deadlines until it is time to try again.
-		until := time.Now().Add(retry)
-		for k.ctx.Err() == nil && time.Now().Before(until) {
-			k.wait(minTime(k.tick(nil, time.Now()), until), nil)
-		}
-		retry = min(2*retry, time.Second)
-	}
-}
-
-// stream runs one keep-alive stream until it fails or the Keeper stops. It
-// reports whether it carried an answer.
-func (k *Keeper) stream() (answered bool) {
-	ctx, cancel := context.WithCancel(k.leaderCtx)
-	defer cancel()
-	stream, err := pb.NewLeaseClient(k.client.ActiveConnection()).LeaseKeepAlive(ctx)
-	if err != nil {
-		return false
-	}
-	results, stopped := receive(ctx, stream)
-	defer stopped()
-	defer cancel() // before waiting for the receiver: it may be blocked on results
-	k.mu.Lock()
-	for _, e := range k.sessions {
-		e.nextSend, e.sent = time.Time{}, nil // renew everyone at once on a new stream
-	}
-	k.mu.Unlock()
-	for k.ctx.Err() == nil {
-		next := k.tick(stream, time.Now())
-		r, ok := k.wait(next, results)
-		if !ok {
-			continue
-		}
-		if r.err != nil {
-			return answered
-		}
-		answered = true
-		k.answer(r.resp)
-	}
-	return answered
-}
-
-// wait sleeps until next, an answer on results (nil: none), a new session
-// or Close.
-func (k *Keeper) wait(next time.Time, results <-chan keepAliveResult) (keepAliveResult, bool) {
-	t := time.NewTimer(time.Until(next))
-	defer t.Stop()
-	select {
-	case r := <-results:
-		return r, true
-	case <-t.C:
-	case <-k.wake:
-	case <-k.ctx.Done():
-	}
-	return keepAliveResult{}, false
-}
-
-// tick sends the keep-alives that are due (none if stream is nil), ends
-// sessions whose local deadline has passed, drops ended ones, and returns
-// when it next has something to do.
-func (k *Keeper) tick(stream pb.Lease_LeaseKeepAliveClient, now time.Time) time.Time {
-	next := now.Add(time.Second)
-	var lost []*Session
-	k.mu.Lock()
-	for id, e := range k.sessions {
-		s := e.s
-		if s.ctx.Err() != nil {
-			delete(k.sessions, id)
-			continue
-		}
-		deadline := s.Deadline()
-		if !now.Before(deadline) {
-			delete(k.sessions, id)
-			lost = append(lost, s)
-			continue
-		}
-		next = minTime(next, deadline)
-		if stream == nil {
-			continue
-		}
-		if !e.nextSend.After(now.Add(keeperBatch)) {
-			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
-				break // the stream failed: its receiver reports it
-			}
-			e.sent = append(e.sent, now)
-			e.nextSend = now.Add(s.ttl / 3)
-		}
-		next = minTime(next, e.nextSend)
-	}
-	k.mu.Unlock()
-	for _, s := range lost {
-		s.lose("not renewed before the local deadline")
-	}
-	return next
-}
-
-// answer applies a keep-alive answer to its session: the deadline moves to
-// the request's send time plus the TTL, or the session ends if etcd says
-// the lease is gone.
-func (k *Keeper) answer(resp *pb.LeaseKeepAliveResponse) {
-	k.mu.Lock()
-	e := k.sessions[clientv3.LeaseID(resp.ID)]
-	if e == nil || len(e.sent) == 0 {
-		k.mu.Unlock()
-		return // a session removed since, or answered after a restart
-	}
-	at := e.sent[0]
-	e.sent = e.sent[1:]
-	s := e.s
-	if resp.TTL <= 0 {
-		delete(k.sessions, s.id)
-	}
-	k.mu.Unlock()
-	if resp.TTL <= 0 {
-		s.lose("etcd reports the lease gone")
-		return
-	}
-	s.extend(at.Add(s.renewedTTL(resp.TTL)), nil)
-	s.checkRevision(resp.Header.GetRevision())
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }

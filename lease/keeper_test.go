@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -294,5 +296,97 @@ func queueChurn(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) 
 	t.Logf("%d gave up while queued, %d times readers held together", gaveUp.Load(), readersTogether.Load())
 	if gaveUp.Load() == 0 || readersTogether.Load() == 0 {
 		t.Errorf("the churn did not happen: %d gave up, readers held together %d times", gaveUp.Load(), readersTogether.Load())
+	}
+}
+
+// A keep-alive send that blocks (etcd not reading the stream, whose flow
+// control then holds the sender) holds up neither the deadline checks nor
+// the Keeper's sessions: each one still reports its loss by its own local
+// deadline, and Close does not wait on the send. The sessions are many so
+// that one round of keep-alives (15 bytes each) overfills what gRPC lets a
+// stream queue unsent (64 KiB); large puts first use up the connection's
+// window, so that nothing of the stream's is written either. The test
+// checks that the send did block. With the send back on the loop, or under
+// the renewer's mutex, no session is lost in time.
+func TestKeeperStalledSend(t *testing.T) {
+	if raceDetector {
+		// Embedded, etcd runs under the detector too, and falls behind
+		// with the renewals of this many sessions: some leases expire,
+		// and etcd holds the stream up until it has revoked them.
+		t.Skip("too many sessions for etcd under the race detector")
+	}
+	etcdtest.LeakCheck(t)
+	// A member of its own, without fsync: thousands of grants in a second.
+	c := etcdtest.StartT(t, etcdtest.Config{NoFsync: true})
+	p, viaProxy, _ := etcdtest.ProxiedClient(t, c.Endpoints()[0])
+	k := newKeeper(t, viaProxy)
+	const n = 5500
+	sessions := make([]*lease.Session, n)
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 256 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n && !t.Failed(); i = int(next.Add(1) - 1) {
+				s, err := lease.NewSession(testCtx(t), viaProxy, lease.WithTTL(shortTTL), lease.WithKeeper(k))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				sessions[i] = s
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	// The grants slow etcd's answers to keep-alives down: wait until it
+	// has caught up, so that every session sends a round before its
+	// deadline.
+	for made := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		behind := 0
+		for _, s := range sessions {
+			if time.Until(s.Deadline()) < s.TTL()/2 {
+				behind++
+			}
+		}
+		if behind == 0 {
+			break
+		}
+		if time.Since(made) > 10*time.Second {
+			t.Fatalf("%d sessions still behind with their renewals 10s after they were made", behind)
+		}
+	}
+	p.PauseTx()
+	t.Cleanup(p.UnpauseTx) // before k.Close, which may revoke
+	paused := time.Now()
+	pctx, cancel := context.WithCancel(testCtx(t))
+	for range 4 {
+		wg.Go(func() { viaProxy.Put(pctx, etcdtest.Name(t, "stalled-send"), strings.Repeat("x", 1<<18)) })
+	}
+	defer wg.Wait()
+	defer cancel()
+	// Every deadline was set from a keep-alive sent before the pause.
+	time.Sleep(time.Until(paused.Add(sessions[0].TTL() + time.Second)))
+	for i, s := range sessions {
+		if !errors.Is(s.Err(), lease.ErrLeaseExpired) {
+			t.Fatalf("session %d, its keep-alives stalled, not lost 1s after its deadline: Err() = %v", i, s.Err())
+		}
+	}
+	buf := make([]byte, 1<<24)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	stalled := false
+	for _, g := range strings.Split(stacks, "\n\n") {
+		stalled = stalled || strings.Contains(g, "(*renewer).send") && strings.Contains(g, "(*writeQuota).get")
+	}
+	if !stalled {
+		t.Fatal("the Keeper's sender is not blocked in a send: the test did not stall it")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- k.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Keeper.Close still waiting 5s after every session was lost")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -34,7 +33,9 @@ type Session struct {
 	clock  clock
 	seam   faultSeam // empty in release builds; see ownership.go
 	hooks  Hooks
-	keeper *Keeper // renews the lease, if the session was given one
+	keeper *Keeper // shares its queue watches, if the session was given one
+	// renewer renews the lease: the Keeper's, or the session's own.
+	renewer *renewer
 	// lockDelay is WithLockDelay's; holdings are the locks it must release
 	// one by one on Close (under mu), so that their successors see clean
 	// releases.
@@ -47,9 +48,8 @@ type Session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	// leaderCtx is ctx with etcd's require-leader metadata, the parent of
-	// the session's streams (its watches, its keep-alive): made once,
-	// where each watch's opening would make it again (0.5 KB a held
-	// lock).
+	// the session's watches: made once, where each watch's opening would
+	// make it again (0.5 KB a held lock).
 	leaderCtx context.Context
 
 	mu       sync.Mutex // guards closed, deadline and holdings
@@ -58,7 +58,7 @@ type Session struct {
 
 	gates gates // makes locks of one name on this session take turns
 
-	wg sync.WaitGroup // the keep-alive loop and every lock monitor
+	wg sync.WaitGroup // every lock monitor and revision check
 
 	// highest is the highest store revision seen in any response header,
 	// and probeKey the last lock key taken: what a suspected regression is
@@ -119,9 +119,10 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 			s.revoke()
 			return nil, failed("session", err)
 		}
-	} else {
-		s.wg.Add(1)
-		go s.keepAlive()
+		s.renewer = s.keeper.renewer
+	} else { // a renewer of its own, which stops as the session ends
+		s.renewer = newRenewer(s.ctx, client, s.clock, 0, granted/6)
+		s.renewer.add(s)
 	}
 	s.lg.Info("session started", zap.Duration("ttl", granted))
 	return s, nil
@@ -183,8 +184,9 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	s.releaseHoldings(held)
 	s.cancel(ErrSessionClosed)
-	if s.keeper != nil {
-		s.keeper.remove(s)
+	s.renewer.remove(s)
+	if s.keeper == nil {
+		<-s.renewer.done
 	}
 	s.gates.closeAll()
 	s.wg.Wait()
@@ -275,132 +277,15 @@ func (s *Session) fail(why error) {
 	s.cancel(why)
 }
 
-// keepAlive renews the lease over one LeaseKeepAlive stream, every third of
-// the TTL, and ends the session when the local deadline passes without a
-// renewal. Responses come back in the order the requests were sent, so each
-// one is matched to its send time.
-func (s *Session) keepAlive() {
-	defer s.wg.Done()
-	expiry := s.clock.NewTimer(s.untilDeadline())
-	defer expiry.Stop()
-	retry := 50 * time.Millisecond
-	for s.ctx.Err() == nil {
-		err := s.keepAliveStream(expiry)
-		if s.ctx.Err() != nil {
-			return
-		}
-		s.lg.Debug("keep-alive stream ended", zap.Error(err))
-		wait := s.clock.NewTimer(retry)
-		select {
-		case <-wait.C():
-		case <-expiry.C():
-			wait.Stop()
-			s.lose("not renewed before the local deadline")
-			return
-		case <-s.ctx.Done():
-		}
-		wait.Stop()
-		retry = min(2*retry, s.ttl/6)
-	}
-}
-
-type keepAliveResult struct {
-	resp *pb.LeaseKeepAliveResponse
-	err  error
-}
-
-// keepAliveStream runs one stream until it fails or the session ends.
-func (s *Session) keepAliveStream(expiry timer) error {
-	ctx, cancel := context.WithCancel(s.leaderCtx)
-	defer cancel()
-	stream, err := pb.NewLeaseClient(s.client.ActiveConnection()).LeaseKeepAlive(ctx)
-	if err != nil {
-		return err
-	}
-	results, stopped := receive(ctx, stream)
-	defer stopped()
-	defer cancel() // before waiting for the receiver: it may be blocked on results
-	return s.renew(stream, results, expiry)
-}
-
-// receive passes the stream's answers on until the stream fails or ctx
-// ends. stopped waits for its goroutine, once ctx has ended.
-func receive(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient) (results <-chan keepAliveResult, stopped func()) {
-	ch := make(chan keepAliveResult, 1)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			resp, err := stream.Recv()
-			select {
-			case ch <- keepAliveResult{resp, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return ch, wg.Wait
-}
-
-// renew sends a keep-alive every third of the TTL and moves the local
-// deadline on with each answer: the answer's TTL from the send time of its
-// request. Answers come back in the order the requests were sent.
-func (s *Session) renew(stream pb.Lease_LeaseKeepAliveClient, results <-chan keepAliveResult, expiry timer) error {
-	interval := s.ttl / 3
-	tick := s.clock.NewTimer(0)
-	defer tick.Stop()
-	var sent []time.Time // send times of requests not yet answered
-	for {
-		select {
-		case <-tick.C():
-			now := s.clock.Now()
-			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(s.id)}); err != nil {
-				return err
-			}
-			sent = append(sent, now)
-			tick.Reset(interval)
-		case r := <-results:
-			if r.err != nil {
-				return r.err
-			}
-			if len(sent) == 0 {
-				return errors.New("keep-alive answer without a request")
-			}
-			at := sent[0]
-			sent = sent[1:]
-			if r.resp.TTL <= 0 {
-				s.lose("etcd reports the lease gone")
-				return nil
-			}
-			s.extend(at.Add(s.renewedTTL(r.resp.TTL)), expiry)
-			s.sawRevision(r.resp.Header.GetRevision())
-		case <-expiry.C():
-			s.lose("not renewed before the local deadline")
-			return nil
-		case <-s.ctx.Done():
-			return nil
-		}
-	}
-}
-
-// extend moves the local deadline on (never back) and the expiry timer
-// with it; a Keeper's sessions have no timer of their own (expiry nil).
-func (s *Session) extend(deadline time.Time, expiry timer) {
+// extend moves the local deadline on, never back.
+func (s *Session) extend(deadline time.Time) {
 	s.mu.Lock()
 	if deadline.After(s.deadline) {
 		s.deadline = deadline
 	}
 	s.mu.Unlock()
-	margin := s.untilDeadline()
-	if expiry != nil {
-		expiry.Reset(margin)
-	}
 	if s.hooks.Renewed != nil {
-		s.hooks.Renewed(margin)
+		s.hooks.Renewed(s.untilDeadline())
 	}
 }
 
@@ -415,9 +300,9 @@ func (s *Session) sawRevision(rev int64) {
 	}
 }
 
-// checkRevision is sawRevision for a caller that must not wait (a Keeper's
-// loop): a suspected regression is confirmed on a goroutine of the
-// session's own.
+// checkRevision is sawRevision for a caller that must not wait (the
+// renewer's loop, which watches the deadlines): a suspected regression is
+// confirmed on a goroutine of the session's own.
 func (s *Session) checkRevision(rev int64) {
 	highest, ok := s.recordRevision(rev)
 	if ok || s.track() != nil {
@@ -445,8 +330,7 @@ func (s *Session) recordRevision(rev int64) (int64, bool) {
 // confirmRegression reads with a linearizable read whether the store
 // revision is really below highest, and ends the session if so.
 func (s *Session) confirmRegression(highest int64) {
-	// Bounded by the local deadline too: on the keep-alive goroutine this
-	// read must never hold up the deadline's own loss signal.
+	// Bounded by the local deadline too: past it, the session is lost.
 	ctx, cancel := context.WithTimeout(s.ctx, min(s.ttl/3, s.untilDeadline()))
 	defer cancel()
 	key, _ := s.probeKey.Load().(string)

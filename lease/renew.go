@@ -1,0 +1,265 @@
+package lease
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// renewer renews leases over one LeaseKeepAlive stream, a Keeper's or a
+// lone session's own: a keep-alive per lease every third of its TTL, each
+// answer moving the session's local deadline to the request's send time
+// plus the TTL (a lease's answers come in the order of its requests); a
+// session whose deadline passes is lost. A failed stream is opened again
+// after a pause. The loop (run) only decides what is due and watches the
+// deadlines; a stream's own goroutines open it, send and receive, so that a
+// blocked send (flow control, etcd not reading) holds up neither.
+type renewer struct {
+	client   *clientv3.Client
+	clock    clock
+	batch    time.Duration   // how early a keep-alive may go out, for renewals to share a wake-up
+	maxRetry time.Duration   // the longest pause before a failed stream is opened again
+	ctx      context.Context // the loop runs until it ends
+	done     chan struct{}   // closed when the loop has stopped
+	wake     chan struct{}   // poked when a session is added
+
+	// mu guards sessions, their renewal state and outbox. Lock order: a
+	// Keeper's mu, then mu, then a Session's mu.
+	mu       sync.Mutex
+	sessions map[clientv3.LeaseID]*keptSession
+	outbox   []int64 // leases whose keep-alive is due, for the stream's sender
+}
+
+// keptSession is a session's renewal state. renewer.mu guards it.
+type keptSession struct {
+	s        *Session
+	nextSend time.Time
+	sent     []time.Time // send times of keep-alives not yet answered, oldest first
+}
+
+// newRenewer starts a renewer that runs until ctx ends.
+func newRenewer(ctx context.Context, client *clientv3.Client, c clock, batch, maxRetry time.Duration) *renewer {
+	r := &renewer{client: client, clock: c, batch: batch, maxRetry: maxRetry, ctx: ctx,
+		done: make(chan struct{}), wake: make(chan struct{}, 1), sessions: make(map[clientv3.LeaseID]*keptSession)}
+	go r.run()
+	return r
+}
+
+// add starts renewing s's lease.
+func (r *renewer) add(s *Session) {
+	r.mu.Lock()
+	r.sessions[s.id] = &keptSession{s: s}
+	r.mu.Unlock()
+	poke(r.wake)
+}
+
+// remove stops renewing s's lease.
+func (r *renewer) remove(s *Session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.sessions[s.id]; e != nil && e.s == s {
+		delete(r.sessions, s.id)
+	}
+}
+
+// run keeps one keep-alive stream open until ctx ends, opening it again
+// after a pause whenever it fails.
+func (r *renewer) run() {
+	defer close(r.done)
+	retry := 50 * time.Millisecond
+	for r.ctx.Err() == nil {
+		if r.stream() {
+			retry = 50 * time.Millisecond
+		}
+		// Down: keep watching deadlines until it is time to try again.
+		until := r.clock.Now().Add(retry)
+		for r.ctx.Err() == nil && r.clock.Now().Before(until) {
+			r.wait(minTime(r.tick(nil, r.clock.Now()), until), nil)
+		}
+		retry = min(2*retry, r.maxRetry)
+	}
+}
+
+// stream runs one keep-alive stream until it fails or ctx ends. It reports
+// whether it carried an answer.
+func (r *renewer) stream() (answered bool) {
+	r.mu.Lock()
+	r.outbox = nil
+	for _, e := range r.sessions {
+		e.nextSend, e.sent = time.Time{}, nil // renew everyone at once on a new stream
+	}
+	r.mu.Unlock()
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(r.ctx))
+	results, ready := make(chan *pb.LeaseKeepAliveResponse, 1), make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.carry(ctx, results, ready) })
+	defer wg.Wait()
+	defer cancel() // before waiting: the stream's goroutines may be blocked on results or on a send
+	// Ticks only when it is time, or for a new session: an answer moves a
+	// deadline later, never earlier, and a tick per answer would cost
+	// every answer a pass over all the sessions.
+	for next := r.tick(ready, r.clock.Now()); r.ctx.Err() == nil; {
+		resp, failed := r.wait(next, results)
+		switch {
+		case failed:
+			return answered
+		case resp != nil:
+			answered = true
+			r.answer(resp)
+		default:
+			next = r.tick(ready, r.clock.Now())
+		}
+	}
+	return answered
+}
+
+// carry opens the stream (which can wait, for a connection), passes its
+// answers on results, closed when it fails, and sends what tick queues.
+func (r *renewer) carry(ctx context.Context, results chan<- *pb.LeaseKeepAliveResponse, ready <-chan struct{}) {
+	stream, err := pb.NewLeaseClient(r.client.ActiveConnection()).LeaseKeepAlive(ctx)
+	if err != nil {
+		close(results)
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		defer close(results)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case results <- resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	r.send(ctx, stream, ready)
+}
+
+// send sends the keep-alives tick queues, each time ready is poked, until
+// the stream fails or ctx ends.
+func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient, ready <-chan struct{}) {
+	for {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return
+		}
+		r.mu.Lock()
+		ids := r.outbox
+		r.outbox = nil
+		r.mu.Unlock()
+		// Sent with mu released: a send blocks for as long as the stream's
+		// flow control holds it (etcd not reading), and the deadline
+		// checks, a Keeper's new sessions and closing ones all take mu.
+		for _, id := range ids {
+			if stream.Send(&pb.LeaseKeepAliveRequest{ID: id}) != nil {
+				return // the stream failed: its receiver reports it
+			}
+		}
+	}
+}
+
+// wait sleeps until next, an answer on results (nil: none), a new session
+// or the end of ctx; failed if results was closed.
+func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse) (resp *pb.LeaseKeepAliveResponse, failed bool) {
+	t := r.clock.NewTimer(next.Sub(r.clock.Now()))
+	defer t.Stop()
+	select {
+	case resp, ok := <-results:
+		return resp, !ok
+	case <-t.C():
+	case <-r.wake:
+	case <-r.ctx.Done():
+	}
+	return nil, false
+}
+
+// tick queues the keep-alives that are due (none if ready is nil: no
+// stream), taking their send time now, before they are sent (an earlier
+// deadline, never a later one); ends sessions whose local deadline has
+// passed, drops ended ones, and returns when it next has something to do.
+func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
+	next := now.Add(time.Second)
+	var lost []*Session
+	r.mu.Lock()
+	for id, e := range r.sessions {
+		s := e.s
+		if s.ctx.Err() != nil {
+			delete(r.sessions, id)
+			continue
+		}
+		deadline := s.Deadline()
+		if !now.Before(deadline) {
+			delete(r.sessions, id)
+			lost = append(lost, s)
+			continue
+		}
+		next = minTime(next, deadline)
+		if ready == nil {
+			continue
+		}
+		if !e.nextSend.After(now.Add(r.batch)) {
+			r.outbox = append(r.outbox, int64(id))
+			e.sent = append(e.sent, now)
+			e.nextSend = now.Add(s.ttl / 3)
+		}
+		next = minTime(next, e.nextSend)
+	}
+	queued := len(r.outbox) > 0
+	r.mu.Unlock()
+	if queued {
+		poke(ready)
+	}
+	for _, s := range lost {
+		s.lose("not renewed before the local deadline")
+	}
+	return next
+}
+
+// answer applies a keep-alive answer to its session: the deadline moves to
+// the request's send time plus the TTL, or the session ends if etcd says
+// the lease is gone.
+func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
+	r.mu.Lock()
+	e := r.sessions[clientv3.LeaseID(resp.ID)]
+	if e == nil || len(e.sent) == 0 {
+		r.mu.Unlock()
+		return // a session removed since
+	}
+	at := e.sent[0]
+	e.sent = e.sent[1:]
+	s := e.s
+	if resp.TTL <= 0 {
+		delete(r.sessions, s.id)
+	}
+	r.mu.Unlock()
+	if resp.TTL <= 0 {
+		s.lose("etcd reports the lease gone")
+		return
+	}
+	s.extend(at.Add(s.renewedTTL(resp.TTL)))
+	s.checkRevision(resp.Header.GetRevision())
+}
+
+// poke signals ch, of capacity 1, unless it is signalled already.
+func poke(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
