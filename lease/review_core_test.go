@@ -73,3 +73,92 @@ func TestNearWaiterNotGrantedAfterForeignPut(t *testing.T) {
 		})
 	}
 }
+
+// keyOf is the queue key session s puts for name.
+func keyOf(name string, s *lease.Session) string { return fmt.Sprintf("%s/%x", name, int64(s.Lease())) }
+
+// A far waiter that has to follow a key again whose watch the session
+// closed while it waited (its lock subscribed to it at its start, as a
+// watch its session kept) waits quietly: the new watch of that key is a
+// source of the rule like the old one. The rule knows sources by name
+// ("follow <key>") and drops news of a generation below one it saw end;
+// a new watch of the same key starts its epochs from 1 again.
+//
+// Session S's first lock L1 follows D and C (four keys ahead), and gives
+// up while L2, S's next lock of the name, waits at the name's gate. L2
+// starts subscribed to the watches of D and C, queues behind E and F too,
+// follows those, which closes the watches of D and C, and when E and F
+// give up must follow D and C again, through new watches.
+func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "refollow")
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	mustLock(t, newSession(t, cli), name) // A, held throughout
+	var keys []string
+	for i := range 3 { // B, C, D
+		s := newSession(t, cli)
+		lockAsync(ctx, s, name)
+		waitQueued(t, cli, name, i+2)
+		keys = append(keys, keyOf(name, s))
+	}
+	c, d := keys[1], keys[2]
+	tp := newTap()
+	s := newSession(t, tapClient(t, tp))
+	ctx1, cancel1 := context.WithCancel(ctx)
+	defer cancel1()
+	l1 := lockAsync(ctx1, s, name)
+	waitQueued(t, cli, name, 5)
+	tp.await(testCtx(t), t, "L1 following D and C", func(tp *tap) bool { return tp.readAfter(d, c) })
+
+	var gaveUp []func()
+	var results []<-chan lockResult
+	var ef []string
+	for i := range 2 { // E, F
+		se := newSession(t, cli)
+		cctx, ccancel := context.WithCancel(ctx)
+		defer ccancel()
+		gaveUp, results = append(gaveUp, ccancel), append(results, lockAsync(cctx, se, name))
+		waitQueued(t, cli, name, 6+i)
+		ef = append(ef, keyOf(name, se))
+	}
+	l2 := lockAsync(ctx, s, name) // waits at the gate behind L1
+	cancel1()
+	if r := <-l1; r.err == nil {
+		t.Fatal("L1 granted")
+	}
+	waitQueued(t, cli, name, 7) // L2 put
+	tp.await(testCtx(t), t, "L2 following F and E", func(tp *tap) bool { return tp.readAfter(ef[1], ef[0]) })
+	for i := range gaveUp {
+		gaveUp[i]()
+		<-results[i]
+	}
+	// L2 now follows D and C again, through new watches, behind a holder
+	// that stays: it has nothing to read until one of them goes.
+	tp.mu.Lock()
+	before := len(tp.txns)
+	tp.mu.Unlock()
+	const busy = 300
+	wctx, wcancel := context.WithTimeout(testCtx(t), 3*time.Second)
+	defer wcancel()
+	for {
+		tp.mu.Lock()
+		n, moved := len(tp.txns)-before, tp.moved
+		tp.mu.Unlock()
+		if n >= busy {
+			t.Fatalf("L2 sent %d reads while nothing ahead of it changed: it reads in a loop", n)
+		}
+		select {
+		case <-moved:
+			continue
+		case r := <-l2:
+			t.Fatalf("L2 returned behind a holder: err %v", r.err)
+		case <-wctx.Done():
+		}
+		break
+	}
+	tp.mu.Lock()
+	t.Logf("L2 sent %d reads in 3 s behind a holder that stays", len(tp.txns)-before)
+	tp.mu.Unlock()
+}

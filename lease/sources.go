@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"fmt"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -11,17 +13,19 @@ import (
 
 // sourceOf names watch w as a source of l's knowledge, with the keys it
 // covers (nil: every key under the name) and whether those hold the own
-// key. The queue watch covers the own key for its deletion only (it
-// leaves puts out); a put by someone else that moves the key off the
-// lease reaches the lock through its own-key watch, which keeps puts.
+// key. A session's queue watch leaves puts out, so it does not cover the
+// own key: a put by someone else that moves the key off the lease would
+// go unseen on it. A Keeper's, which keeps its copy from the puts too,
+// does. Each watch of a key ahead is a source of its own: a new watch of
+// the same key starts its epochs over.
 func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool) {
 	switch {
 	case w == l.w.own:
 		return "own", []string{l.key}, true
 	case w.prefix:
-		return "queue", nil, true
+		return "queue", nil, w.mirror != nil
 	}
-	return source("follow " + w.key), []string{w.key}, false
+	return source(fmt.Sprintf("follow %s %p", w.key, w)), []string{w.key}, false
 }
 
 // subscribeTo makes l a subscriber of w and returns w's epoch. If w is
