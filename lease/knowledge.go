@@ -54,9 +54,13 @@ type knowledge struct {
 	// since, each with the lowest revision by which it is known gone (the
 	// revision of its delete event, or of a read that no longer found it).
 	removed map[string]int64
-	// gone is, by key, the lowest revision after base by which a key is
-	// known gone: a later snapshot older than it still lists the key.
-	gone    map[string]int64
+	// gone is, by key, every revision at which a key was seen gone (a
+	// delete event, or a read that no longer found it), ascending: a
+	// later snapshot counts the first one after it for a key it lists. A
+	// key's name comes back (its session queues again), so a name may go
+	// more than once, and events may arrive before the snapshot they
+	// follow.
+	gone    map[string][]int64
 	ownTo   int64 // the own key is known unchanged from the token through this revision
 	sources map[source]*coverage
 	// over says, for each source, that its generations below this one
@@ -118,7 +122,7 @@ const (
 
 func newKnowledge(key string, owns, blocks func(*mvccpb.KeyValue) bool) *knowledge {
 	return &knowledge{key: key, owns: owns, blocks: blocks,
-		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string]int64{}, sources: map[source]*coverage{}, over: map[source]uint64{}}
+		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[source]*coverage{}, over: map[source]uint64{}}
 }
 
 // setToken records the own key's creation revision, as its put returns:
@@ -170,18 +174,31 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 		}
 		// A deletion seen after this snapshot removes the key it listed:
 		// a key of that name made again would be newer than the own key.
-		if d := k.gone[key]; d > rev {
+		if d, ok := k.goneAfter(key, rev); ok {
 			k.removed[key] = d
 			continue
 		}
 		k.ahead[key] = &keyAhead{created: kv.CreateRevision, through: rev, kv: kv}
 	}
-	for key, d := range k.gone {
-		if d <= rev {
+	for key, ds := range k.gone {
+		i, _ := slices.BinarySearch(ds, rev+1)
+		if ds = ds[i:]; len(ds) == 0 {
 			delete(k.gone, key)
+		} else {
+			k.gone[key] = ds
 		}
 	}
 	k.extend()
+}
+
+// goneAfter is the first revision after rev at which key was seen gone.
+func (k *knowledge) goneAfter(key string, rev int64) (int64, bool) {
+	ds := k.gone[key]
+	i, _ := slices.BinarySearch(ds, rev+1)
+	if i == len(ds) {
+		return 0, false
+	}
+	return ds[i], true
 }
 
 // clear drops key from the keys ahead: a read showed it, with the
@@ -222,19 +239,20 @@ func (k *knowledge) goneBy(key string, rev int64) { k.sawGone(key, rev) }
 
 // sawGone records that key is gone by rev. The first deletion after the
 // snapshot is of the key it listed (any later one is of a key made again,
-// newer than the own one), so the lowest revision known counts: a delete
-// event may come after a read that found the key gone, and lowers the
-// revision a grant rests on.
+// newer than the own one), so the lowest revision known after the
+// snapshot counts: a delete event may come after a read that found the
+// key gone, and lowers the revision a grant rests on.
 func (k *knowledge) sawGone(key string, rev int64) {
 	if rev <= k.base {
 		return
 	}
-	if d, ok := k.gone[key]; !ok || rev < d {
-		k.gone[key] = rev
+	ds := k.gone[key]
+	if i, found := slices.BinarySearch(ds, rev); !found {
+		k.gone[key] = slices.Insert(ds, i, rev)
 	}
 	if _, ok := k.ahead[key]; ok {
 		delete(k.ahead, key)
-		k.removed[key] = k.gone[key]
+		k.removed[key] = rev
 	} else if d, ok := k.removed[key]; ok && rev < d {
 		k.removed[key] = rev
 	}
@@ -282,19 +300,18 @@ func (k *knowledge) down(src source, gen uint64) {
 
 // events takes one response of src in generation gen, in revision
 // order, and what it vouches for: every event of its range up to progress
-// (at least the last event's revision) has been delivered. Events of a
-// source that is not up in that generation are dropped.
+// (at least the last event's revision) has been delivered. Each event is
+// a fact whatever delivered it, and is applied; only a source that is up
+// in that generation vouches for what it did not deliver.
 func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress int64) {
-	c, ok := k.sources[src]
-	if !ok || c.gen != gen {
-		return
-	}
 	for _, ev := range evs {
 		k.event(ev)
 		progress = max(progress, ev.Kv.ModRevision)
 	}
-	c.progress = max(c.progress, progress)
-	k.extend()
+	if c, ok := k.sources[src]; ok && c.gen == gen {
+		c.progress = max(c.progress, progress)
+		k.extend()
+	}
 }
 
 // event applies one event, whichever source delivered it.
@@ -320,7 +337,11 @@ func (k *knowledge) ownEvent(ev *mvccpb.Event) {
 	if ev.Kv.ModRevision <= k.token {
 		return // an earlier holding of the same key
 	}
-	if ev.Type == mvccpb.DELETE || !k.owns(ev.Kv) {
+	after := ev.Kv // the key as the event left it: nil once deleted
+	if ev.Type == mvccpb.DELETE {
+		after = nil
+	}
+	if !k.owns(after) {
 		k.lost = true
 	}
 }
@@ -387,8 +408,8 @@ func (k *knowledge) decideEmpty() decision {
 // carries on from it with no gap.
 func (k *knowledge) readFloor() int64 {
 	floor := max(k.token, k.base, k.deleted())
-	for _, d := range k.gone {
-		floor = max(floor, d)
+	for _, ds := range k.gone {
+		floor = max(floor, ds[len(ds)-1])
 	}
 	for _, c := range k.sources {
 		floor = max(floor, c.start-1)

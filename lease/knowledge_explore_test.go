@@ -57,6 +57,15 @@ func genHistory(r *rand.Rand) history {
 		put(key, map[bool]string{true: readerVal}[r.IntN(3) == 0], otherLease, 0)
 		h.older = append(h.older, key)
 	}
+	// Sessions ahead that released and queued again before the own put:
+	// the same names, gone once already.
+	for _, key := range h.older {
+		if r.IntN(3) == 0 {
+			rev++
+			h.evs = append(h.evs, &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev}})
+			put(key, "", otherLease, 0)
+		}
+	}
 	put(h.own, "", ownLease, 0)
 	h.token = rev
 	for range 2 + r.IntN(10) {
@@ -223,6 +232,12 @@ func newWorldShaped(seed uint64, mutate func(*knowledge), shape worldShape) *wor
 	if r.IntN(2) == 0 {
 		w.watches = slices.Delete(w.watches, 1, 2) // no queue watch: a far waiter's shape
 	}
+	// A watch the lock subscribed to before its put (kept by its session
+	// across locks) delivers from a revision before the token.
+	if r.IntN(2) == 0 {
+		wt := w.watches[len(w.watches)-1]
+		w.upAt(wt, 1+r.Int64N(h.token))
+	}
 	// The enqueue's read: a snapshot at the token, as the put returns it.
 	if r.IntN(2) == 0 {
 		w.answer(h.token)
@@ -269,15 +284,20 @@ func (w *world) step() {
 // toggle brings a watch up (it starts at the revision after the head, as
 // a watch opened at the current revision does) or down.
 func (w *world) toggle(wt *watch) {
-	wt.gen++
 	if wt.up {
+		wt.gen++
 		wt.up = false
 		w.k.down(wt.name, wt.gen)
 		w.logf("%s down", wt.name)
 		return
 	}
+	w.upAt(wt, w.head+1)
+}
+
+// upAt brings a watch up, delivering every event of its range from start on.
+func (w *world) upAt(wt *watch, start int64) {
+	wt.gen++
 	wt.up = true
-	start := w.head + 1
 	wt.next = slices.IndexFunc(w.h.evs, func(ev *mvccpb.Event) bool { return ev.Kv.ModRevision >= start })
 	if wt.next < 0 {
 		wt.next = len(w.h.evs)
@@ -543,4 +563,29 @@ func TestGrantRuleExplorerQueueWatchDeletesOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d runs: %d granted, %d lost, %d still waiting at the end", seeds, o.granted, o.lost, o.waiting)
+}
+
+// TestGrantRuleNameGoneTwiceBeforeSnapshot: a session ahead released
+// (its key gone at 3), queued again (created 4), and its new key went too
+// (at 7); both deletions arrive before the enqueue's read at 6, which
+// lists the new key. The second deletion, after the read, must count: the
+// rule once kept only the lowest revision a name went at, and waited for
+// ever (seen as four waiters stalled in the handoff benchmark).
+func TestGrantRuleNameGoneTwiceBeforeSnapshot(t *testing.T) {
+	const token = 6
+	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
+	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
+		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
+	}, nil)
+	k.up("queue", 1, 1, nil, true)
+	del := func(rev int64) *mvccpb.Event {
+		return &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/a"), ModRevision: rev}}
+	}
+	k.events("queue", 1, []*mvccpb.Event{del(3)}, 0)
+	k.events("queue", 1, []*mvccpb.Event{del(7)}, 0)
+	k.setToken(token)
+	k.snapshot(token, own, []*mvccpb.KeyValue{{Key: []byte("q/a"), CreateRevision: 4}}, true)
+	if d := k.decide(); d.kind != decideGranted || d.rev != 7 {
+		t.Fatalf("the key ahead went at 7, after the read at %d: the rule says %+v, want granted at 7", token, d)
+	}
 }

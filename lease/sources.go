@@ -34,9 +34,16 @@ func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool)
 // is never lower than what l missed).
 func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 	epoch := w.subscribe(l)
-	if epoch%2 == 1 {
-		l.sourceUp(w, epoch, w.seenRev.Load()+1)
+	if epoch%2 == 0 {
+		return epoch
 	}
+	src, keys, own := l.sourceOf(w)
+	l.mu.Lock()
+	// Loaded under l.mu: a response the watch hands on after the load
+	// waits for l.mu, and so reaches the rule after the source is up.
+	l.q.know.up(src, epoch, w.seenRev.Load()+1, keys, own)
+	l.mu.Unlock()
+	l.poke()
 	return epoch
 }
 
