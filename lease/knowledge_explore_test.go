@@ -204,10 +204,6 @@ type worldShape struct {
 	queueFiltersPuts bool
 }
 
-func newWorld(seed uint64, mutate func(*knowledge)) *world {
-	return newWorldShaped(seed, mutate, worldShape{})
-}
-
 func newWorldShaped(seed uint64, mutate func(*knowledge), shape worldShape) *world {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	h := genHistory(r)
