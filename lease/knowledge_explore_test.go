@@ -543,8 +543,9 @@ func TestGrantRuleOwnKeyBeforeToken(t *testing.T) {
 	}
 }
 
-// TestGrantRuleExplorerQueueWatchDeletesOnly runs the explorer with the
-// queue watch as a session opens it: deletions only (WithFilterPut). A
+// TestGrantRuleExplorerQueueWatchDeletesOnly runs the explorer with a
+// queue watch that delivers deletions only (WithFilterPut, as a session's
+// once was opened). A
 // foreign put that moves the own key off the lease then reaches the rule
 // only through the own-key watch, in no fixed order with the queue
 // watch's deletions, so the queue watch must not vouch for the own key

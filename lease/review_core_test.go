@@ -17,23 +17,27 @@ import (
 
 // Tests from a cold review of the grant rule's wiring (branch core).
 
-// putOf picks a watch response that carries a put of key.
+// putOf picks a watch response of the watch of key alone that carries a
+// put of it: the own-key watch's, not the queue watch's, which carries
+// the holder's deletion in the same response.
 func putOf(key string) func(*pb.WatchResponse) bool {
 	return func(wr *pb.WatchResponse) bool {
+		put := false
 		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.PUT && string(ev.Kv.Key) == key {
-				return true
+			if string(ev.Kv.Key) != key {
+				return false
 			}
+			put = put || ev.Type == mvccpb.PUT
 		}
-		return false
+		return put
 	}
 }
 
 // A near waiter whose key someone else moves off its lease (etcdctl put on
 // the lock key) in the transaction that deletes the holder's key is never
-// told it holds the lock. The queue watch that delivers the deletion
-// leaves puts out; the own-key watch, which carries the put, delivers it
-// in no fixed order with the queue watch: here, after.
+// told it holds the lock. The own-key watch delivers the put in no fixed
+// order with the queue watch's deletion: here, after. (When the queue
+// watch left puts out, the waiter was told it holds in 4 of 4 rounds.)
 func TestNearWaiterNotGrantedAfterForeignPut(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)

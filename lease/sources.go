@@ -13,17 +13,16 @@ import (
 
 // sourceOf names watch w as a source of l's knowledge, with the keys it
 // covers (nil: every key under the name) and whether those hold the own
-// key. A session's queue watch leaves puts out, so it does not cover the
-// own key: a put by someone else that moves the key off the lease would
-// go unseen on it. A Keeper's, which keeps its copy from the puts too,
-// does. Each watch of a key ahead is a source of its own: a new watch of
-// the same key starts its epochs over.
+// key. The queue watch keeps puts (serve), so it covers the own key: a
+// put by someone else that moves the key off the lease comes in order
+// with the deletions ahead. Each watch of a key ahead is a source of its
+// own: a new watch of the same key starts its epochs over.
 func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool) {
 	switch {
 	case w == l.w.own:
 		return "own", []string{l.key}, true
 	case w.prefix:
-		return "queue", nil, w.mirror != nil
+		return "queue", nil, true
 	}
 	return source(fmt.Sprintf("follow %s %p", w.key, w)), []string{w.key}, false
 }

@@ -29,8 +29,10 @@ const idleWatch = time.Second
 // Because it outlives each lock, a lock opens no watch of its own in the
 // common cases: the watch already delivers events when the lock's key is
 // put, so no deletion after that put can be missed and nothing has to be
-// read again to close a gap. It carries deletions only (etcd filters the
-// puts out), so waiters queueing up cost the watchers nothing.
+// read again to close a gap. A watch of a key ahead carries deletions
+// only (etcd filters the puts out); the own-key and queue watches carry
+// puts too, so that a put by someone else on the own key reaches the lock
+// in order with the deletions it waits for (see serve).
 //
 //   - The own-key watch (one key: name/lease) tells a holder, or a
 //     waiter, that its key was deleted. It starts paused: a waiter opens
@@ -198,9 +200,15 @@ func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 // receives puts, and fills the mirror when it comes up.
 func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
-	if w.mirror == nil && (w.prefix || w.ahead) {
-		// The own-key watch keeps its puts: a put by anyone else that
-		// moves the key off the session's lease ends the holding.
+	if w.ahead {
+		// A watch of a key ahead needs only its deletion. The own-key
+		// watch keeps its puts (a put by anyone else that moves the key
+		// off the session's lease ends the holding), and so does the
+		// queue watch: it then covers the own key for the grant rule, in
+		// order with the deletions ahead, and the last deletion grants a
+		// near waiter with no read. Measured against a read of the own
+		// key per near handoff: 0.86-0.95x of aedba62 at 4 contenders
+		// with the puts, 0.65-0.69x with the read.
 		opts = append(opts, clientv3.WithFilterPut())
 	}
 	if w.prefix {
