@@ -845,7 +845,10 @@ func retried(ctx context.Context, retry *backoff, err error) error {
 func (l *Lock) read(ctx context.Context, v view) error {
 	switch {
 	case v.d.kind == decideReadOwn:
-		return l.confirmOwnAt(ctx, v.d.rev)
+		// The last deletion ahead came from a watch that does not cover
+		// the own key: a waiter whose key went before it must never be
+		// told it holds the lock.
+		return l.readOwn(ctx, v.d.rev)
 	case v.ownStale && !v.unread:
 		return l.confirmOwn(ctx)
 	case v.unread || v.pred == nil:
@@ -880,27 +883,16 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 	return nil
 }
 
-// confirmOwnAt reads the lock's own key at revision rev or later: the
-// last deletion ahead came from a watch that does not cover the own key,
-// and a waiter whose key went before that deletion must never be told it
-// holds the lock.
-func (l *Lock) confirmOwnAt(ctx context.Context, rev int64) error {
-	return l.readOwn(ctx, rev)
-}
-
 // readOwn reads the lock's own key in a state no older than minRev (nor
 // than the token) and hands the answer to the rule; ErrKeyDeleted if the
 // key is no longer this holding's.
 func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
-	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
-		return []clientv3.Op{clientv3.OpGet(l.key, opts...)}
-	})
+	kv, rev, err := l.readOwnKey(ctx, minRev)
 	if err != nil {
 		return err
 	}
-	kv := firstKV(resp.Responses[0].GetResponseRange().Kvs)
 	l.mu.Lock()
-	l.q.know.ownRead(resp.Header.Revision, kv)
+	l.q.know.ownRead(rev, kv)
 	l.mu.Unlock()
 	if !l.owns(kv) {
 		return ErrKeyDeleted
@@ -1056,11 +1048,11 @@ func (l *Lock) recheck(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.s.ttl)
 	defer cancel()
-	kvs, err := l.readOwnKey(rctx)
+	kv, _, err := l.readOwnKey(rctx, l.w.own.upRev.Load())
 	if err != nil {
 		return err
 	}
-	if !l.ownsFirst(kvs) {
+	if !l.owns(kv) {
 		l.mu.Lock()
 		l.keyGoneLocked()
 		l.mu.Unlock()
@@ -1068,21 +1060,22 @@ func (l *Lock) recheck(ctx context.Context) error {
 	return nil
 }
 
-// readOwnKey reads the lock's key in a state no older than the one its
-// own-key watch last came up at (nor than the token): with the watch's
+// readOwnKey reads the lock's key (nil if absent) in a state no older
+// than minRev nor the token, and returns the revision read at. A recheck
+// passes the revision its own-key watch came up at: with the watch's
 // events after it, no change of the key goes unseen. The member the
 // client talks to answers it once it has applied that revision
 // (readAtLeast): a linearizable read waits out a member cut from the
 // quorum, and under network partitions it kept successors from the lock
 // (internal/chaos/results/net-partition-confirm-own.txt).
-func (l *Lock) readOwnKey(ctx context.Context) ([]*mvccpb.KeyValue, error) {
-	resp, err := readAtLeast(ctx, l.s.client, max(l.w.own.upRev.Load(), l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+func (l *Lock) readOwnKey(ctx context.Context, minRev int64) (*mvccpb.KeyValue, int64, error) {
+	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...)}
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return resp.Responses[0].GetResponseRange().Kvs, nil
+	return firstKV(resp.Responses[0].GetResponseRange().Kvs), resp.Header.Revision, nil
 }
 
 // ownsFirst is owns for the result of a read of the lock's key.
