@@ -43,18 +43,14 @@ type Keeper struct {
 	leaderCtx context.Context
 	renewer   *renewer
 
-	mu     sync.Mutex              // guards queues and closed; taken before renewer.mu
-	queues map[string]*sharedQueue // queue watches shared by the sessions, by lock name
+	// queues are the lock names' queue watches, each shared by every
+	// session of the Keeper that uses the name: one message per deletion
+	// reaches the process, however many of its sessions wait on the name.
+	queues registry[*keyWatch]
+
+	mu     sync.Mutex // guards closed; taken before renewer.mu
 	closed bool
 	wg     sync.WaitGroup // the queue watches' goroutines
-}
-
-// sharedQueue is a lock name's queue watch, shared by every session of a
-// Keeper that uses the name: one message per deletion reaches the process,
-// however many of its sessions wait on the name.
-type sharedQueue struct {
-	w *keyWatch
-	lingering
 }
 
 // NewKeeper starts a Keeper for client. A nil client gives an error
@@ -64,8 +60,8 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 		return nil, failed("keeper", errNilClient)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx),
-		queues: make(map[string]*sharedQueue)}
+	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx)}
+	k.queues.open, k.queues.shut = k.openQueue, func(w *keyWatch) { w.stop() }
 	k.renewer = newRenewer(ctx, client, realClock{}, keeperBatch, time.Second)
 	return k, nil
 }
@@ -105,11 +101,7 @@ func (k *Keeper) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	k.mu.Lock()
-	for _, q := range k.queues {
-		q.stop()
-	}
-	k.mu.Unlock()
+	k.queues.close()
 	k.cancel()
 	<-k.renewer.done
 	k.wg.Wait()
@@ -129,56 +121,27 @@ func (k *Keeper) track() error {
 
 func (k *Keeper) untrack() { k.wg.Done() }
 
-// queueWatch returns name's shared queue watch, started if need be.
-// releaseQueue gives it back.
-func (k *Keeper) queueWatch(name string) (*keyWatch, error) {
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		return nil, fmt.Errorf("keeper: %w", ErrSessionClosed)
+// queueWatch returns name's shared queue watch, started if need be, and
+// the function that gives it back.
+func (k *Keeper) queueWatch(name string) (*keyWatch, func(), error) {
+	w, release, err := k.queues.join(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("keeper: %w", err)
 	}
-	q := k.queues[name]
-	if q == nil {
-		// Started paused, so that its goroutine is launched (resume) with
-		// k.mu released: launching registers it with the Keeper.
-		w, err := startWatch(k.leaderCtx, k.client, k, name+"/", true, true)
-		if err != nil {
-			k.mu.Unlock()
-			return nil, err
-		}
-		w.mirror = newQueueMirror()
-		q = &sharedQueue{w: w}
-		q.drop = func() { k.dropQueue(name, q) }
-		k.queues[name] = q
-	}
-	q.join()
-	k.mu.Unlock()
-	q.w.resume()
-	return q.w, nil
+	// Launched here, outside the registry's mutex: launching registers
+	// the watch's goroutine with the Keeper.
+	w.resume()
+	return w, release, nil
 }
 
-// releaseQueue gives back a queue watch; it stops idleWatch after its last
-// user unless another comes first.
-func (k *Keeper) releaseQueue(name string, w *keyWatch) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	q := k.queues[name]
-	if q == nil || q.w != w {
-		return
+// openQueue starts name's shared queue watch, paused (see queueWatch).
+func (k *Keeper) openQueue(name string) (*keyWatch, error) {
+	w, err := startWatch(k.leaderCtx, k.client, k, name+"/", true, true)
+	if err != nil {
+		return nil, err
 	}
-	q.leave()
-}
-
-// dropQueue stops a queue watch that no session has used for idleWatch.
-func (k *Keeper) dropQueue(name string, q *sharedQueue) {
-	k.mu.Lock()
-	if q.inUse() || k.queues[name] != q {
-		k.mu.Unlock()
-		return
-	}
-	delete(k.queues, name)
-	k.mu.Unlock()
-	q.w.stop()
+	w.mirror = newQueueMirror()
+	return w, nil
 }
 
 // add starts renewing s's lease, unless the Keeper has closed.

@@ -205,7 +205,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	w, release, err := s.gates.enter(ctx, s, name, try)
+	w, release, err := s.enterGate(ctx, name, try)
 	if err != nil {
 		return nil, err
 	}

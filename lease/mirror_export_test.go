@@ -27,17 +27,17 @@ type KeeperMirrorState struct {
 // in; it fails once ctx ends, or if k has no queue watch for name.
 func AwaitKeeperMirror(ctx context.Context, k *Keeper, name string, cond func(KeeperMirrorState) bool) (KeeperMirrorState, error) {
 	for {
-		k.mu.Lock()
-		q := k.queues[name]
-		k.mu.Unlock()
-		if q == nil || q.w.mirror == nil {
+		k.queues.mu.Lock()
+		e := k.queues.m[name]
+		k.queues.mu.Unlock()
+		if e == nil || e.v.mirror == nil {
 			return KeeperMirrorState{}, fmt.Errorf("no shared queue watch for %q", name)
 		}
-		m := q.w.mirror
+		m := e.v.mirror
 		m.mu.Lock()
 		st := KeeperMirrorState{Valid: m.valid, Counting: m.counting, Count: m.count, Keys: len(m.keys),
 			Queue: len(m.queue.entries), QueueCap: cap(m.queue.entries), Writers: len(m.writers.entries),
-			Rev: m.rev, Epoch: m.epoch, WatchEpoch: q.w.epoch.Load()}
+			Rev: m.rev, Epoch: m.epoch, WatchEpoch: e.v.epoch.Load()}
 		moved := m.advanced
 		m.mu.Unlock()
 		if cond(st) {

@@ -56,7 +56,7 @@ type Session struct {
 	closed   bool
 	deadline time.Time
 
-	gates gates // makes locks of one name on this session take turns
+	gates registry[*gate] // makes locks of one name on this session take turns
 
 	wg sync.WaitGroup // every lock monitor and revision check
 
@@ -107,6 +107,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		lockDelay: o.lockDelay,
 		deadline:  sent.Add(granted),
 	}
+	s.gates.open, s.gates.shut = s.openGate, func(g *gate) { g.w.stop() }
 	if err := s.recordOwner(ctx, o); err != nil {
 		s.revoke()
 		return nil, failed("session", err)
@@ -188,7 +189,7 @@ func (s *Session) Close() error {
 	if s.keeper == nil {
 		<-s.renewer.done
 	}
-	s.gates.closeAll()
+	s.gates.close()
 	s.wg.Wait()
 	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))

@@ -1,0 +1,98 @@
+package lease
+
+import (
+	"sync"
+	"time"
+)
+
+// registry keeps one entry per lock name for the users that share it: a
+// session's locks of a name share its gate and watches, a Keeper's
+// sessions share a name's queue watch. It counts the users and drops an
+// entry idleWatch after the last one leaves, unless another comes first:
+// a lock taken again and again opens its watches once, and a name no
+// longer used stops costing messages.
+type registry[V any] struct {
+	open func(name string) (V, error) // makes a name's entry; runs with mu held
+	shut func(V)                      // ends a dropped entry; runs without mu
+
+	mu     sync.Mutex
+	m      map[string]*entry[V]
+	closed bool
+}
+
+type entry[V any] struct {
+	v     V
+	users int
+	idle  *time.Timer // made at the first last-leave, then reset: no timer per lock
+}
+
+// join counts a user in on name's entry, making it if needed, and returns
+// it with the function that counts the user out (safe to call twice).
+// After close it fails with ErrSessionClosed.
+func (r *registry[V]) join(name string) (V, func(), error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var zero V
+	if r.closed {
+		return zero, nil, ErrSessionClosed
+	}
+	e := r.m[name]
+	if e == nil {
+		v, err := r.open(name)
+		if err != nil {
+			return zero, nil, err
+		}
+		if r.m == nil {
+			r.m = make(map[string]*entry[V])
+		}
+		e = &entry[V]{v: v}
+		r.m[name] = e
+	}
+	if e.idle != nil {
+		e.idle.Stop()
+	}
+	e.users++
+	return e.v, sync.OnceFunc(func() { r.leave(name, e) }), nil
+}
+
+func (r *registry[V]) leave(name string, e *entry[V]) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.users--; e.users > 0 || r.closed {
+		return
+	}
+	if e.idle == nil {
+		e.idle = time.AfterFunc(idleWatch, func() { r.expire(name, e) })
+		return
+	}
+	e.idle.Reset(idleWatch)
+}
+
+// expire drops an entry left idle. A user may have joined as the timer
+// fired, or the entry been replaced: then it stays.
+func (r *registry[V]) expire(name string, e *entry[V]) {
+	r.mu.Lock()
+	if e.users > 0 || r.m[name] != e {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.m, name)
+	r.mu.Unlock()
+	r.shut(e.v)
+}
+
+// close drops every entry, in use or not, and refuses new users.
+func (r *registry[V]) close() {
+	r.mu.Lock()
+	m := r.m
+	r.m, r.closed = nil, true
+	for _, e := range m {
+		if e.idle != nil {
+			e.idle.Stop()
+		}
+	}
+	r.mu.Unlock()
+	for _, e := range m {
+		r.shut(e.v)
+	}
+}
