@@ -1,31 +1,16 @@
+//go:build !leasefence_mutants
+
 package lease
 
 import "time"
 
-// clock is the session's source of local time. Safety never depends on it
-// (the fence does), but the early loss signal does; tests replace it to run
-// the library's clock slow or fast (ownership_mutants.go, under the
-// leasefence_mutants build tag). It is an internal construction option:
-// options.clock.
-type clock interface {
-	Now() time.Time
-	NewTimer(d time.Duration) timer
-}
+// clock is a session's local time. Safety never rests on it (the fence
+// does), but the early loss signal does. Release builds run on the real
+// clock; the fault suite runs it slow or fast under the build tag
+// leasefence_mutants (ownership_mutants.go).
+type clock struct{}
 
-type timer interface {
-	C() <-chan time.Time
-	Reset(d time.Duration)
-	Stop()
-}
+func (clock) Now() time.Time { return time.Now() }
 
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
-func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
-
-type realTimer struct{ t *time.Timer }
-
-func (t realTimer) C() <-chan time.Time   { return t.t.C }
-func (t realTimer) Reset(d time.Duration) { t.t.Reset(d) }
-func (t realTimer) Stop()                 { t.t.Stop() }
+// real is how long d on this clock lasts in real time.
+func (clock) real(d time.Duration) time.Duration { return d }

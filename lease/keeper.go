@@ -62,7 +62,7 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx)}
 	k.queues.open, k.queues.shut = k.openQueue, func(w *keyWatch) { w.stop() }
-	k.renewer = newRenewer(ctx, client, realClock{}, keeperBatch, time.Second)
+	k.renewer = newRenewer(ctx, client, clock{}, keeperBatch, time.Second)
 	return k, nil
 }
 

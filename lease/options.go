@@ -17,7 +17,7 @@ type Option func(*options) error
 type options struct {
 	ttl       time.Duration
 	logger    *zap.Logger
-	clock     clock     // realClock unless the fault suite scales it
+	clock     clock     // the real clock unless the fault suite scales it
 	seam      faultSeam // empty in release builds
 	hooks     Hooks
 	keeper    *Keeper
@@ -51,7 +51,7 @@ func WithLogger(l *zap.Logger) Option {
 }
 
 func buildOptions(opts []Option) (options, error) {
-	o := options{ttl: DefaultTTL, clock: realClock{}}
+	o := options{ttl: DefaultTTL}
 	for _, opt := range opts {
 		if opt == nil {
 			return options{}, fmt.Errorf("%w: nil Option", ErrInvalidArgument)

@@ -65,27 +65,25 @@ func (s *Session) renewedTTL(seconds int64) time.Duration {
 	return time.Duration(seconds) * time.Second
 }
 
-// scaledClock runs at rate times real time from its creation.
-type scaledClock struct {
+// clock runs at rate times real time from origin; the zero clock is the
+// real one.
+type clock struct {
 	origin time.Time
 	rate   float64
 }
 
-func newScaledClock(rate float64) scaledClock { return scaledClock{origin: time.Now(), rate: rate} }
+func newScaledClock(rate float64) clock { return clock{origin: time.Now(), rate: rate} }
 
-func (c scaledClock) Now() time.Time {
+func (c clock) Now() time.Time {
+	if c.rate == 0 {
+		return time.Now()
+	}
 	return c.origin.Add(time.Duration(float64(time.Since(c.origin)) * c.rate))
 }
 
-func (c scaledClock) NewTimer(d time.Duration) timer {
-	return scaledTimer{realTimer{time.NewTimer(c.real(d))}, c}
+func (c clock) real(d time.Duration) time.Duration {
+	if c.rate == 0 {
+		return d
+	}
+	return time.Duration(float64(d) / c.rate)
 }
-
-func (c scaledClock) real(d time.Duration) time.Duration { return time.Duration(float64(d) / c.rate) }
-
-type scaledTimer struct {
-	realTimer
-	c scaledClock
-}
-
-func (t scaledTimer) Reset(d time.Duration) { t.realTimer.Reset(t.c.real(d)) }

@@ -170,12 +170,12 @@ func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient
 // wait sleeps until next, an answer on results (nil: none), a new session
 // or the end of ctx; failed if results was closed.
 func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse) (resp *pb.LeaseKeepAliveResponse, failed bool) {
-	t := r.clock.NewTimer(next.Sub(r.clock.Now()))
+	t := time.NewTimer(r.clock.real(next.Sub(r.clock.Now())))
 	defer t.Stop()
 	select {
 	case resp, ok := <-results:
 		return resp, !ok
-	case <-t.C():
+	case <-t.C:
 	case <-r.wake:
 	case <-r.ctx.Done():
 	}
