@@ -168,15 +168,15 @@ func (f *follows) stop() {
 }
 
 // startFollowWatch starts a watch of the deletions of key, a queue key
-// ahead of one of the session's locks.
+// ahead of one of the session's locks. It needs only the deletion: the
+// own-key and queue watches keep puts (a put by anyone else that moves the
+// own key off the session's lease ends the holding, and the queue watch
+// then covers the own key in order with the deletions ahead, so that the
+// last one grants a near waiter with no read; measured against a read of
+// the own key per near handoff: 0.86-0.95x of aedba62 at 4 contenders with
+// the puts, 0.65-0.69x with the read).
 func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
-	w, err := s.startWatch(key, false, true)
-	if err != nil {
-		return nil, err
-	}
-	w.ahead = true // before resume starts its goroutine
-	w.resume()
-	return w, nil
+	return s.startWatch(key, false, clientv3.WithFilterPut())
 }
 
 // newestAhead is the keys of the n newest keys ahead, newest first. l.mu is

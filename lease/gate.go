@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // gate is one name's turn on a session: locks of one name taken through
@@ -41,7 +43,7 @@ func (w watches) stop() {
 func (s *Session) openGate(name string) (*gate, error) {
 	// Paused: a lock granted as its key is put opens it only once held
 	// for ownWatchDelay (see Lock.look).
-	own, err := s.startWatch(lockKey(name, s.id), false, true)
+	own, err := s.startWatch(lockKey(name, s.id), true)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +51,7 @@ func (s *Session) openGate(name string) (*gate, error) {
 	if s.keeper != nil {
 		w.queue, w.release, err = s.keeper.queueWatch(name)
 	} else {
-		w.queue, err = s.startWatch(name+"/", true, true)
+		w.queue, err = s.startWatch(name+"/", true, clientv3.WithPrefix())
 	}
 	if err != nil {
 		own.stop()

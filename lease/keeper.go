@@ -136,7 +136,7 @@ func (k *Keeper) queueWatch(name string) (*keyWatch, func(), error) {
 
 // openQueue starts name's shared queue watch, paused (see queueWatch).
 func (k *Keeper) openQueue(name string) (*keyWatch, error) {
-	w, err := startWatch(k.leaderCtx, k.client, k, name+"/", true, true)
+	w, err := startWatch(k.leaderCtx, k.client, k, name+"/", true, clientv3.WithPrefix())
 	if err != nil {
 		return nil, err
 	}

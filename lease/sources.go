@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -21,7 +22,7 @@ func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool)
 	switch {
 	case w == l.w.own:
 		return "own", []string{l.key}, true
-	case w.prefix:
+	case w == l.w.queue:
 		return "queue", nil, true
 	}
 	return source(fmt.Sprintf("follow %s %p", w.key, w)), []string{w.key}, false
@@ -47,13 +48,19 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 }
 
 // sourceUp records that w came up in epoch, delivering every change of
-// its range from start on, and wakes the waiter.
-func (l *Lock) sourceUp(w *keyWatch, epoch uint64, start int64) {
+// its range from start on, and wakes the waiter. A holder reads its own
+// key again as its own-key watch comes up: a deletion while the watch
+// was down went unseen. An error means that read failed.
+func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, epoch uint64, start int64) error {
 	src, keys, own := l.sourceOf(w)
 	l.mu.Lock()
 	l.q.know.up(src, epoch, start, keys, own)
 	l.mu.Unlock()
 	l.poke()
+	if w == l.w.own {
+		return l.recheck(ctx)
+	}
+	return nil
 }
 
 // sourceDown records that w went down, ending epoch-1, and wakes the

@@ -57,14 +57,10 @@ type keyWatch struct {
 	client *clientv3.Client
 	owner  watchOwner // the session, or the Keeper for a queue watch shared by its sessions
 	key    string
-	prefix bool
-	mirror *queueMirror // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
-	// ahead: a watch of a queue key ahead of the session's own (follows).
-	// Coming up, it wakes its subscribers, as the queue watch does; the
-	// own-key watch instead reads the holder's key again.
-	ahead bool
-	ctx   context.Context
-	stop  context.CancelFunc
+	opts   []clientv3.OpOption // the range (WithPrefix) and filters it asks etcd for
+	mirror *queueMirror        // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
+	ctx    context.Context
+	stop   context.CancelFunc
 
 	// epoch grows by one whenever the watch comes up or goes down: it is
 	// odd exactly while the watch is up. A lock whose view was read under
@@ -107,15 +103,15 @@ func (s *Session) untrack() { s.wg.Done() }
 // set), owned by the session: it stops when the session ends or when stop
 // is called. A paused watch opens nothing, and has no goroutine, until
 // resume.
-func (s *Session) startWatch(key string, prefix, paused bool) (*keyWatch, error) {
-	return startWatch(s.leaderCtx, s.client, s, key, prefix, paused)
+func (s *Session) startWatch(key string, paused bool, opts ...clientv3.OpOption) (*keyWatch, error) {
+	return startWatch(s.leaderCtx, s.client, s, key, paused, opts...)
 }
 
 // startWatch starts a watch owned by owner, which stops when parent ends.
 // parent carries etcd's require-leader metadata (serve).
-func startWatch(parent context.Context, client *clientv3.Client, owner watchOwner, key string, prefix, paused bool) (*keyWatch, error) {
+func startWatch(parent context.Context, client *clientv3.Client, owner watchOwner, key string, paused bool, opts ...clientv3.OpOption) (*keyWatch, error) {
 	ctx, stop := context.WithCancel(parent)
-	w := &keyWatch{client: client, owner: owner, key: key, prefix: prefix, ctx: ctx, stop: stop,
+	w := &keyWatch{client: client, owner: owner, key: key, opts: opts, ctx: ctx, stop: stop,
 		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
 	if !paused {
 		w.mu.Lock()
@@ -199,21 +195,7 @@ func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 // ends it rather than leaving it silent. A watch that keeps a mirror also
 // receives puts, and fills the mirror when it comes up.
 func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
-	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
-	if w.ahead {
-		// A watch of a key ahead needs only its deletion. The own-key
-		// watch keeps its puts (a put by anyone else that moves the key
-		// off the session's lease ends the holding), and so does the
-		// queue watch: it then covers the own key for the grant rule, in
-		// order with the deletions ahead, and the last deletion grants a
-		// near waiter with no read. Measured against a read of the own
-		// key per near handoff: 0.86-0.95x of aedba62 at 4 contenders
-		// with the puts, 0.65-0.69x with the read.
-		opts = append(opts, clientv3.WithFilterPut())
-	}
-	if w.prefix {
-		opts = append(opts, clientv3.WithPrefix())
-	}
+	opts := append([]clientv3.OpOption{clientv3.WithCreatedNotify()}, w.opts...)
 	for wr := range w.client.Watch(ctx, w.key, opts...) {
 		if wr.Err() != nil {
 			if err := rpcerr.WatchRefusal(wr.Err()); err != nil && !cameUp {
@@ -244,9 +226,9 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	return cameUp
 }
 
-// isUp records that the watch is up. A lock's own key is read again: its
-// deletion while the watch was down went unseen. It reports false if that
-// read failed, and the watch should start over.
+// isUp records that the watch is up, and tells its subscribers. It
+// reports false if one of them could not catch up (sourceUp), and the
+// watch should start over.
 func (w *keyWatch) isUp(ctx context.Context) bool {
 	w.mu.Lock()
 	if w.epoch.Load()%2 == 0 {
@@ -258,10 +240,7 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	for _, sub := range w.subscribers() {
 		// Opened with no start revision, the watch reports every change
 		// after the revision it came up at.
-		sub.sourceUp(w, epoch, w.upRev.Load()+1)
-		if w.prefix || w.ahead {
-			sub.poke()
-		} else if sub.recheck(ctx) != nil {
+		if sub.sourceUp(ctx, w, epoch, w.upRev.Load()+1) != nil {
 			return false
 		}
 	}
