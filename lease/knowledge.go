@@ -42,10 +42,6 @@ type knowledge struct {
 	// owns tells whether a read of the own key shows this holding (its
 	// token, the session's lease).
 	owns func(kv *mvccpb.KeyValue) bool
-	// blocks tells whether a queue key older than the own key keeps the
-	// lock from being held (any key for a writer, a writer's for a
-	// reader); nil when the caller lists only keys that block.
-	blocks func(kv *mvccpb.KeyValue) bool
 
 	base     int64                // revision of the snapshot the view rests on; 0 before the first
 	complete bool                 // ... which listed every blocking key older than the own key
@@ -120,8 +116,8 @@ const (
 	decideLost                        // the own key is gone: never held
 )
 
-func newKnowledge(key string, owns, blocks func(*mvccpb.KeyValue) bool) *knowledge {
-	return &knowledge{key: key, owns: owns, blocks: blocks,
+func newKnowledge(key string, owns func(*mvccpb.KeyValue) bool) *knowledge {
+	return &knowledge{key: key, owns: owns,
 		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[source]*coverage{}, over: map[source]uint64{}}
 }
 
@@ -152,8 +148,8 @@ func (k *knowledge) ownRead(rev int64, kv *mvccpb.KeyValue) {
 }
 
 // snapshot takes a read at revision rev: the own key as it was (nil if
-// absent) and the keys older than it in the queue. complete says that no
-// older key lies past what was read. A snapshot older than the one the
+// absent) and the keys older than it in the queue that block it. complete
+// says that no older key lies past what was read. A snapshot older than the one the
 // view rests on adds nothing and is dropped.
 func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.KeyValue, complete bool) {
 	if k.token == 0 || rev < k.token || rev < k.base || k.lost {
@@ -169,7 +165,7 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 	k.ahead = make(map[string]*keyAhead, len(older))
 	for _, kv := range older {
 		key := string(kv.Key)
-		if kv.CreateRevision >= k.token || (k.blocks != nil && !k.blocks(kv)) {
+		if kv.CreateRevision >= k.token {
 			continue
 		}
 		// A deletion seen after this snapshot removes the key it listed:

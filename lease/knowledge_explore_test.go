@@ -210,7 +210,7 @@ func newWorldShaped(seed uint64, mutate func(*knowledge), shape worldShape) *wor
 	reader := r.IntN(3) == 0
 	blocks := func(kv *mvccpb.KeyValue) bool { return !reader || string(kv.Value) != readerVal }
 	w := &world{r: r, h: h, head: h.token, blocks: blocks}
-	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
+	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) })
 	// Now and then the put's answer comes late: the watches may deliver
 	// before the rule knows the token.
 	w.tokenLate = r.IntN(4) == 0
@@ -351,7 +351,7 @@ func (w *world) answer(rev int64) {
 	kvs := w.h.at(rev)
 	var older []*mvccpb.KeyValue
 	for _, kv := range kvs {
-		if kv.CreateRevision < w.h.token {
+		if kv.CreateRevision < w.h.token && w.blocks(kv) { // the lock lists only keys that block it
 			older = append(older, kv)
 		}
 	}
@@ -533,7 +533,7 @@ func TestGrantRuleOwnKeyBeforeToken(t *testing.T) {
 	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
 	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
-	}, nil)
+	})
 	k.up("own", 1, token, []string{"q/own"}, true)
 	k.events("own", 1, []*mvccpb.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/own"), ModRevision: token + 2}}}, token+3)
 	k.setToken(token)
@@ -573,7 +573,7 @@ func TestGrantRuleNameGoneTwiceBeforeSnapshot(t *testing.T) {
 	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
 	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
-	}, nil)
+	})
 	k.up("queue", 1, 1, nil, true)
 	del := func(rev int64) *mvccpb.Event {
 		return &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/a"), ModRevision: rev}}

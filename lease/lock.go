@@ -214,7 +214,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 	}
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w}
 	l.hold.value, l.hold.gate = value, release
-	l.q.know = newKnowledge(l.key, l.owns, nil)
+	l.q.know = newKnowledge(l.key, l.owns)
 	if err := l.start(); err != nil {
 		return nil, err
 	}
