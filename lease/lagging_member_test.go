@@ -3,14 +3,12 @@ package lease_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/leasefence/leasefence/internal/etcdtest"
@@ -84,7 +82,9 @@ func laggingRound(t *testing.T, serving, lagging *etcdtest.Member) {
 	defer cancel()
 	reads := &laggingReads{to: onLagging, prefix: name + "/", queueReads: make(chan int64, 16)}
 	gate := &queueWatchGate{prefix: name + "/", asked: make(chan struct{}), open: make(chan struct{}), ctx: wctx}
-	wcli := routedClient(t, serving, reads, gate)
+	// W's client: its reads go to the lagging member, its queue watch
+	// waits for gate.
+	wcli := interceptedClient(t, []string{serving.ClientURL}, reads.route, watchStreams(gate, nil))
 
 	h := mustLock(t, newSession(t, onServing), name)
 	w := newSession(t, wcli)
@@ -149,22 +149,6 @@ func laggingRound(t *testing.T, serving, lagging *etcdtest.Member) {
 func memberClient(t *testing.T, m *etcdtest.Member) *clientv3.Client {
 	t.Helper()
 	cli, err := etcdtest.NewClient([]string{m.ClientURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
-// routedClient opens a client of serving whose reads go to reads.to and
-// whose queue watch waits for gate.
-func routedClient(t *testing.T, serving *etcdtest.Member, reads *laggingReads, gate *queueWatchGate) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{serving.ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(reads.route),
-			grpc.WithChainStreamInterceptor(gate.interceptor),
-		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,37 +294,26 @@ type queueWatchGate struct {
 	upRev       atomic.Int64
 }
 
-func (g *queueWatchGate) interceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || !strings.HasSuffix(method, "/Watch") {
-		return s, err
+// send holds back the first request to watch the queue.
+func (g *queueWatchGate) send(req *pb.WatchRequest) {
+	cr := req.GetCreateRequest()
+	if cr == nil || string(cr.Key) != g.prefix || len(cr.RangeEnd) == 0 || g.sent.Swap(true) {
+		return
 	}
-	return gatedStream{s, g}, nil
-}
-
-type gatedStream struct {
-	grpc.ClientStream
-	g *queueWatchGate
-}
-
-func (s gatedStream) SendMsg(m any) error {
-	w, _ := m.(*pb.WatchRequest)
-	if cr := w.GetCreateRequest(); cr != nil && string(cr.Key) == s.g.prefix && len(cr.RangeEnd) > 0 && !s.g.sent.Swap(true) {
-		close(s.g.asked)
-		select {
-		case <-s.g.open:
-		case <-s.g.ctx.Done():
-		}
+	close(g.asked)
+	select {
+	case <-g.open:
+	case <-g.ctx.Done():
 	}
-	return s.ClientStream.SendMsg(m)
 }
 
-func (s gatedStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
+// recv records the revision the queue watch came up at, and holds back
+// no response.
+func (g *queueWatchGate) recv(wr *pb.WatchResponse) bool {
 	// The client asks for one watch at a time, each once the one before
 	// is up: the first to come up after the queue's was asked for is it.
-	if w, ok := m.(*pb.WatchResponse); ok && err == nil && w.Created && s.g.sent.Load() {
-		s.g.upRev.CompareAndSwap(0, w.Header.Revision)
+	if wr.Created && g.sent.Load() {
+		g.upRev.CompareAndSwap(0, wr.Header.Revision)
 	}
-	return err
+	return false
 }
