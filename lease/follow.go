@@ -8,35 +8,27 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// followKeys is how many of the keys ahead a waiter far back follows: the
-// two newest. When the older of the two goes, the newer one usually holds
-// the lock, and the waiter reads its view again while it does; when the
-// newer one then goes, the waiter is granted with no read on the path of
-// the handoff. Following only the key just ahead would put that read
-// between the holder's delete and the grant.
+// followKeys is how many keys ahead a far waiter follows: the two newest.
+// When the older goes, the newer usually holds the lock and the waiter
+// reads its view meanwhile, so no read lies between the holder's delete
+// and the grant, as it would when following one key.
 const followKeys = 2
 
-// keptFollows is how many watches of single keys ahead a session keeps per
-// lock name; when a waiter follows others, the least recently used are
-// closed. In a queue of steady contenders each waiter queues behind the
-// same two sessions round after round, so two are reused for ever. Each
-// watch kept beyond those would send the session deletions it does not
-// wait for: with four kept, 16 contenders were sent 4.5 events per
-// handoff; with two, 3.
+// keptFollows is how many watches of keys ahead a session keeps per name,
+// closing the least recently used. Steady contenders queue behind the same
+// two sessions each round; more watches send deletions nobody waits for
+// (16 contenders: 4.5 events per handoff with four kept, 3 with two).
 const keptFollows = followKeys
 
-// follows are a name's watches of single queue keys ahead of the session's
-// own, kept across the session's locks of the name like its other
-// watches: a far waiter that follows the same keys as the last one opens
-// nothing and reads nothing to start following them. Lock keys are named
-// by session, so a session that takes the lock again puts a key of the
-// same name, and the watch of that name sees its next deletion too.
+// follows are a name's watches of single queue keys ahead, kept across the
+// session's locks of the name: lock keys are named by session, so a far
+// waiter behind the same sessions as the last one opens nothing to start.
 type follows struct {
 	s *Session
 
 	mu   sync.Mutex
 	m    map[string]*followed
-	tick uint64 // counts ensure calls, for least recently used
+	tick uint64 // counts take calls, for least recently used
 }
 
 // followed is one watch of a key ahead.
@@ -45,9 +37,9 @@ type followed struct {
 	used uint64
 }
 
-// subscribe makes l a subscriber of every watch kept, and returns the
-// epoch of each, as a view is about to be read: a key whose watch was up
-// (odd epoch) through the read is followed from the read on.
+// subscribe makes l a subscriber of every watch kept, as a view is about
+// to be read, and returns their epochs: a key whose watch was up (odd
+// epoch) through the read is followed from the read on.
 func (f *follows) subscribe(l *Lock) map[string]uint64 {
 	f.mu.Lock()
 	ws := make(map[string]*keyWatch, len(f.m))
@@ -58,8 +50,8 @@ func (f *follows) subscribe(l *Lock) map[string]uint64 {
 	if len(ws) == 0 {
 		return nil // no far wait yet: nothing to allocate for
 	}
-	// Outside f.mu: subscribing takes l.mu, and l.mu is held when f.mu
-	// is taken (followingLocked).
+	// Outside f.mu: subscribing takes l.mu, and f.mu is taken under l.mu
+	// (followingLocked).
 	epochs := make(map[string]uint64, len(ws))
 	for k, w := range ws {
 		epochs[k] = l.subscribeTo(w)
@@ -78,12 +70,9 @@ func (f *follows) epochOf(key string) (uint64, bool) {
 	return fw.w.epoch.Load(), true
 }
 
-// ensure opens the watches of keys that are not kept yet, closes the least
-// recently used beyond keptFollows, subscribes l, and waits until each
-// watch is up. It returns their epochs and the highest store revision one
-// of them came up at or handed on before l subscribed: a read no older
-// than it, with the watches' events after it, misses no deletion of the
-// keys.
+// ensure takes the watches of keys, subscribes l and waits until each is
+// up. It returns their epochs and the highest revision one came up at or
+// handed on: a read no older than it misses no deletion of the keys.
 func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[string]uint64, int64, error) {
 	ws, err := f.take(keys)
 	if err != nil {
@@ -168,19 +157,13 @@ func (f *follows) stop() {
 }
 
 // startFollowWatch starts a watch of the deletions of key, a queue key
-// ahead of one of the session's locks. It needs only the deletion: the
-// own-key and queue watches keep puts (a put by anyone else that moves the
-// own key off the session's lease ends the holding, and the queue watch
-// then covers the own key in order with the deletions ahead, so that the
-// last one grants a near waiter with no read; measured against a read of
-// the own key per near handoff: 0.86-0.95x of aedba62 at 4 contenders with
-// the puts, 0.65-0.69x with the read).
+// ahead of one of the session's locks. Puts are left out: only the
+// own-key and queue watches need them (see keyWatch).
 func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 	return s.startWatch(key, false, clientv3.WithFilterPut())
 }
 
-// newestAhead is the keys of the n newest keys ahead, newest first. l.mu is
-// held.
+// newestAhead is the n newest keys ahead, newest first. l.mu is held.
 func (l *Lock) newestAhead(n int) []string {
 	kvs := l.q.know.keysAhead()
 	keys := make([]string, 0, n)
@@ -190,12 +173,9 @@ func (l *Lock) newestAhead(n int) []string {
 	return keys
 }
 
-// followingLocked tells whether a far waiter's view is kept current by its
-// watches of single keys: each of the newest followKeys keys ahead is
-// known to be a queue key that blocks the lock, and its watch has been up
-// since before the read that last showed it (or that confirmed it,
-// follow). A deletion of one of them is then delivered, and wakes the
-// waiter. l.mu is held.
+// followingLocked tells whether each of the newest followKeys keys ahead
+// has a watch up since before the read that showed or confirmed it, so
+// that its deletion wakes the waiter. l.mu is held.
 func (l *Lock) followingLocked() bool {
 	keys := l.newestAhead(followKeys)
 	if len(keys) == 0 {
@@ -213,13 +193,10 @@ func (l *Lock) followingLocked() bool {
 	return true
 }
 
-// follow starts following the newest keys ahead of a far waiter: it opens
-// their watches if they are not kept already, and once the watches are up
-// reads the keys, which must still be there with the tokens of the view
-// (a deletion before the watches came up went unseen) and must be queue
-// keys that block the lock (a keys-only view counts every key under the
-// name). A key found gone is applied as a deletion; one that does not
-// block is dropped from the view.
+// follow starts following the newest keys ahead of a far waiter: once
+// their watches are up it reads the keys, as a deletion before then went
+// unseen, and a put since the view may have changed one. A key found gone
+// counts as deleted; one that no longer blocks is dropped.
 func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	keys := l.newestAhead(followKeys)
@@ -255,8 +232,8 @@ func (l *Lock) follow(ctx context.Context) error {
 		case len(kvs) == 0 || kvs[0].CreateRevision != a.created:
 			l.q.know.goneBy(k, resp.Header.Revision)
 		case !isQueueKey(pfx, kvs[0]) || !l.blocks(kvs[0]):
-			// Not a key that blocks after all: a put by someone else
-			// moved it off its lease.
+			// A put changed it since it was listed (moved it off its
+			// lease, say).
 			l.q.know.clear(k, a.created)
 		default:
 			l.q.know.confirm(kvs[0], resp.Header.Revision)
@@ -270,10 +247,9 @@ func (l *Lock) follow(ctx context.Context) error {
 }
 
 // rereadFar reads a far waiter's view again after a key it followed went.
-// Usually the waiter is then second in line, behind the newer key it
-// follows, which now holds the lock: it asks only which keys under the
-// name are older than its own, keys-only (answered from etcd 3.7's
-// index), and reads in full only if that shows keys it does not know.
+// Usually the waiter is then second, behind the new holder: it reads the
+// older keys keys-only (served from etcd 3.7's index), and in full only if
+// that shows keys it does not know.
 func (l *Lock) rereadFar(ctx context.Context) error {
 	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
@@ -294,12 +270,10 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 	return nil
 }
 
-// relist makes kvs, a keys-only read at rev of the keys under the name
-// older than the lock's own, the rule's snapshot, if every key directly
-// under the name in it is one the rule lists already, read in full with
-// the same creation revision: those read in full tell whether they block,
-// which a keys-only read does not. It reports false, changing nothing, if
-// one is not.
+// relist makes kvs, a keys-only read at rev of the keys older than the
+// lock's own, the rule's snapshot if each key directly under the name in
+// it is listed already with the same creation revision (a keys-only read
+// cannot tell whether a key blocks); else it reports false.
 func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 	pfx := l.name + "/"
 	l.mu.Lock()

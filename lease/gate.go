@@ -7,19 +7,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// gate is one name's turn on a session: locks of one name taken through
-// one session would share one etcd key, so etcd alone cannot tell them
-// apart, and they take turns through this one-place channel. It also
-// keeps the name's watches, which outlive the last caller by idleWatch
-// (the session's registry of gates).
+// gate is one name's turn on a session: locks of one name through one
+// session would share one etcd key, so they take turns through this
+// one-place channel. It also keeps the name's watches, which outlive the
+// last user by idleWatch.
 type gate struct {
 	ch chan struct{}
 	w  watches
 }
 
-// watches are a name's long-lived watches on a session (see keyWatch): of
-// its own key, of the queue, and of single keys ahead (follows). The queue
-// watch is the session's own, or shared by every session of its Keeper
+// watches are a name's long-lived watches on a session (keyWatch). The
+// queue watch is the session's own, or shared by its Keeper's sessions
 // (shared set; release gives it back).
 type watches struct {
 	own, queue *keyWatch
@@ -38,11 +36,9 @@ func (w watches) stop() {
 	}
 }
 
-// openGate makes name's gate and starts its watches: the session's
-// registry calls it for the name's first user.
+// openGate makes name's gate and starts its watches, for its first user.
 func (s *Session) openGate(name string) (*gate, error) {
-	// Paused: a lock granted as its key is put opens it only once held
-	// for ownWatchDelay (see Lock.look).
+	// Paused: a lock granted at once opens it after ownWatchDelay.
 	own, err := s.startWatch(lockKey(name, s.id), true)
 	if err != nil {
 		return nil, err
@@ -60,9 +56,8 @@ func (s *Session) openGate(name string) (*gate, error) {
 	return &gate{ch: make(chan struct{}, 1), w: w}, nil
 }
 
-// enterGate takes the gate of name, waiting for it unless try is set,
-// until ctx or the session ends. It returns the name's watches, started
-// if need be, and a function that gives the gate back.
+// enterGate takes the gate of name, waiting for it unless try is set, and
+// returns the name's watches and a function that gives the gate back.
 func (s *Session) enterGate(ctx context.Context, name string, try bool) (watches, func(), error) {
 	g, leave, err := s.gates.join(name)
 	if err != nil {

@@ -8,84 +8,55 @@ import (
 )
 
 // knowledge is what one lock knows of its queue, and the one rule that
-// grants it. It is pure: it does no I/O, keeps no time and starts nothing.
-// The lock feeds it what its reads and watches tell, each fact tagged with
-// the revision it reflects and the source it came from, and asks decide
-// what to do next. Nothing else decides a grant.
+// grants it. It is pure (no I/O, clock or goroutines); nothing else
+// decides a grant.
 //
 // The rule: the lock is granted at revision G when, at G, its own key
 // exists as this holding (its token, its lease, no put by anyone else
-// since) and no key older than its own that blocks it does. The lock knows
-// that when
-//   - a snapshot at some revision R (a read at one revision, or a copy of
-//     the queue kept in order) showed its own key as this holding and
-//     listed every blocking key older than it: keys older than the lock's
-//     own cannot appear after it was put, so only deletions matter after R;
-//   - every key that snapshot listed has been seen deleted, by any source,
-//     at revisions up to G, the highest of them (or R if it listed none);
-//   - its own key is known unchanged through G: by a snapshot at G or
-//     later, or by a source that covers the own key (its own watch, the
-//     queue watch) and has delivered everything up to G, with no gap
-//     between what that source covers and what a snapshot or another such
-//     source covered before.
+// since) and no older key that blocks it does. The lock knows that when
+//   - a snapshot at revision R showed its own key as this holding and
+//     listed every blocking key older than it (no older key can appear
+//     after the own put, so only deletions matter after R);
+//   - every listed key has been seen deleted, by any source, at revisions
+//     up to G, the highest of them (or R if none was listed);
+//   - the own key is known unchanged through G: by a snapshot at G or
+//     later, or by a source covering the own key that has delivered
+//     everything up to G, with no gap since what was known before.
 //
-// A watch covers its range from the revision it started at: a watch that
-// started after the snapshot cannot vouch for what happened between them,
-// so a snapshot counts with a watch only if it was taken no earlier than
-// the revision before the watch's start. Events are delivered by one
-// watch in revision order, but two watches' events come in no fixed order
-// relative to each other: a deletion seen on one watch says nothing of
-// what another has not delivered yet.
+// A watch covers its range only from its start revision, so a snapshot
+// counts with it only if taken at start-1 or later. One watch delivers in
+// revision order, but two watches are in no order relative to each other:
+// a deletion seen on one says nothing of what another has not delivered.
 type knowledge struct {
 	key   string
-	token int64 // the own key's creation revision; 0 until the put returns
-	// owns tells whether a read of the own key shows this holding (its
-	// token, the session's lease).
-	owns func(kv *mvccpb.KeyValue) bool
+	token int64                          // the own key's creation revision; 0 until the put returns
+	owns  func(kv *mvccpb.KeyValue) bool // kv shows this holding: its token, the session's lease
 
 	base     int64                // revision of the snapshot the view rests on; 0 before the first
 	complete bool                 // ... which listed every blocking key older than the own key
 	ahead    map[string]*keyAhead // blocking keys listed by it, not yet seen deleted
-	// removed are the keys the snapshot listed that have been seen gone
-	// since, each with the lowest revision by which it is known gone (the
-	// revision of its delete event, or of a read that no longer found it).
-	removed map[string]int64
-	// gone is, by key, every revision at which a key was seen gone (a
-	// delete event, or a read that no longer found it), ascending: a
-	// later snapshot counts the first one after it for a key it lists. A
-	// key's name comes back (its session queues again), so a name may go
-	// more than once, and events may arrive before the snapshot they
-	// follow.
+	removed  map[string]int64     // listed keys seen gone, with the lowest revision known gone
+	// gone is, by key, each revision it was seen gone at, ascending: a name
+	// may go more than once, and events may come before the snapshot.
 	gone    map[string][]int64
 	ownTo   int64 // the own key is known unchanged from the token through this revision
 	sources map[source]*coverage
-	// over says, for each source, that its generations below this one
-	// are over: the news that a generation came up may arrive after the
-	// news that it went down (a watch reports both on its goroutine while
-	// the lock subscribes on another), and must not bring it back.
-	over map[source]uint64
-	lost bool // the own key was deleted or taken over: never granted
-	// early holds the own key's events that came before its token was
-	// known (a watch may deliver a change of the key before the put's
-	// answer arrives): setToken applies them.
-	early []*mvccpb.Event
+	// over: each source's generations below this are over. News of a
+	// generation's up may come after its down, and must not revive it.
+	over  map[source]uint64
+	lost  bool            // the own key was deleted or taken over: never granted
+	early []*mvccpb.Event // own-key events seen before the token (a watch may beat the put's answer)
 	seam  grantSeam
 }
 
 // keyAhead is a blocking key the snapshot listed.
 type keyAhead struct {
-	created int64 // its creation revision
-	// kv is the key as last read. The rule needs only its creation
-	// revision; the lock reads the rest (a reader's or a writer's) to
-	// choose how to wait.
-	kv *mvccpb.KeyValue
-	// through is the highest revision at which it is known to be there
-	// still: the snapshot's, or a later read's (confirm).
-	through int64
+	created int64            // its creation revision
+	kv      *mvccpb.KeyValue // as last read: the lock uses it to choose how to wait
+	through int64            // highest revision it is known still there at: the snapshot's or confirm's
 }
 
-// source names where a fact came from: the own key's watch, the queue
-// watch, a watch of one key ahead, a copy of the queue.
+// source names where a fact came from: a watch, or a copy of the queue.
 type source string
 
 // coverage is what one source delivers: every event of its range from
@@ -121,8 +92,8 @@ func newKnowledge(key string, owns func(*mvccpb.KeyValue) bool) *knowledge {
 		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[source]*coverage{}, over: map[source]uint64{}}
 }
 
-// setToken records the own key's creation revision, as its put returns:
-// the own key is known to be this holding at it.
+// setToken records the own key's creation revision, at which it is this
+// holding.
 func (k *knowledge) setToken(token int64) {
 	k.token, k.ownTo = token, max(k.ownTo, token)
 	for _, ev := range k.early {
@@ -132,9 +103,8 @@ func (k *knowledge) setToken(token int64) {
 	k.extend()
 }
 
-// ownRead takes a read of the own key alone at rev; kv is what it showed
-// (nil if absent). Found with its token, the key has lasted from the
-// token to rev: a key deleted and made again has a new creation revision.
+// ownRead takes a read of the own key at rev (kv nil if absent). Found with
+// its token, it lasted from the token to rev: one made again is newer.
 func (k *knowledge) ownRead(rev int64, kv *mvccpb.KeyValue) {
 	if k.token == 0 || rev < k.token || k.lost {
 		return
@@ -147,10 +117,9 @@ func (k *knowledge) ownRead(rev int64, kv *mvccpb.KeyValue) {
 	k.extend()
 }
 
-// snapshot takes a read at revision rev: the own key as it was (nil if
-// absent) and the keys older than it in the queue that block it. complete
-// says that no older key lies past what was read. A snapshot older than the one the
-// view rests on adds nothing and is dropped.
+// snapshot takes a read at rev: the own key (nil if absent) and the older
+// queue keys that block it; complete says no older key lies past what was
+// read. A snapshot older than the current base is dropped.
 func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.KeyValue, complete bool) {
 	if k.token == 0 || rev < k.token || rev < k.base || k.lost {
 		return
@@ -168,8 +137,7 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 		if kv.CreateRevision >= k.token {
 			continue
 		}
-		// A deletion seen after this snapshot removes the key it listed:
-		// a key of that name made again would be newer than the own key.
+		// A deletion seen after rev is of this key (one made again is newer).
 		if d, ok := k.goneAfter(key, rev); ok {
 			k.removed[key] = d
 			continue
@@ -198,20 +166,17 @@ func (k *knowledge) goneAfter(key string, rev int64) (int64, bool) {
 }
 
 // clear drops key from the keys ahead: a read showed it, with the
-// creation revision the snapshot listed, to be no key that blocks the
-// lock (a keys-only read lists every key under the name). A key's kind is
-// fixed when it is made (its lease and its value are put with it), so it
-// never blocked.
+// creation revision the snapshot listed, no longer blocking the lock (a
+// put moved it off its lease, say). The rule does not follow puts of keys
+// ahead, so one that makes it block again is not seen.
 func (k *knowledge) clear(key string, created int64) {
 	if a := k.ahead[key]; a != nil && a.created == created {
 		delete(k.ahead, key)
 	}
 }
 
-// confirm takes a read at rev of one key ahead, kv, which showed it
-// there with the creation revision the snapshot listed: a watch of it
-// that started no later than the revision after rev delivers its
-// deletion.
+// confirm takes a read at rev that showed key ahead kv still there: a
+// watch of it started by rev+1 delivers its deletion.
 func (k *knowledge) confirm(kv *mvccpb.KeyValue, rev int64) {
 	if a := k.ahead[string(kv.Key)]; a != nil && a.created == kv.CreateRevision {
 		a.through, a.kv = max(a.through, rev), kv
@@ -228,16 +193,14 @@ func (k *knowledge) keysAhead() []*mvccpb.KeyValue {
 	return kvs
 }
 
-// goneBy takes a read at rev of one key ahead, which showed it gone (or
-// made again, newer than the own key): it was deleted at rev or before,
-// which counts as a deletion at rev.
+// goneBy takes a read at rev that showed a key ahead gone (or made again,
+// newer than the own key): it counts as a deletion at rev.
 func (k *knowledge) goneBy(key string, rev int64) { k.sawGone(key, rev) }
 
 // sawGone records that key is gone by rev. The first deletion after the
-// snapshot is of the key it listed (any later one is of a key made again,
-// newer than the own one), so the lowest revision known after the
-// snapshot counts: a delete event may come after a read that found the
-// key gone, and lowers the revision a grant rests on.
+// snapshot is of the listed key (later ones are of keys made again, newer
+// than the own), so the lowest known revision counts: a delete event that
+// comes after a read found the key gone lowers the grant's revision.
 func (k *knowledge) sawGone(key string, rev int64) {
 	if rev <= k.base {
 		return
@@ -254,8 +217,7 @@ func (k *knowledge) sawGone(key string, rev int64) {
 	}
 }
 
-// deleted is the revision by which every key the snapshot listed and
-// that has gone since is known gone.
+// deleted is the revision by which every listed key seen gone is gone.
 func (k *knowledge) deleted() int64 {
 	var d int64
 	for _, r := range k.removed {
@@ -265,11 +227,8 @@ func (k *knowledge) deleted() int64 {
 }
 
 // up records that src, in generation gen, delivers every event of its
-// range from start on (events at revisions below start may have gone
-// unseen). keys is the set it covers, nil for the whole queue; coversOwn
-// says that holds the own key. A source that comes up again, in a newer
-// generation, starts over; news of an older generation is dropped, and so
-// is a second up of the one that is up.
+// range (keys, nil for the whole queue) from start on. A newer generation
+// starts over; an older one, or a second up of the current, is dropped.
 func (k *knowledge) up(src source, gen uint64, start int64, keys []string, coversOwn bool) {
 	if c := k.sources[src]; gen < k.over[src] || (c != nil && c.gen >= gen) {
 		return
@@ -285,8 +244,8 @@ func (k *knowledge) up(src source, gen uint64, start int64, keys []string, cover
 	k.extend()
 }
 
-// down records that src stopped in generation gen (any generation up to
-// gen is over): it vouches for nothing after what it delivered.
+// down records that src stopped in generation gen (and all before it):
+// it vouches for nothing after what it delivered.
 func (k *knowledge) down(src source, gen uint64) {
 	if c := k.sources[src]; c != nil && c.gen <= gen {
 		delete(k.sources, src)
@@ -294,11 +253,9 @@ func (k *knowledge) down(src source, gen uint64) {
 	k.over[src] = max(k.over[src], gen+1)
 }
 
-// events takes one response of src in generation gen, in revision
-// order, and what it vouches for: every event of its range up to progress
-// (at least the last event's revision) has been delivered. Each event is
-// a fact whatever delivered it, and is applied; only a source that is up
-// in that generation vouches for what it did not deliver.
+// events takes one response of src in generation gen: every event of its
+// range up to progress (at least the last event's) is delivered. Each
+// event is applied; only a source up in gen vouches for the rest.
 func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress int64) {
 	for _, ev := range evs {
 		k.event(ev)
@@ -310,7 +267,6 @@ func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress
 	}
 }
 
-// event applies one event, whichever source delivered it.
 func (k *knowledge) event(ev *mvccpb.Event) {
 	key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
 	if key == k.key {
@@ -322,9 +278,8 @@ func (k *knowledge) event(ev *mvccpb.Event) {
 	}
 }
 
-// ownEvent applies an event of the own key: its deletion after the token,
-// or a put that made it another holding's (a new creation revision) or
-// moved it off the session's lease, ends it.
+// ownEvent applies an own-key event: after the token, a deletion or a put
+// that makes it not this holding's ends the holding.
 func (k *knowledge) ownEvent(ev *mvccpb.Event) {
 	if k.token == 0 {
 		k.early = append(k.early, ev)
@@ -333,7 +288,7 @@ func (k *knowledge) ownEvent(ev *mvccpb.Event) {
 	if ev.Kv.ModRevision <= k.token {
 		return // an earlier holding of the same key
 	}
-	after := ev.Kv // the key as the event left it: nil once deleted
+	after := ev.Kv
 	if ev.Type == mvccpb.DELETE {
 		after = nil
 	}
@@ -342,9 +297,8 @@ func (k *knowledge) ownEvent(ev *mvccpb.Event) {
 	}
 }
 
-// extend carries ownTo forward through the sources that cover the own key
-// with no gap: a source that started no later than the revision after
-// ownTo vouches for the own key up to its progress.
+// extend carries ownTo forward through sources covering the own key with
+// no gap: one started by ownTo+1 vouches for it up to its progress.
 func (k *knowledge) extend() {
 	for moved := true; moved; {
 		moved = false
@@ -356,8 +310,7 @@ func (k *knowledge) extend() {
 	}
 }
 
-// contiguous tells whether a source that started at start leaves no gap
-// after a knowledge that reaches through rev.
+// contiguous tells whether a source started at start follows rev with no gap.
 func (k *knowledge) contiguous(start, rev int64) bool {
 	if k.seam.ignoresStart() {
 		return true
@@ -365,23 +318,21 @@ func (k *knowledge) contiguous(start, rev int64) bool {
 	return start <= rev+1
 }
 
-// decide applies the rule to what is known.
 func (k *knowledge) decide() decision {
 	switch {
 	case k.lost:
 		return decision{kind: decideLost}
 	case k.base == 0 || (len(k.ahead) == 0 && !k.complete):
-		// Unread, or every key a partial snapshot listed is gone:
-		// older ones may lie past what it read.
+		// Unread, or a partial snapshot's keys are all gone: older ones
+		// may lie past what it read.
 		return decision{kind: decideRead, rev: k.readFloor()}
 	case len(k.ahead) == 0:
 		return k.decideEmpty()
 	case k.ownWatched() && k.watched():
 		return decision{kind: decideWait}
 	}
-	// A waiter must hear at once that its own key went, and must hear
-	// of the keys ahead going: with no source on either, only a read
-	// tells.
+	// A waiter must hear at once that its own key went, and of keys
+	// ahead going: without a source on both, only a read tells.
 	return decision{kind: decideRead, rev: k.readFloor()}
 }
 
@@ -398,10 +349,8 @@ func (k *knowledge) decideEmpty() decision {
 	return decision{kind: decideReadOwn, rev: g}
 }
 
-// readFloor is the lowest revision a read may reflect and still be of
-// use: no older than anything the view relies on having seen, and no older
-// than the revision before any source's start, so that every source up
-// carries on from it with no gap.
+// readFloor is the lowest revision a useful read may reflect: no older than
+// what the view has seen, nor than any source's start-1 (no gap).
 func (k *knowledge) readFloor() int64 {
 	floor := max(k.token, k.base, k.deleted())
 	for _, ds := range k.gone {
@@ -413,9 +362,8 @@ func (k *knowledge) readFloor() int64 {
 	return floor
 }
 
-// watched tells whether some key ahead is covered, with no gap since the
-// snapshot, by a source up: its deletion will be delivered. Keys ahead
-// that no source covers change nothing while one that is covered stays.
+// watched tells whether a source up covers some key ahead with no gap:
+// while that key stays, uncovered ones cannot grant the lock.
 func (k *knowledge) watched() bool {
 	for key, a := range k.ahead {
 		for _, c := range k.sources {
@@ -428,7 +376,7 @@ func (k *knowledge) watched() bool {
 }
 
 // ownWatched tells whether a source up covers the own key with no gap
-// since what is known of it: a change of the own key will be delivered.
+// since ownTo: a change of it will be delivered.
 func (k *knowledge) ownWatched() bool {
 	for _, c := range k.sources {
 		if c.coversOwn && k.contiguous(c.start, k.ownTo) {
@@ -438,10 +386,9 @@ func (k *knowledge) ownWatched() bool {
 	return false
 }
 
-// ownWillReach tells whether a source covering both the own key and the
-// keys ahead, with no gap, is up: it delivers the deletion that emptied
-// the view in order with any change of the own key before it, so waiting
-// for it carries ownTo to the grant.
+// ownWillReach tells whether a source up covers the own key and the whole
+// queue with no gap: it delivers the last deletion in order with any own
+// key change before it, so waiting carries ownTo to the grant.
 func (k *knowledge) ownWillReach() bool {
 	for _, c := range k.sources {
 		if c.coversOwn && c.keys == nil && k.contiguous(c.start, k.ownTo) {

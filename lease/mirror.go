@@ -10,78 +10,55 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// mirrorLimit is the most keys a queue mirror keeps. A name with more keys
-// under it (a very long queue, or data kept under the name) has no copy:
-// its locks read their view as without one, and the mirror only counts
-// the name's keys until they are down to mirrorResume.
+// mirrorLimit is the most keys a queue mirror keeps. Above it the mirror
+// only counts keys, and its locks read their view.
 const mirrorLimit = 4096
 
-// mirrorResume is how few keys a name whose copy went off must be down to
-// before the copy is read again. Half the limit, so that a name hovering
-// about the limit is not read in full again and again: each reading is
-// paid for by the mirrorLimit-mirrorResume deletions before it.
+// mirrorResume is how few keys bring the copy back: half the limit, so
+// each full read again follows at least 2048 deletions.
 const mirrorResume = mirrorLimit / 2
 
-// compactSlack is how many dead entries an order list may hold beyond the
-// live keys before it is compacted, so that a short queue is not
-// compacted at every deletion.
+// compactSlack is how many dead entries an order list may hold beyond
+// twice the live keys, so a short queue is not compacted at every deletion.
 const compactSlack = 64
 
 // queueMirror is a Keeper's copy of every key under one lock name, kept by
-// the name's shared queue watch: read once when the watch comes up, then
-// brought forward by each put and deletion the watch delivers. A lock
-// queued through the Keeper waits on the copy instead of reading the queue
-// (join, blocked), so its enqueue is a put alone whatever the length of
-// the queue (a read of the queue costs etcd a fetch of every key under the
-// name, as it sorts them), and a deletion wakes only the waiters it grants.
+// the name's shared queue watch. A Keeper's lock waits on the copy (join,
+// blocked) instead of reading the queue, so its enqueue is a put alone.
 //
-// A lock joins only once the copy has applied its own put, in the watch
-// epoch the lock subscribed in, so from then on the copy is exactly the
-// state a read at its revision would give: the watch has been up since
-// before the put, and delivers every event of the prefix in order. When
-// the watch goes down the copy is dropped and its waiters read instead.
-//
-// A name with more than mirrorLimit keys has no copy (valid is false): the
-// mirror counts its keys instead (counting), from the same events, and
-// reads the copy again, in the same watch epoch, once they are down to
-// mirrorResume.
+// A lock joins only once the copy has applied its own put, in the epoch
+// it subscribed in: the watch was up before the put and delivers every
+// event in order, so the copy is then exactly what a read at its revision
+// would give. When the watch goes down the copy is dropped.
 type queueMirror struct {
 	mu       sync.Mutex
 	valid    bool   // the copy is complete for epoch
-	counting bool   // the copy is off for epoch, with count keys under the name: too many
+	counting bool   // the copy is off for epoch: too many keys
 	count    int    // how many keys are under the name at rev, while counting
 	epoch    uint64 // the watch epoch the copy (or the count) belongs to
 	base     int64  // the revision of the read the copy (or the count) started from
 	rev      int64  // the newest revision applied
 	keys     map[string]*mvccpb.KeyValue
 	advanced chan struct{} // closed, and replaced, when rev moves or the copy is dropped
-	// src is what the copy of epoch is read from, again, once a count is
-	// low enough: the watch's client, and the context of its epoch, so
-	// that the read ends with the watch (it runs on the watch's goroutine).
+	// src is what reload reads from: the watch's client, and its epoch's
+	// context, so that the read ends with the watch.
 	src mirrorSource
 
-	// The queue in order: the queue keys and the writers' among them,
-	// oldest first. Entries whose key is gone are skipped from the front as
-	// they are met (keys leave the queue mostly from its front), so finding
-	// the head costs nothing per waiter; the dead ones further back (a
-	// waiter that gave up behind a holder that stays) are dropped once
-	// they may outnumber the live keys (compact), so the lists stay within
-	// a small multiple of the keys under the name.
+	// The queue keys, and the writers' among them, oldest first. Keys
+	// mostly leave from the front, where dead entries are skipped.
 	queue, writers order
-	// waiters are the locks waiting on the copy, by token: each deletion
-	// wakes only those it may have granted.
-	waiters map[int64]*Lock
-	readers int // how many of the waiters are readers
+	waiters        map[int64]*Lock // the locks waiting on the copy, by token
+	readers        int             // how many of the waiters are readers
 }
 
-// mirrorSource is what a mirror reads the copy from: see queueMirror.src.
+// mirrorSource is what a mirror reads the copy from (queueMirror.src).
 type mirrorSource struct {
 	ctx context.Context
 	cli *clientv3.Client
 }
 
-// order is a list of queue keys by creation revision, with dead ones
-// still in it until they reach the front or the list is compacted.
+// order lists queue keys by creation revision; dead ones stay until they
+// reach the front or compact drops them.
 type order struct {
 	entries []orderEntry
 	front   int
@@ -96,10 +73,8 @@ func newQueueMirror() *queueMirror {
 	return &queueMirror{advanced: make(chan struct{})}
 }
 
-// load reads every key under prefix in a state no older than created (the
-// revision at which the watch came up) and makes it the copy of epoch. It
-// reports false if the read failed; a prefix with more than mirrorLimit
-// keys leaves the copy off without failing, counting them.
+// load reads the keys under prefix at created or later, and makes them the
+// copy (or count) of epoch. It reports false if the read failed.
 func (m *queueMirror) load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch uint64) bool {
 	page, rev, err := readMirror(ctx, cli, prefix, created)
 	if err != nil {
@@ -124,8 +99,7 @@ func readMirror(ctx context.Context, cli *clientv3.Client, prefix string, minRev
 	return resp.Responses[0].GetResponseRange(), resp.Header.Revision, nil
 }
 
-// install makes page, read at rev, the copy of epoch, or, if it holds only
-// part of the keys, the count of epoch. m.mu is held.
+// install makes page, read at rev, the copy (or count) of epoch. m.mu is held.
 func (m *queueMirror) install(prefix string, page *pb.RangeResponse, rev int64, epoch uint64) {
 	defer m.advance()
 	m.epoch, m.base, m.rev = epoch, rev, rev
@@ -142,8 +116,7 @@ func (m *queueMirror) install(prefix string, page *pb.RangeResponse, rev int64, 
 	m.rebuildOrder(prefix)
 }
 
-// goCounting turns the copy off, with n keys under the name, and wakes its
-// waiters to read their view instead. m.mu is held.
+// goCounting turns the copy off (n keys) and wakes its waiters. m.mu is held.
 func (m *queueMirror) goCounting(n int) {
 	m.valid, m.counting, m.count = false, true, n
 	m.keys, m.queue, m.writers = nil, order{}, order{}
@@ -168,11 +141,8 @@ func (m *queueMirror) rebuildOrder(prefix string) {
 	}
 }
 
-// apply brings the copy forward by events of the queue under prefix,
-// delivered in epoch in revision order, and wakes the waiters that a
-// deletion may have granted; while the copy is off, it counts the keys
-// instead, and reads the copy again once they are few enough. Events the
-// first read already covered are skipped.
+// apply moves the copy of epoch forward by events and wakes the waiters a
+// deletion may grant; while the copy is off it counts keys instead.
 func (m *queueMirror) apply(prefix string, events []*clientv3.Event, epoch uint64) {
 	m.mu.Lock()
 	reload := false
@@ -208,8 +178,7 @@ func (m *queueMirror) applyCopy(prefix string, events []*clientv3.Event) {
 		m.rebuildOrder(prefix)
 		m.wakeAll()
 	case deleted:
-		// Only a deletion makes an entry dead: puts alone add as many
-		// keys as entries.
+		// Only a deletion makes an entry dead.
 		m.compact(&m.queue, false)
 		m.compact(&m.writers, true)
 		m.wakeHeads()
@@ -217,8 +186,7 @@ func (m *queueMirror) applyCopy(prefix string, events []*clientv3.Event) {
 }
 
 // applyEvent applies one event to the copy, and tells whether it deleted
-// a key and whether it changed a key's place in the order lists. m.mu is
-// held.
+// a key and whether it changed the order lists. m.mu is held.
 func (m *queueMirror) applyEvent(prefix string, ev *clientv3.Event) (deleted, reordered bool) {
 	key := string(ev.Kv.Key)
 	old := m.keys[key]
@@ -232,7 +200,7 @@ func (m *queueMirror) applyEvent(prefix string, ev *clientv3.Event) (deleted, re
 		m.keys[key] = ev.Kv
 		return false, modeOf(old) != modeOf(ev.Kv) || isQueueKey(prefix, old) != isQueueKey(prefix, ev.Kv)
 	}
-	// A new key: the newest, so the end of the order.
+	// A new key is the newest.
 	m.keys[key] = ev.Kv
 	if isQueueKey(prefix, ev.Kv) {
 		m.queue.entries = append(m.queue.entries, orderEntry{key, ev.Kv.CreateRevision})
@@ -243,9 +211,8 @@ func (m *queueMirror) applyEvent(prefix string, ev *clientv3.Event) (deleted, re
 	return false, false
 }
 
-// applyCount is apply while the copy is off: it counts the keys created
-// and deleted, and tells whether they are now few enough to read the copy
-// again. m.mu is held.
+// applyCount is apply while the copy is off, and tells whether the keys
+// are now few enough to read the copy again. m.mu is held.
 func (m *queueMirror) applyCount(events []*clientv3.Event) (reload bool) {
 	defer m.advance()
 	for _, ev := range events {
@@ -265,11 +232,9 @@ func (m *queueMirror) applyCount(events []*clientv3.Event) (reload bool) {
 	return m.count <= mirrorResume
 }
 
-// reload reads the copy of epoch again, in a state no older than the
-// events counted, after a count fell to mirrorResume. It runs on the
-// watch's goroutine, as load does, so no event is applied meanwhile: those
-// the read covered are skipped as they come. If the read fails the copy
-// stays off, and the next events try again.
+// reload reads the copy of epoch again, no older than the events counted.
+// It runs on the watch's goroutine, so no event is applied meanwhile. On
+// failure the copy stays off and the next events try again.
 func (m *queueMirror) reload(prefix string, epoch uint64) {
 	m.mu.Lock()
 	src, rev := m.src, m.rev
@@ -288,11 +253,9 @@ func (m *queueMirror) reload(prefix string, epoch uint64) {
 	}
 }
 
-// compact drops o's dead entries once they may outnumber the live ones:
-// when o holds more than twice as many entries as the copy has keys (each
-// live entry is a distinct key), and compactSlack more. At least half of
-// what it walks is then dead, and each entry is dropped once, so the cost
-// is O(1) per event, amortised. m.mu is held.
+// compact drops o's dead entries once o holds more than twice the copy's
+// keys plus compactSlack: at least half are then dead, so the cost is O(1)
+// per event, amortised. m.mu is held.
 func (m *queueMirror) compact(o *order, writers bool) {
 	if len(o.entries) <= 2*len(m.keys)+compactSlack {
 		return
@@ -306,17 +269,15 @@ func (m *queueMirror) compact(o *order, writers bool) {
 	o.entries, o.front = live, 0
 }
 
-// live tells whether entry e of an order list is still in the copy: its
-// key, with that creation revision (and, for writers, still a writer's).
-// m.mu is held.
+// live tells whether e's key is in the copy with e's creation revision
+// (and, for writers, still a writer's). m.mu is held.
 func (m *queueMirror) live(e orderEntry, writers bool) bool {
 	kv := m.keys[e.key]
 	return kv != nil && kv.CreateRevision == e.rev && (!writers || modeOf(kv) == Write)
 }
 
-// wakeHeads wakes the waiters that may hold the lock now: the writer whose
-// key is the oldest in the queue, and every reader older than the oldest
-// writer. m.mu is held.
+// wakeHeads wakes the waiters that may hold the lock now: the oldest key's
+// waiter, and every reader older than the oldest writer. m.mu is held.
 func (m *queueMirror) wakeHeads() {
 	if len(m.waiters) == 0 {
 		return
@@ -336,15 +297,14 @@ func (m *queueMirror) wakeHeads() {
 	}
 }
 
-// wakeAll wakes every waiter, to look again. m.mu is held.
+// wakeAll wakes every waiter. m.mu is held.
 func (m *queueMirror) wakeAll() {
 	for _, l := range m.waiters {
 		l.poke()
 	}
 }
 
-// oldest is the creation revision of the oldest live key in o (0 if none),
-// skipping the dead ones at its front (compact drops them). m.mu is held.
+// oldest is the creation revision of o's oldest live key, or 0. m.mu is held.
 func (m *queueMirror) oldest(o *order, writers bool) int64 {
 	for ; o.front < len(o.entries); o.front++ {
 		if e := o.entries[o.front]; m.live(e, writers) {
@@ -364,12 +324,8 @@ type mirrorView struct {
 	rev     int64            // the revision the copy is the state of
 }
 
-// blocked tells what the copy of epoch says of lock l: whether a key
-// ahead still blocks it (and the nearest key ahead), and the lock's own
-// key as the copy holds it, as of the copy's revision. ok is false if
-// there is no such copy (the watch went down since, or the name has too
-// many keys): l must read its view. A lock whose own key is gone from the
-// copy, or made again, is blocked for good.
+// blocked tells what the copy of epoch says of l; ok is false if there is
+// no such copy. A lock whose own key is gone or made again stays blocked.
 func (m *queueMirror) blocked(epoch uint64, l *Lock) mirrorView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -389,8 +345,7 @@ func (m *queueMirror) blocked(epoch uint64, l *Lock) mirrorView {
 		return v
 	}
 	v.blocked = true
-	// The nearest key ahead, for errors that name it: the newest live
-	// entry older than the token.
+	// The nearest key ahead, for errors that name it.
 	i, _ := slices.BinarySearchFunc(o.entries[o.front:], l.token, func(e orderEntry, t int64) int { return int(e.rev - t) })
 	for j := o.front + i - 1; j >= o.front; j-- {
 		if e := o.entries[j]; m.live(e, false) {
@@ -401,8 +356,7 @@ func (m *queueMirror) blocked(epoch uint64, l *Lock) mirrorView {
 	return v
 }
 
-// only tells whether lock l's own key is the only key under the name in
-// the copy: nobody else is queued, before or after it.
+// only tells whether l's own key is the only key under the name.
 func (m *queueMirror) only(l *Lock) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -410,9 +364,8 @@ func (m *queueMirror) only(l *Lock) bool {
 	return m.valid && len(m.keys) == 1 && own != nil && own.CreateRevision == l.token
 }
 
-// leave unregisters a waiter (see join) whose token is token (read by the
-// caller under the lock's mutex: the lock's finish may run while its
-// enqueue is returning).
+// leave unregisters waiter l. token is read by the caller under l.mu: the
+// lock's finish may run while its enqueue is returning.
 func (m *queueMirror) leave(l *Lock, token int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -424,8 +377,7 @@ func (m *queueMirror) leave(l *Lock, token int64) {
 	}
 }
 
-// drop marks the copy out of date, and wakes its waiters to read their
-// view instead: the watch went down.
+// drop drops the copy as the watch goes down, and wakes its waiters.
 func (m *queueMirror) drop() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -441,12 +393,9 @@ func (m *queueMirror) advance() {
 	m.advanced = make(chan struct{})
 }
 
-// join waits until the copy of epoch has applied lock l's own put, and
-// then registers l as a waiter, woken (poke) whenever a deletion may have
-// granted it; from then on l asks blocked instead of keeping a view of its
-// own. It reports false, at once, if there is no copy of epoch (none yet,
-// or the watch went down since), or when ctx or done ends: l then reads
-// its view instead.
+// join waits until the copy of epoch has applied l's own put, then
+// registers l as a waiter. It reports false at once if there is no copy of
+// epoch, or when ctx or done ends: l then reads its view.
 func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch uint64, l *Lock) bool {
 	for {
 		m.mu.Lock()

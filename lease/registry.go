@@ -5,12 +5,10 @@ import (
 	"time"
 )
 
-// registry keeps one entry per lock name for the users that share it: a
-// session's locks of a name share its gate and watches, a Keeper's
-// sessions share a name's queue watch. It counts the users and drops an
-// entry idleWatch after the last one leaves, unless another comes first:
-// a lock taken again and again opens its watches once, and a name no
-// longer used stops costing messages.
+// registry keeps one entry per lock name for the users that share it (a
+// session's locks share its gate, a Keeper's sessions its queue watch),
+// and drops an entry idleWatch after the last user leaves, unless another
+// comes first.
 type registry[V any] struct {
 	open func(name string) (V, error) // makes a name's entry; runs with mu held
 	shut func(V)                      // ends a dropped entry; runs without mu
@@ -26,9 +24,8 @@ type entry[V any] struct {
 	idle  *time.Timer // made at the first last-leave, then reset: no timer per lock
 }
 
-// join counts a user in on name's entry, making it if needed, and returns
-// it with the function that counts the user out (safe to call twice).
-// After close it fails with ErrSessionClosed.
+// join counts a user in on name's entry, made if needed, and returns it
+// and a function that counts the user out once; after close it fails.
 func (r *registry[V]) join(name string) (V, func(), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -68,8 +65,8 @@ func (r *registry[V]) leave(name string, e *entry[V]) {
 	e.idle.Reset(idleWatch)
 }
 
-// expire drops an entry left idle. A user may have joined as the timer
-// fired, or the entry been replaced: then it stays.
+// expire drops an entry left idle, unless a user joined as the timer
+// fired or the entry was replaced.
 func (r *registry[V]) expire(name string, e *entry[V]) {
 	r.mu.Lock()
 	if e.users > 0 || r.m[name] != e {

@@ -8,16 +8,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The lock's watches feed its knowledge (knowledge.go), each as a source
-// of its own: what it covers, from which revision, and in which of its
-// generations (the watch's epoch, odd while it is up).
+// The lock's watches feed its knowledge, each as a source whose
+// generations are the watch's epochs.
 
 // sourceOf names watch w as a source of l's knowledge, with the keys it
-// covers (nil: every key under the name) and whether those hold the own
-// key. The queue watch keeps puts (serve), so it covers the own key: a
-// put by someone else that moves the key off the lease comes in order
-// with the deletions ahead. Each watch of a key ahead is a source of its
-// own: a new watch of the same key starts its epochs over.
+// covers (nil: the whole queue) and whether it covers the own key (the
+// queue watch keeps puts). A new watch of a key ahead is a new source.
 func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool) {
 	switch {
 	case w == l.w.own:
@@ -29,9 +25,8 @@ func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool)
 }
 
 // subscribeTo makes l a subscriber of w and returns w's epoch. If w is
-// up, it covers l from the revision after the last response it handed
-// on: l was not sent what came before (loaded after subscribing, so it
-// is never lower than what l missed).
+// up, it covers l from the revision after the last response it handed on
+// (loaded after subscribing, so never below what l missed).
 func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 	epoch := w.subscribe(l)
 	if epoch%2 == 0 {
@@ -39,8 +34,8 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 	}
 	src, keys, own := l.sourceOf(w)
 	l.mu.Lock()
-	// Loaded under l.mu: a response the watch hands on after the load
-	// waits for l.mu, and so reaches the rule after the source is up.
+	// Loaded under l.mu: a response handed on after the load waits for
+	// l.mu, so it reaches the rule after the source is up.
 	l.q.know.up(src, epoch, w.seenRev.Load()+1, keys, own)
 	l.mu.Unlock()
 	l.poke()
@@ -48,9 +43,9 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 }
 
 // sourceUp records that w came up in epoch, delivering every change of
-// its range from start on, and wakes the waiter. A holder reads its own
-// key again as its own-key watch comes up: a deletion while the watch
-// was down went unseen. An error means that read failed.
+// its range from start on, and wakes the waiter. As the own-key watch
+// comes up a holder reads its key again (recheck), as a deletion while
+// the watch was down went unseen; an error means that read failed.
 func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, epoch uint64, start int64) error {
 	src, keys, own := l.sourceOf(w)
 	l.mu.Lock()
@@ -63,8 +58,7 @@ func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, epoch uint64, start in
 	return nil
 }
 
-// sourceDown records that w went down, ending epoch-1, and wakes the
-// waiter.
+// sourceDown records that w went down, ending epoch-1, and wakes the waiter.
 func (l *Lock) sourceDown(w *keyWatch, epoch uint64) {
 	src, _, _ := l.sourceOf(w)
 	l.mu.Lock()
@@ -79,8 +73,7 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 	return &mvccpb.KeyValue{Key: []byte(l.key), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
 }
 
-// feed hands the knowledge the events of one watch response.
-// l.mu is held.
+// feed hands the knowledge one watch response's events. l.mu is held.
 func (l *Lock) feed(w *keyWatch, events []*clientv3.Event, epoch uint64) {
 	src, _, _ := l.sourceOf(w)
 	l.q.know.events(src, epoch, events, 0)

@@ -12,47 +12,27 @@ import (
 	"github.com/leasefence/leasefence/internal/rpcerr"
 )
 
-// idleWatch is how long a name's watches outlive the last lock of that name
-// on the session, so that a service that takes the same lock again and
-// again opens them once. Not longer: a session that stopped locking the
-// name would be sent every deletion the others' handoffs make (with four
-// contenders of which one went on alone, 3 messages per lock and release
-// of that one, for 30 s when this was 30 s), and opening them again costs
-// a lock that waits no more than it costs a session the first time.
+// idleWatch is how long a name's watches outlive its last lock on the
+// session, so a lock taken again and again opens them once. Not longer: an
+// idle session is still sent every event of the others' handoffs.
 const idleWatch = time.Second
 
-// keyWatch is one long-lived watch of deletions, of the session's own key
-// for a name, of the whole queue under the name, or of one key ahead in
-// it, serving every lock of that name taken through the session, one
-// after the other (the name's gate makes them take turns).
+// keyWatch is one long-lived watch, of the session's own key for a name,
+// of the queue under the name, or of one key ahead, serving the session's
+// locks of that name in turn (or a Keeper's sessions). Usually up before
+// a lock's key is put, it then misses no deletion after the put. Watches
+// of keys ahead carry deletions only; the own-key and queue watches carry
+// puts too, so someone else's put on the own key comes in order with the
+// deletions the lock waits for. Those two pause after restAfter locks in
+// a row that did not need them.
 //
-// Because it outlives each lock, a lock opens no watch of its own in the
-// common cases: the watch already delivers events when the lock's key is
-// put, so no deletion after that put can be missed and nothing has to be
-// read again to close a gap. A watch of a key ahead carries deletions
-// only (etcd filters the puts out); the own-key and queue watches carry
-// puts too, so that a put by someone else on the own key reaches the lock
-// in order with the deletions it waits for (see serve).
-//
-//   - The own-key watch (one key: name/lease) tells a holder, or a
-//     waiter, that its key was deleted. It starts paused: a waiter opens
-//     it before it relies on its view, and a lock granted as its key is
-//     put opens it only once held for ownWatchDelay, so that a lock held
-//     briefly is not sent its own Unlock's deletion. Once open it stays
-//     open while the name is in use, until restAfter locks in a row were
-//     granted at once and held briefly (granted).
-//   - The queue watch (the prefix name/) is on only while a lock of the
-//     session is near the head of the queue (nearAhead): there, every
-//     deletion ahead shrinks the waiter's view of the queue, and the last
-//     one grants it the lock with no read at all. It rests again once
-//     restAfter locks in a row were granted at once. Further back, a waiter
-//     pauses it and follows only the two newest keys ahead of it, so that
-//     a long queue does not send every deletion to every waiter.
-//   - The watches of keys ahead (follows: one key each, up to keptFollows
-//     per name) serve those far waiters. Lock keys are named by session,
-//     so a session that queues behind the same sessions again (as steady
-//     contenders do) finds their watches up, and reads nothing to start
-//     following them.
+//   - The own-key watch starts paused: a waiter opens it before relying on
+//     its view, a lock granted at once after ownWatchDelay (so a brief
+//     hold is not sent its own Unlock's deletion).
+//   - The queue watch serves a lock near the head (nearAhead): the last
+//     deletion ahead grants it with no read. A far waiter pauses it.
+//   - Watches of keys ahead (follows) serve far waiters, so that a long
+//     queue does not send every deletion to every waiter.
 type keyWatch struct {
 	client *clientv3.Client
 	owner  watchOwner // the session, or the Keeper for a queue watch shared by its sessions
@@ -62,29 +42,21 @@ type keyWatch struct {
 	ctx    context.Context
 	stop   context.CancelFunc
 
-	// epoch grows by one whenever the watch comes up or goes down: it is
-	// odd exactly while the watch is up. A lock whose view was read under
-	// another epoch may have missed a deletion and reads it again.
+	// epoch grows by one as the watch comes up or goes down: odd exactly
+	// while up. A view read under another epoch may have missed a deletion.
 	epoch atomic.Uint64
-	// upRev is the store revision the watch last came up at: it reports
-	// every change after it.
-	upRev atomic.Int64
-	// quiet counts the locks in a row that did not need the watch
-	// (granted).
-	quiet atomic.Int32
-	// seenRev is the store revision of the last response the watch handed
-	// to its subscribers (stored before it does): a lock that subscribes
-	// later has missed what came before, and reads at least this revision.
+	upRev atomic.Int64 // the revision it last came up at; it reports every change after
+	quiet atomic.Int32 // locks in a row that did not need the watch (granted)
+	// seenRev is the revision of the last response handed on (stored
+	// before): a lock that subscribes later reads at least this revision.
 	seenRev atomic.Int64
 
-	mu      sync.Mutex
-	running bool          // run has started (a paused watch starts it on resume)
-	up      chan struct{} // closed while the watch is up; replaced when it goes down
-	refused chan struct{} // closed when etcd refuses the watch for good (refusal says why)
-	refusal error
-	// subs are the locks of this name now waiting or held: usually one,
-	// so a slice (a map cost 0.1 KB more per held lock).
-	subs     []*Lock
+	mu       sync.Mutex
+	running  bool          // run has started (a paused watch starts it on resume)
+	up       chan struct{} // closed while the watch is up; replaced when it goes down
+	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
+	refusal  error
+	subs     []*Lock            // locks of this name waiting or held (a map cost 0.1 KB more per lock)
 	paused   bool               // the watch is off until resume
 	resumed  chan struct{}      // poked by resume
 	endServe context.CancelFunc // ends the current watch, for pause
@@ -99,9 +71,8 @@ type watchOwner interface {
 
 func (s *Session) untrack() { s.wg.Done() }
 
-// startWatch starts a watch of key (of everything under it if prefix is
-// set), owned by the session: it stops when the session ends or when stop
-// is called. A paused watch opens nothing, and has no goroutine, until
+// startWatch starts a watch of key, owned by the session: it stops when
+// the session ends or stop is called. A paused one has no goroutine until
 // resume.
 func (s *Session) startWatch(key string, paused bool, opts ...clientv3.OpOption) (*keyWatch, error) {
 	return startWatch(s.leaderCtx, s.client, s, key, paused, opts...)
@@ -124,7 +95,7 @@ func startWatch(parent context.Context, client *clientv3.Client, owner watchOwne
 	return w, nil
 }
 
-// launch starts run, once, registered with the session. w.mu is held.
+// launch starts run, once, registered with the owner. w.mu is held.
 func (w *keyWatch) launch() error {
 	if w.running {
 		return nil
@@ -137,8 +108,8 @@ func (w *keyWatch) launch() error {
 	return nil
 }
 
-// run keeps the watch open until the session ends or the watch is stopped,
-// opening it again, after a pause, whenever it ends while wanted.
+// run keeps the watch open until it is stopped or its owner ends, opening
+// it again, after a backoff, whenever it ends while wanted.
 func (w *keyWatch) run() {
 	defer w.owner.untrack()
 	retry := newBackoff(50*time.Millisecond, time.Second)
@@ -163,8 +134,7 @@ func (w *keyWatch) run() {
 }
 
 // wanted waits while the watch is paused, and returns the context of its
-// next opening and the function that ends it (which pause calls too);
-// false once the watch is stopped.
+// next opening and its cancel (pause calls it too); false once stopped.
 func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 	for {
 		w.mu.Lock()
@@ -187,13 +157,11 @@ func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 	}
 }
 
-// serve runs one watch until it ends, and reports whether it came up; its
-// caller ends ctx after. It is opened with no start revision, so etcd
-// serves it at once (a start revision already in the past would wait for
+// serve runs one watch until it ends, and reports whether it came up. With
+// no start revision etcd serves it at once (a past one would wait for
 // etcd's 100 ms catch-up loop). It requires a leader (ctx carries the
-// metadata, from startWatch's parent): a member cut off from the quorum
-// ends it rather than leaving it silent. A watch that keeps a mirror also
-// receives puts, and fills the mirror when it comes up.
+// metadata): a member cut off from the quorum ends it instead of leaving
+// it silent.
 func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	opts := append([]clientv3.OpOption{clientv3.WithCreatedNotify()}, w.opts...)
 	for wr := range w.client.Watch(ctx, w.key, opts...) {
@@ -226,9 +194,8 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 	return cameUp
 }
 
-// isUp records that the watch is up, and tells its subscribers. It
-// reports false if one of them could not catch up (sourceUp), and the
-// watch should start over.
+// isUp records that the watch is up and tells its subscribers. It reports
+// false if one could not catch up (sourceUp): the watch starts over.
 func (w *keyWatch) isUp(ctx context.Context) bool {
 	w.mu.Lock()
 	if w.epoch.Load()%2 == 0 {
@@ -238,8 +205,7 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	epoch := w.epoch.Load()
 	w.mu.Unlock()
 	for _, sub := range w.subscribers() {
-		// Opened with no start revision, the watch reports every change
-		// after the revision it came up at.
+		// With no start revision, it reports every change after upRev.
 		if sub.sourceUp(ctx, w, epoch, w.upRev.Load()+1) != nil {
 			return false
 		}
@@ -247,8 +213,8 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	return true
 }
 
-// refuse records that etcd refused the watch outright (no permission,
-// say): callers waiting for it to come up get err instead of waiting on.
+// refuse records that etcd refused the watch outright (no permission, say):
+// callers waiting for it to come up get err instead.
 func (w *keyWatch) refuse(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -289,8 +255,7 @@ func (w *keyWatch) pause() bool {
 	return true
 }
 
-// resume opens a paused watch again. If the session has ended it does
-// nothing: the watch's waiters end with the session.
+// resume opens a paused watch again; once the owner has ended, it does not.
 func (w *keyWatch) resume() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -307,23 +272,16 @@ func (w *keyWatch) resume() {
 	}
 }
 
-// restAfter is how many locks of a name in a row that did not need the
-// name's queue watch, or its own-key watch, pause that watch (granted).
-// While it runs, the queue watch sends every deletion under the name, a
-// lock's own Unlock's too, and a Keeper's also every put, to keep its
-// copy; the own-key watch, once a waiter has opened it, sends each
-// Unlock's deletion. For a name no longer contended that was the whole of
-// its stream traffic. Paused, they cost nothing: the next lock that has
-// to wait opens them again (wait), reading its view once they are up; a
-// Keeper's locks read as they queue until then; a lock held for
-// ownWatchDelay opens its own-key watch (grant). Eight in a row keep a
-// name that is contended now and then from closing and opening them for
-// each lock.
+// restAfter is how many locks of a name in a row that did not need its
+// queue watch, or its own-key watch, pause that watch (granted). Running,
+// the queue watch sends every put and deletion under the name, and the
+// own-key watch those of its key: all the stream traffic of an uncontended
+// name. Eight keep a name contended now and then from closing and opening
+// them for each lock.
 const restAfter = 8
 
-// granted is told, by each lock of the name, whether it was one the
-// watch was not needed for (Lock.restQueue, Lock.restOwn); restAfter such
-// locks in a row pause the watch, and it reports whether this one did.
+// granted is told by each lock of the name whether it did not need the
+// watch; restAfter such in a row pause it. It reports whether this one did.
 func (w *keyWatch) granted(unneeded bool) (paused bool) {
 	if !unneeded {
 		w.quiet.Store(0)
@@ -348,9 +306,8 @@ func (w *keyWatch) subscribers() []*Lock {
 	return slices.Clone(w.subs)
 }
 
-// subscribe makes l one of the locks that the watch's events go to, and
-// returns the epoch l's view starts in: an even one (never current) if the
-// watch is not up.
+// subscribe sends the watch's events to l too, and returns the epoch l's
+// view starts in: an even one if the watch is not up.
 func (w *keyWatch) subscribe(l *Lock) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -360,8 +317,8 @@ func (w *keyWatch) subscribe(l *Lock) uint64 {
 	return w.epoch.Load()
 }
 
-// upEpoch opens the watch if it is paused, waits until it is up and
-// returns its epoch, until ctx or the lock ends.
+// upEpoch opens the watch if paused and returns its epoch once it is up;
+// it fails if etcd refuses the watch, or ctx or the lock ends.
 func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 	w.resume()
 	for {
