@@ -14,8 +14,7 @@ func newBackoff(first, max time.Duration) backoff {
 	return backoff{first: first, max: max, next: first}
 }
 
-// wait sleeps the current delay, doubling it for the next time. It returns
-// ctx's cause early if ctx ends first, nil after a full sleep.
+// wait sleeps the current delay and doubles it, or returns ctx's cause.
 func (b *backoff) wait(ctx context.Context) error {
 	t := time.NewTimer(b.next)
 	defer t.Stop()

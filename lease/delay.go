@@ -18,40 +18,22 @@ import (
 // limit too): longer, and a lost holder would stall its name for minutes.
 const MaxLockDelay = time.Minute
 
-// WithLockDelay makes the session's locks (and campaigns) wait out a delay
-// d after the previous holder of their name lost it involuntarily: its
-// lease expired or was revoked, or its key was deleted by someone else. The
-// new holder keeps its place at the head of the queue meanwhile, so nobody
-// overtakes it; its own loss during the wait ends Lock with that loss. A
-// holder that let go cleanly (Unlock, Resign, or Close of its session,
-// which now releases its locks one by one before revoking the lease) causes
-// no delay. Zero, the default, means none; a negative d or one above
-// MaxLockDelay is refused with ErrInvalidArgument.
+// WithLockDelay makes the session's locks, read locks and campaigns wait
+// out d after the previous holder of their name lost it involuntarily
+// (lease expired or revoked, key deleted by someone else), keeping their
+// place at the head of the queue. A clean release (Unlock, Resign, Close)
+// causes no delay. Use it for resources that cannot check a fencing token:
+// requests a lost holder sent get time to land. It does not protect
+// against a pause longer than d; fencing does. d must be from 0 (none, the
+// default) to MaxLockDelay, else ErrInvalidArgument.
 //
-// It is for resources that cannot check a fencing token: the requests a
-// lost holder already sent get time to drain. It does not protect against
-// a holder paused for longer than the delay; fencing does (package fence).
-//
-// How it works, and what it rests on: every session with a lock delay
-// records in etcd, under the key DelayRecordKey(name), which holding it
-// granted ("held T") and which it released ("released T", written in the
-// same transaction as the release's delete; a Lock given up before it
-// returned writes it too, as it removes its key, if the record names its
-// holding). The next holder reads the
-// record when its turn comes: a "held" record of an earlier token whose key
-// is gone means a loss. It then records the loss under a fresh lease of d
-// (rounded up to whole seconds, at least etcd's minimum TTL: 2 s with
-// default timing) and waits until etcd expires it, so the delay is measured
-// by etcd, counts from no earlier than the loss, survives reconnects and
-// restarts of the waiter, and is never restarted by a waiter that gives up.
-// Consequences: every session that takes the name must use WithLockDelay
-// (the losses of holders that record nothing, such as etcd's Mutex or
-// sessions without the option, are not seen); TryLock waits out a delay
-// too instead of failing (it never waits behind a holder); Lock, Unlock and
-// Close each make one more write per holding; the delay can come out longer
-// than d (whole seconds, etcd's expiry runs about every 500 ms, a leader
-// change extends leases), never shorter unless etcd revokes a lease early.
-// The record is a small key without a lease, one per name, left in etcd.
+// etcd measures the delay from after the waiter learned of the loss, in
+// whole seconds and at least etcd's minimum TTL; it can come out longer
+// than d, never shorter unless etcd revokes a lease early. Every session
+// that takes the name must use WithLockDelay, or its losses are not seen.
+// TryLock waits out a delay too, though never a holder. A writer costs
+// one more write when granted and one when released, and
+// DelayRecordKey(name) stays in etcd.
 func WithLockDelay(d time.Duration) Option {
 	return func(o *options) error {
 		if d < 0 || d > MaxLockDelay {
@@ -62,12 +44,9 @@ func WithLockDelay(d time.Duration) Option {
 	}
 }
 
-// DelayRecordKey is the key under which sessions with a lock delay record
-// how the last holder of name ended. It lies outside name + "/", where
-// etcd's own Mutex would count it as a waiter, and contains a NUL byte,
-// which no lock name can, so it never collides with a lock's keys or with
-// a nested name's. A role that takes name with a lock delay needs write
-// permission on it.
+// DelayRecordKey is where sessions with a lock delay record how the last
+// holder of name ended. It is no lock's key and lies outside name + "/".
+// Taking name with a lock delay needs write permission on it.
 func DelayRecordKey(name string) string { return name + "\x00lock-delay" }
 
 // recordState is what a name's delay record says.
@@ -82,7 +61,6 @@ const (
 
 var recordWords = map[recordState]string{recordHeld: "held", recordLost: "lost", recordReleased: "released"}
 
-// delayRecord is one reading of a name's delay record.
 type delayRecord struct {
 	state  recordState
 	token  int64 // the holding it is about
@@ -93,8 +71,7 @@ func formatRecord(state recordState, token int64) string {
 	return recordWords[state] + " " + strconv.FormatInt(token, 10)
 }
 
-// parseRecord reads a record; nil kv is no record. A value this package
-// did not write counts as no record.
+// parseRecord reads kv; nil, or a value not written here, is no record.
 func parseRecord(kv *mvccpb.KeyValue) delayRecord {
 	if kv == nil {
 		return delayRecord{}
@@ -120,8 +97,7 @@ func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 	return kvs[0]
 }
 
-// releaseOps are the operations a clean release of the lock adds to its
-// delete: the record that it let go.
+// releaseOps record a writer's clean release in its delete's transaction.
 func (l *Lock) releaseOps() []clientv3.Op {
 	if l.s.lockDelay == 0 || l.mode == Read {
 		return nil
@@ -129,11 +105,8 @@ func (l *Lock) releaseOps() []clientv3.Op {
 	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(l.name), formatRecord(recordReleased, l.token))}
 }
 
-// abandonOps are the operations a lock given up before it was handed to
-// the caller adds to the removal of its key: if the delay record says this
-// holding held the name, it says released instead (nobody wrote under a
-// lock never handed out). Any other record (a loss being waited out, say)
-// is left as it is.
+// abandonOps, for a lock given up before it was handed out, turn its own
+// "held" record into "released": nobody wrote under it.
 func (l *Lock) abandonOps() []clientv3.Op {
 	if l.s.lockDelay == 0 || l.mode == Read {
 		return nil
@@ -144,9 +117,8 @@ func (l *Lock) abandonOps() []clientv3.Op {
 		[]clientv3.Op{clientv3.OpPut(key, formatRecord(recordReleased, l.token))}, nil)}
 }
 
-// waitDelay runs once the lock's turn has come, for a session with a lock
-// delay: it waits out a loss of the previous holder, then records the lock
-// as held (a writer's). It ends with the lock's own loss, or ctx.
+// waitDelay, once the lock's turn has come, waits out a loss of the
+// previous holder, then records a writer as held.
 func (l *Lock) waitDelay(ctx context.Context) error {
 	if l.s.lockDelay == 0 {
 		return nil
@@ -187,14 +159,13 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
 	switch {
 	case rec.state == recordHeld && rec.token < l.token:
-		// That holding's key is gone (this lock is at the head of the
-		// queue), and it did not record a release.
+		// Its key is gone (this lock heads the queue), with no release recorded.
 		next, err = l.recordLoss(ctx, rec)
 	case rec.state == recordLost:
 		next, err = l.awaitRecordChange(ctx, rec)
 	case l.mode == Read:
-		// Readers wait out a loss but record nothing: they change nothing
-		// that a delay would protect.
+		// Readers record a loss they find, but never their own holding:
+		// they change nothing that a delay would protect.
 		return true, rec, nil
 	default:
 		done, next, err = l.recordHeld(ctx, rec)
@@ -202,7 +173,6 @@ func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next 
 	return done, next, err
 }
 
-// readRecord reads the name's delay record.
 func (l *Lock) readRecord(ctx context.Context) (delayRecord, error) {
 	resp, err := l.s.client.Get(ctx, DelayRecordKey(l.name))
 	if err != nil {
@@ -236,14 +206,11 @@ func (l *Lock) recordLoss(ctx context.Context, rec delayRecord) (delayRecord, er
 	return delayRecord{state: recordLost, token: rec.token, modRev: resp.Header.Revision}, nil
 }
 
-// awaitRecordChange waits until the record is no longer rec (its lease
-// expired, or someone wrote it), and returns what it is then.
+// awaitRecordChange returns the record once it is no longer rec.
 func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRecord, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	// Opened at the record's next revision: no change is missed. Such a
-	// watch waits for etcd's catch-up loop (up to 100 ms), nothing beside a
-	// delay of seconds.
+	// From the next revision, so nothing is missed (catch-up: <= 100 ms).
 	wch := l.s.client.Watch(wctx, DelayRecordKey(l.name), clientv3.WithRev(rec.modRev+1))
 	for {
 		select {
@@ -268,9 +235,8 @@ func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRec
 	}
 }
 
-// recordHeld records the lock as held, if the record is still rec and the
-// lock's key still this holding's. done is false, with the record as it
-// now is, if the record changed meanwhile.
+// recordHeld records the lock as held if the record is still rec and the
+// key still this holding's; else done is false, with the record as it is.
 func (l *Lock) recordHeld(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
 	key := DelayRecordKey(l.name)
 	resp, err := l.s.client.Txn(ctx).

@@ -5,28 +5,19 @@ import (
 	"fmt"
 )
 
-// Leadership is a won election: a Lock whose key carries a value, the
-// leader's, that observers read. Its methods are safe for concurrent use.
-//
-// It ends the way a Lock ends, and shows it the same way: Done is closed,
-// Err says why (wrapping ErrLost for an involuntary loss), and contexts from
-// Context are cancelled. As with a Lock, being leader is never proof at the
-// moment of a write: fence the writes with Token.
+// Leadership is a won election: a Lock whose key carries the leader's
+// value, which observers read. Its methods are safe for concurrent use.
+// It ends, and shows it, as a Lock does. Being leader is never proof at
+// the moment of a write: fence the writes with Token.
 type Leadership struct{ l *Lock }
 
 // Campaign waits until this session leads the election name, then returns
-// the Leadership with value as the leader's value. It uses etcd's own key
-// layout (name + "/" + the lease ID in hex, the oldest key leads), so it
-// takes turns with concurrency.Election, etcd's Election RPC and etcdctl
-// elect. Candidates on one session take turns too.
-//
-// A lock and an election with the same name are the same thing to etcd:
-// keep their names apart.
-//
-// On failure the candidate's key is removed before Campaign returns, as for
-// Lock. A candidate whose key or session vanishes while waiting returns at
-// once with an error wrapping ErrLost or ErrSessionClosed; it never becomes
-// leader.
+// the Leadership with value as the leader's value. It takes turns with
+// concurrency.Election, etcd's Election RPC, etcdctl elect and candidates
+// on the same session; to etcd a lock and an election of one name are the
+// same thing. On failure its key is removed before it returns, as for
+// Lock; a candidate whose key or session vanishes while waiting returns at
+// once with an error wrapping ErrLost or ErrSessionClosed.
 func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership, error) {
 	l, err := s.acquire(ctx, name, Write, value, false)
 	if err != nil {
@@ -41,16 +32,14 @@ func (e *Leadership) Name() string { return e.l.name }
 // Key is the leader's etcd key: Name() + "/" + the lease ID in hex.
 func (e *Leadership) Key() string { return e.l.key }
 
-// Token is the fencing token of this leadership: the creation revision of
-// its key. Later leaders of the same name have larger tokens. Proclaim does
-// not change it.
+// Token is the leadership's fencing token, which Proclaim does not change.
+// Later leaders of the same name have larger tokens.
 func (e *Leadership) Token() int64 { return e.l.Token() }
 
 // Value is the value last proclaimed (or given to Campaign).
 func (e *Leadership) Value() string { return e.l.currentValue() }
 
-// Done is closed when the leadership ends: Resign, Close of the session,
-// expiry of the lease, or deletion or replacement of the key.
+// Done is closed when the leadership ends, as a Lock's Done.
 func (e *Leadership) Done() <-chan struct{} { return e.l.Done() }
 
 // Err is nil while leading; after Done is closed it says why, as Lock.Err
@@ -63,8 +52,7 @@ func (e *Leadership) Context(parent context.Context) (context.Context, context.C
 	return e.l.Context(parent)
 }
 
-// WriteContext is Lock.WriteContext: a context for a fenced write that
-// does not end with the leadership.
+// WriteContext is Lock.WriteContext: it does not end with the leadership.
 func (e *Leadership) WriteContext(parent context.Context) (context.Context, context.CancelFunc) {
 	return e.l.WriteContext(parent)
 }
@@ -72,12 +60,10 @@ func (e *Leadership) WriteContext(parent context.Context) (context.Context, cont
 // Lock returns the lock underneath, for APIs that take a *Lock.
 func (e *Leadership) Lock() *Lock { return e.l }
 
-// Proclaim sets the leader's value without giving up the lead. The write is
-// guarded by the key's creation revision: it never creates a key, and never
-// touches a successor's. If the leadership has already ended, nothing is
-// sent and the error says how. If the key is found gone, the leadership ends
-// with an error wrapping ErrKeyDeleted. If etcd did not answer, the value may
-// or may not have been set; the leadership goes on.
+// Proclaim sets the leader's value without giving up the lead; it never
+// creates a key or touches a successor's. After the leadership ended it
+// sends nothing and says how; a key found gone ends the leadership with
+// ErrKeyDeleted. If etcd did not answer, the value may or may not be set.
 func (e *Leadership) Proclaim(ctx context.Context, value string) error {
 	if err := e.l.put(ctx, value); err != nil {
 		return failed(fmt.Sprintf("proclaim %q", e.l.name), err)

@@ -15,17 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// grant asks etcd for a lease. A connection whose TLS handshake fails for a
-// certificate reason (an untrusted server, a missing or refused client
-// certificate) would only show as ctx's deadline: etcd's client waits for a
-// ready connection and retries the handshake. While the grant waits, grant
-// follows the connection's state, asks a failed connection for its reason,
-// and fails at once with ErrTLSHandshake if it is a certificate's.
-//
-// A grant that etcd leaves unanswered is logged at warn level, with the
-// endpoints, and reported to Hooks.Unanswered, first after
-// unansweredFirst and then every unansweredEvery while it keeps waiting:
-// an unreachable etcd would otherwise look like a silent hang.
+// grant asks etcd for a lease. etcd's client retries a failed TLS
+// handshake until ctx ends, so grant watches the connection and fails at
+// once with ErrTLSHandshake on a certificate failure. An unanswered grant
+// is reported (warnUnanswered) rather than left a silent hang.
 func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (*clientv3.LeaseGrantResponse, error) {
 	gctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -50,21 +43,12 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (
 	return resp, err
 }
 
-// handshakeFailure follows the client's connection while ctx lives and
-// returns the reason it failed if that reason is a certificate's. A ready
-// connection costs nothing more; only a failed one is probed.
-//
-// A server that refuses the client's certificate sends a TLS alert and
-// hangs up, and the client may see only the hang-up (a broken pipe, a
-// reset) when it writes before it reads the alert. gRPC then keeps
-// reporting the failure, without a new state, until a connection is ready
-// (its failure state is sticky), so a failed connection is not waited on
-// for a new state: it is probed again and again, 20 ms apart at first and
-// at most 100 ms apart (a probe of a failed connection sends nothing), and
-// after a hang-up it is also made to try again at once, as the next
-// attempt usually reads the alert. (Waiting for a new state after a few
-// probes left one run in twenty of TestTLSAndAuth stuck until its
-// deadline.)
+// handshakeFailure returns the connection's failure, while ctx lives, if
+// it is a certificate's. gRPC's failure state is sticky, so a failed
+// connection is probed every 20 to 100 ms rather than waited on. After a
+// hang-up it retries at once: a server that refuses the client's
+// certificate may be seen only hanging up, and the next attempt usually
+// reads its alert.
 func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 	conn := client.ActiveConnection()
 	retry := newBackoff(20*time.Millisecond, 100*time.Millisecond)
@@ -92,12 +76,9 @@ func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 	}
 }
 
-// probe opens a stream that does not wait for a ready connection: on a
-// failed one, gRPC answers at once with the connection's last error. (A
-// stream, not a unary call: etcd's client retries unary calls on that
-// error and keeps only the deadline.) err is a certificate's failure;
-// hungUp tells that the server hung up without a reason the client read.
-// Nothing is sent on the stream, which is cancelled unused.
+// probe opens a stream that does not wait for a ready connection, to get
+// a failed one's last error (etcd's client would retry a unary call). err
+// is a certificate's failure; hungUp, a hang-up with no reason read.
 func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -119,8 +100,7 @@ func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) 
 	return false, nil
 }
 
-// How long a lease grant may go unanswered before it is reported, and how
-// often after that.
+// When warnUnanswered first reports a grant, and how often after that.
 const (
 	unansweredFirst = 2 * time.Second
 	unansweredEvery = 10 * time.Second

@@ -8,27 +8,21 @@ import (
 	"time"
 )
 
-// Health is a readiness or liveness check for a service that holds locks,
-// after client-go's leader-election health check. It reports an error once
-// a tracked lock is lost, or once the session of a tracked lock has gone
-// longer than the margin without a renewal (the early warning that a loss
-// is near). It is safe for concurrent use; Check and ServeHTTP read the
-// locks' state and send nothing.
-//
-// A failing check is a signal for operators and orchestrators, never a
-// guarantee: a paused process answers no probe, and its fenced writes are
-// what keep the data safe.
+// Health is a readiness or liveness check for a service that holds locks.
+// It fails once a tracked lock is lost, or its session has gone longer
+// than the margin without a renewal. It is a signal, never a guarantee: a
+// paused process answers no probe. It is safe for concurrent use; Check
+// and ServeHTTP send nothing.
 type Health struct {
 	margin time.Duration
 	mu     sync.Mutex
 	locks  map[string]*Lock // by name
 }
 
-// NewHealth returns a check whose renewal margin is margin: how long a
-// session may go without a keep-alive answer before the check fails.
-// Sessions renew every third of their TTL, so a margin between a third and
-// two thirds of the TTL warns before the lease can expire. A margin of
-// zero or less is refused with ErrInvalidArgument.
+// NewHealth returns a check with renewal margin margin. Sessions renew
+// every third of their TTL, so a margin between a third and two thirds of
+// the TTL warns before the lease can expire. A margin of zero or less is
+// refused with ErrInvalidArgument.
 func NewHealth(margin time.Duration) (*Health, error) {
 	if margin <= 0 {
 		return nil, fmt.Errorf("%w: health margin %v", ErrInvalidArgument, margin)
@@ -36,10 +30,9 @@ func NewHealth(margin time.Duration) (*Health, error) {
 	return &Health{margin: margin, locks: make(map[string]*Lock)}, nil
 }
 
-// Track adds l to the check, in place of any lock of the same name
-// tracked before: with Run, track each new holding as fn starts. A lock
-// released by Unlock or Close stops counting; a lost one fails the check
-// until a new holding of its name is tracked, or Forget is called.
+// Track adds l to the check, in place of any lock of its name (with Run,
+// track each new holding as fn starts). A released lock stops counting; a
+// lost one fails the check until replaced or forgotten.
 func (h *Health) Track(l *Lock) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -80,8 +73,7 @@ func (h *Health) Check() error {
 	return failed("health", errors.Join(errs...))
 }
 
-// ServeHTTP answers 200 "ok" while Check passes, and 503 with Check's
-// error otherwise.
+// ServeHTTP answers 200 "ok" while Check passes, else 503 with its error.
 func (h *Health) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := h.Check(); err != nil {

@@ -9,39 +9,33 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// Hooks receive the events of a session and its locks, for metrics. Every
-// field is optional. The functions are called on the library's goroutines,
-// possibly at the same time: they must be safe for concurrent use, return
-// quickly, and never call back into the session. Package fence/fenceprom
-// turns them into Prometheus collectors.
+// Hooks receive the events of a session and its locks, for metrics (see
+// package fence/fenceprom). Every field is optional. They are called on
+// the library's goroutines, possibly at the same time: they must be safe
+// for concurrent use, return quickly, and never call back into the session.
 type Hooks struct {
-	// Waiting is called with +1 when a Lock or Campaign starts waiting
-	// behind another holder, and with -1 when it stops waiting, granted or
-	// not.
+	// Waiting is called with +1 when a Lock, RLock or Campaign starts
+	// waiting behind another holder, and with -1 when it stops.
 	Waiting func(name string, delta int)
 	// Acquired is called when a lock or leadership is granted, with how
 	// long the call took.
 	Acquired func(name string, token int64, waited time.Duration)
 	// Ended is called once when a granted lock or leadership ends, with
-	// how long it was held and why: ErrUnlocked (released), ErrSessionClosed
-	// (its session was closed), or an error wrapping ErrLost (see Cause).
+	// how long it was held and why (see Cause).
 	Ended func(name string, token int64, held time.Duration, why error)
 	// Renewed is called at each keep-alive answer with the margin left:
-	// the session's new local deadline minus the time of the answer, the
-	// budget within which the process would still see a loss in time.
+	// the time from the answer to the session's new Deadline.
 	Renewed func(margin time.Duration)
-	// SessionLost is called once when the session's lease is lost (not
-	// when it is closed), with the reason, which wraps ErrLost.
+	// SessionLost is called once when the session ends involuntarily
+	// (not by Close), with the reason, which wraps ErrLost.
 	SessionLost func(why error)
 	// Unanswered is called while NewSession (and so Run and Lead) waits
-	// for etcd to answer its lease grant: after 2 s without an answer,
-	// then every 10 s, with how long it has waited. An etcd that cannot
-	// be reached shows here, and in a warning logged with the endpoints.
+	// for etcd to answer its lease grant: after 2 s, then every 10 s, with
+	// how long it has waited. A warning with the endpoints is logged too.
 	Unanswered func(waited time.Duration)
 }
 
-// WithHooks sets the hooks that receive the session's events. A nil *Hooks
-// means none.
+// WithHooks sets the session's hooks; a nil *Hooks means none.
 func WithHooks(h *Hooks) Option {
 	return func(o *options) error {
 		if h != nil {
@@ -52,9 +46,8 @@ func WithHooks(h *Hooks) Option {
 }
 
 // Cause names why a lock ended, for metrics and logs: "released",
-// "session_closed", "expired" (the lease ended: expired, revoked, or not
-// renewed in time), "key_deleted", "revision_regressed" (see
-// ErrRevisionRegressed), or "other".
+// "session_closed", "expired" (ErrLeaseExpired), "key_deleted",
+// "revision_regressed", or "other".
 func Cause(why error) string {
 	switch {
 	case errors.Is(why, ErrUnlocked):
@@ -71,21 +64,17 @@ func Cause(why error) string {
 	return "other"
 }
 
-// waiting reports a waiter of name coming (+1) or going (-1).
 func (h *Hooks) waiting(name string, delta int) {
 	if h.Waiting != nil {
 		h.Waiting(name, delta)
 	}
 }
 
-// reportGranted logs and reports a grant. The lock's end is reported by
-// reportEnd, once: by finish as the lock finishes (so that Session.Close
-// and Done wait for it), or here if it finished before the grant was
-// recorded.
+// reportGranted logs and reports a grant. The end is reported once, by
+// whichever of this and finishing runs second.
 func (l *Lock) reportGranted(waited time.Duration) {
 	s := l.s
-	// Check first: building the fields of a message nobody logs would
-	// cost every Lock allocations.
+	// Check first: fields of a message nobody logs cost allocations.
 	if ce := s.lg.Check(zap.InfoLevel, "lock granted"); ce != nil {
 		ce.Write(zap.String("key", l.key), zap.Int64("token", l.token), zap.Duration("waited", waited))
 	}
@@ -101,8 +90,7 @@ func (l *Lock) reportGranted(waited time.Duration) {
 	}
 }
 
-// finishing records that the lock is finishing, and reports the
-// lock's end if it was granted.
+// finishing reports the end of a lock that was granted.
 func (l *Lock) finishing() {
 	l.mu.Lock()
 	l.hold.finishedEnd = true
@@ -113,8 +101,7 @@ func (l *Lock) finishing() {
 	}
 }
 
-// reportEnd logs and reports how a granted lock ended. Its context has
-// ended, with the reason as its cause.
+// reportEnd logs and reports how a granted lock ended (its ctx's cause).
 func (l *Lock) reportEnd() {
 	s := l.s
 	why, held := context.Cause(l.ctx), time.Since(l.hold.grantedAt)

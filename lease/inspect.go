@@ -14,23 +14,20 @@ type QueueEntry struct {
 	Key   string           // the lock key: name + "/" + the lease ID in hex
 	Token int64            // its creation revision: the holder's fencing token
 	Lease clientv3.LeaseID // the lease it is attached to
-	// TTL is the time the lease has left, as etcd counts it (whole
-	// seconds); 0 if the lease was gone by the time it was asked.
+	// TTL is the lease's time left, as etcd counts it (whole seconds); 0
+	// if the lease was gone by the time it was asked.
 	TTL   time.Duration
 	Value string // empty for a lock; the candidate's value in an election; ReaderValue for a reader
 	Mode  Mode   // Read for a reader (RLock), Write for anyone else
-	// Owner is the holder's identity, as its session gave it (WithOwner),
-	// or empty if the session recorded none (etcd's own lock code, an
-	// older version of this package, or a session whose lease has gone).
+	// Owner is the identity the holder's session recorded; empty for etcd's
+	// own lock code, older versions, or a lease gone meanwhile.
 	Owner string
 }
 
-// Inspect reads the queue of the lock (or election) name: the holder
-// first, then the waiters in the order they will be granted. Keys under the
-// name that are not places in the queue (data keys, nested names) are
-// left out. It makes two round trips whatever the queue's length: one read
-// of the queue, then the TTLs and owners of its leases, asked all at once.
-// The read is one snapshot; the TTLs and owners come a moment later. It is
+// Inspect reads the queue of the lock or election name: the holder first,
+// then the waiters in the order they will be granted; other keys under the
+// name are left out. The queue is one snapshot; TTLs and owners are read
+// just after, for all entries at once (three round trips in all). It is
 // safe for concurrent use and writes nothing.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
 	op := fmt.Sprintf("inspect %q", name)
@@ -59,9 +56,8 @@ func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]Queue
 	return entries, nil
 }
 
-// Holding is how many entries at the head of a queue (as Inspect returns
-// it, oldest first) hold the lock: the first one if it is a writer, else
-// every reader before the first writer. The rest wait.
+// Holding is how many entries at the head of Inspect's queue hold the
+// lock: a writer alone, or every reader before the first writer.
 func Holding(entries []QueueEntry) int {
 	if len(entries) == 0 || entries[0].Mode == Write {
 		return min(len(entries), 1)
@@ -73,8 +69,7 @@ func Holding(entries []QueueEntry) int {
 	return n
 }
 
-// fillTTLs asks etcd for the TTL and the owner of every entry's lease at
-// once.
+// fillTTLs reads each entry's TTL, then its owner, all entries at once.
 func fillTTLs(ctx context.Context, client *clientv3.Client, entries []QueueEntry) error {
 	errs := make([]error, len(entries))
 	var wg sync.WaitGroup

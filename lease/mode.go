@@ -7,9 +7,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
-// Mode is how a holding shares its name: exclusively (Write, by Lock,
-// TryLock and Campaign) or with other readers (Read, by RLock and
-// TryRLock).
+// Mode is how a holding shares its name: Write (Lock, TryLock, Campaign)
+// or Read (RLock, TryRLock).
 type Mode int
 
 const (
@@ -27,14 +26,11 @@ func (m Mode) String() string {
 	return "write"
 }
 
-// ReaderValue is the value of a read holding's key. Every other queue key
-// (this package's Lock and Campaign, etcd's Mutex, Election, Lock RPC and
-// etcdctl lock) counts as a writer: etcd's own lock code, which knows
-// nothing of readers, waits behind readers like behind anyone, and readers
-// wait behind it.
+// ReaderValue is the value of a read holding's key. Any other queue key
+// is a writer's, etcd's own lock and election keys included: etcd's lock
+// code knows nothing of readers and waits behind them as behind anyone.
 const ReaderValue = "leasefence:read"
 
-// modeOf is the mode of the holding whose queue key kv is.
 func modeOf(kv *mvccpb.KeyValue) Mode {
 	if string(kv.Value) == ReaderValue {
 		return Read
@@ -43,21 +39,12 @@ func modeOf(kv *mvccpb.KeyValue) Mode {
 }
 
 // RLock takes name for reading, waiting until no writer is ahead of it in
-// the queue or ctx ends. Readers share: every reader queued before the
-// first waiting writer holds at once. A writer is exclusive, and the queue
-// is first in, first out by creation revision, so a reader that queues
-// behind a waiting writer waits for that writer (writers never starve).
-//
-// The Lock it returns works as any other: Token (its key's creation
-// revision), Done, Err, Context, a guarded Unlock, fence.Held. A writer's
-// token is larger than the token of every reader it followed, so a
-// resource fenced with writers' tokens refuses anything from an earlier
-// holding. Locks of one name through one session, read or write, take
-// turns (they share one key); use one session per concurrent reader.
-//
-// On failure the waiter's key is removed, as for Lock; a reader whose own
-// key or session vanishes while it waits returns at once with that loss,
-// never with a grant.
+// the queue or ctx ends. Readers queued before the first waiting writer
+// hold at once; a reader queued behind a waiting writer waits for it, so
+// writers never starve. A writer's token is larger than that of every
+// reader it followed. Locks of one name through one session, read or
+// write, take turns: use one session per concurrent reader. Failure is as
+// for Lock: the key is removed, and a lost key or session is never a grant.
 func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Read, "", false)
 	if err != nil {
@@ -67,10 +54,9 @@ func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
 }
 
 // TryRLock takes name for reading if no writer holds it or waits for it,
-// and returns an error wrapping ErrLocked at once otherwise, naming the
-// writer's key and token. When one of the 16 oldest keys of the queue is a
-// writer's it writes nothing; when the first writer lies further back, it
-// finds out after queueing and removes its key before returning.
+// else returns at once an error wrapping ErrLocked that names the writer.
+// It writes nothing if the writer is among the 16 oldest keys under the
+// name; one further back is found after queueing, and the key removed.
 func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Read, "", true)
 	if err != nil {
@@ -82,9 +68,8 @@ func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
 // Mode is Read for a holding taken by RLock or TryRLock, Write otherwise.
 func (l *Lock) Mode() Mode { return l.mode }
 
-// blocks tells whether the queue key kv, older than the lock's own, keeps
-// the lock from being held: any key blocks a writer; only writers block a
-// reader.
+// blocks tells whether kv, a queue key older than the lock's own, keeps it
+// from being held: any key blocks a writer, only a writer's a reader.
 func (l *Lock) blocks(kv *mvccpb.KeyValue) bool {
 	return l.mode == Write || modeOf(kv) == Write
 }

@@ -14,28 +14,24 @@ import (
 type Leader struct {
 	// Name is the election's name.
 	Name string
-	// Key is the leader's key; its last path element is the leader's lease
-	// ID in hex.
+	// Key is the leader's key: Name, "/", the leader's lease ID in hex.
 	Key string
 	// Value is the leader's value, as given to Campaign or Proclaim.
 	Value string
-	// Token is the leader's fencing token: the creation revision of Key.
-	// A follower can hand it to a resource to fence the leader's writes.
+	// Token, the creation revision of Key, is the leader's fencing token.
 	Token int64
 	// Revision is the store revision at which Value was written.
 	Revision int64
 }
 
-// newer tells whether l comes after prev: a later leader, or a later value
-// of the same leader.
+// newer tells whether l is a later leader than prev, or a later value.
 func (l Leader) newer(prev Leader) bool {
 	return l.Token > prev.Token || (l.Token == prev.Token && l.Revision > prev.Revision)
 }
 
-// CurrentLeader reads the leader of the election name: the oldest key under
-// name + "/". It returns an error wrapping ErrNoLeader if there is none. It
-// is safe for concurrent use and reads with etcd's default linearizable
-// consistency.
+// CurrentLeader reads the leader of the election name, the oldest place in
+// its queue, with a linearizable read. It returns an error wrapping
+// ErrNoLeader if there is none. It is safe for concurrent use.
 func CurrentLeader(ctx context.Context, client *clientv3.Client, name string) (Leader, error) {
 	if client == nil {
 		return Leader{}, failed(fmt.Sprintf("leader %q", name), errNilClient)
@@ -53,10 +49,8 @@ func CurrentLeader(ctx context.Context, client *clientv3.Client, name string) (L
 	return *ld, nil
 }
 
-// readLeader returns the leader of name (nil if none) and the store
-// revision it was read at. Keys of nested names (name/sub/...) are skipped;
-// further pages are read at the first page's revision, so the answer is one
-// snapshot.
+// readLeader returns the leader of name (nil if none) and the revision of
+// its snapshot: every page is read at the first page's revision.
 func readLeader(ctx context.Context, client *clientv3.Client, name string) (*Leader, int64, error) {
 	pfx := name + "/"
 	var rev, minRev int64
@@ -90,15 +84,11 @@ func leaderOf(name string, kv *mvccpb.KeyValue) *Leader {
 }
 
 // Observer follows the leader of an election. Its methods are safe for
-// concurrent use.
-//
-// Leaders delivers each leader, and each new value of a leader, in the
-// order etcd committed them: a Leader never follows one with a larger Token
-// (or the same Token and a larger Revision). A leader that comes and goes
-// while the Observer is cut off from etcd, or while nobody reads Leaders,
-// may be skipped, but the current leader never is: after a reconnect, a
-// compaction or a broken watch, the Observer reads the leader afresh and
-// delivers it if it is new.
+// concurrent use. Leaders delivers each leader, and each new value, in the
+// order etcd committed them: each Leader has a larger Token than the one
+// before, or the same Token and a larger Revision. A leader that comes and
+// goes while the Observer is cut off from etcd, or while nobody reads
+// Leaders, may be skipped; the current leader never is.
 type Observer struct {
 	client *clientv3.Client
 	name   string
@@ -110,10 +100,8 @@ type Observer struct {
 	once   sync.Once
 }
 
-// Observe starts an Observer of the election name. It stops when ctx ends
-// or Close is called; the goroutine it starts is gone when Close returns.
-// Only bad input fails: etcd being unreachable is retried until it comes
-// back.
+// Observe starts an Observer of the election name, which runs until ctx
+// ends or Close. Only bad input fails; an unreachable etcd is retried.
 func Observe(ctx context.Context, client *clientv3.Client, name string) (*Observer, error) {
 	if client == nil {
 		return nil, failed(fmt.Sprintf("observe %q", name), errNilClient)
@@ -127,8 +115,7 @@ func Observe(ctx context.Context, client *clientv3.Client, name string) (*Observ
 	return o, nil
 }
 
-// Leaders delivers leaders as they change. It is closed when the Observer
-// stops.
+// Leaders delivers leaders as they change; closed when the Observer stops.
 func (o *Observer) Leaders() <-chan Leader { return o.ch }
 
 // Done is closed when the Observer has stopped and Leaders is closed.
@@ -145,8 +132,7 @@ func (o *Observer) Err() error {
 	}
 }
 
-// Close stops the Observer and waits for its goroutine to end. Calling it
-// again does nothing.
+// Close stops the Observer and waits for its goroutine; it is idempotent.
 func (o *Observer) Close() {
 	o.once.Do(func() { o.cancel(ErrObserverClosed) })
 	<-o.done
@@ -174,15 +160,12 @@ func (o *Observer) run() {
 	}
 }
 
-// observerResync bounds how long an Observer trusts a silent watch: a
-// watch stream that a reconnect left stuck would otherwise hide the current
-// leader for good. After this long without an event it reads afresh.
+// observerResync is how long an Observer trusts a silent watch before it
+// reads afresh: a stream a reconnect left stuck would hide the leader.
 const observerResync = 2 * time.Second
 
-// follow watches the election from rev on. It delivers new values of the
-// current leader itself, and returns, to read afresh, when the leader goes,
-// when a leader may have appeared, when the watch breaks, or when it has
-// been silent for observerResync.
+// follow watches the election from rev on until the leader must be read
+// afresh: it went or may have appeared, or the watch broke or went silent.
 func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(o.ctx))
 	defer cancel()
@@ -212,10 +195,8 @@ func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {
 	}
 }
 
-// apply takes the events of one watch response: a new value of the
-// leader's key is sent on, and it reports false once the leader is gone
-// (or replaced, or a candidate appeared where there was none), when the
-// leader must be read again.
+// apply takes one watch response's events, sending on new values of the
+// leader's key. It reports false when the leader must be read again.
 func (o *Observer) apply(pfx string, cur, last *Leader, evs []*clientv3.Event) (*Leader, bool) {
 	for _, ev := range evs {
 		leaderKey := cur != nil && string(ev.Kv.Key) == cur.Key

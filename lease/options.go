@@ -27,10 +27,9 @@ type options struct {
 	ownerGiven bool
 }
 
-// WithTTL sets the lease TTL the session asks for. It is rounded up to whole
-// seconds, and must be at least one second. etcd may grant more (its minimum
-// is 1.5 × the election timeout, 2 s with default timing): the session uses
-// the granted TTL everywhere, see Session.TTL.
+// WithTTL sets the lease TTL the session asks for: at least one second,
+// rounded up to whole seconds. etcd may grant more (2 s at least with
+// default timing); the session uses what it granted (Session.TTL).
 func WithTTL(ttl time.Duration) Option {
 	return func(o *options) error {
 		if ttl < time.Second {
@@ -41,8 +40,8 @@ func WithTTL(ttl time.Duration) Option {
 	}
 }
 
-// WithLogger sets the logger for the session's keep-alive and loss events.
-// A nil logger means zap.NewNop().
+// WithLogger sets the logger for the session's events (start, grants,
+// releases, losses). A nil logger means zap.NewNop().
 func WithLogger(l *zap.Logger) Option {
 	return func(o *options) error {
 		o.logger = l
@@ -66,8 +65,7 @@ func buildOptions(opts []Option) (options, error) {
 	return o, nil
 }
 
-// ttlSeconds rounds a TTL up to whole seconds, as etcd grants leases in
-// seconds.
+// ttlSeconds rounds a TTL up to whole seconds, as etcd counts them.
 func ttlSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }

@@ -16,27 +16,19 @@ import (
 // MaxOwnerLen bounds an owner given to WithOwner, in bytes.
 const MaxOwnerLen = 256
 
-// OwnerKeyPrefix starts the key of every session's owner record: the
-// prefix, then the session's lease ID in lowercase hex, attached to that
-// lease. The key has no "/", so it is never a place in any lock's queue,
-// for this package or for etcd's own lock and election.
+// OwnerKeyPrefix, then the lease ID in lowercase hex, is the key of a
+// session's owner record. It has no "/", so it is never a place in a queue.
 const OwnerKeyPrefix = "leasefence.owner."
 
-// OwnerKey is the key of the owner record of the session whose lease is
-// id.
+// OwnerKey is the key of the owner record of the session with lease id.
 func OwnerKey(id clientv3.LeaseID) string { return fmt.Sprintf("%s%x", OwnerKeyPrefix, int64(id)) }
 
-// WithOwner names the session's holder for operators: Inspect reports it
-// with every queue entry of the session (locks, read locks and
-// candidacies alike) and lockctl prints it. It is recorded once per
-// session, in a key of its own attached to the session's lease, so it
-// costs no lock anything and goes when the lease goes; the lock keys and
-// their values are those of etcd's own lock and election. Without
-// WithOwner a session records the host name and process ID
-// ("host/4242"), and carries on without a record if etcd refuses it (a
-// role that may not write there, say), with a warning; a session given
-// WithOwner fails instead. The owner is at most MaxOwnerLen bytes of
-// printable UTF-8, and not empty.
+// WithOwner names the session's holder for operators: Inspect and lockctl
+// show it with the session's queue entries. It is recorded once, under
+// OwnerKey with the session's lease. Without WithOwner a session records
+// "host/pid", and goes on without a record, with a warning, if etcd
+// refuses it; with WithOwner, NewSession fails instead. The owner must be
+// 1 to MaxOwnerLen bytes of printable UTF-8.
 func WithOwner(owner string) Option {
 	return func(o *options) error {
 		if err := checkOwner(owner); err != nil {
@@ -64,8 +56,7 @@ func checkOwner(owner string) error {
 	return nil
 }
 
-// defaultOwner is the owner of a session given none: host name and
-// process ID, what an operator matches against a process list.
+// defaultOwner is what an operator matches against a process list.
 func defaultOwner() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -74,8 +65,7 @@ func defaultOwner() string {
 	return fmt.Sprintf("%s/%d", host, os.Getpid())
 }
 
-// recordOwner writes the session's owner record. Only an owner the caller
-// gave is worth failing the session for.
+// recordOwner fails only for a given owner, a lost lease or ctx's end.
 func (s *Session) recordOwner(ctx context.Context, o options) error {
 	owner := o.owner
 	if !o.ownerGiven {
@@ -94,8 +84,7 @@ func (s *Session) recordOwner(ctx context.Context, o options) error {
 	return nil
 }
 
-// Owner is the holder's identity the session recorded (WithOwner, or the
-// default), or empty if it recorded none.
+// Owner is the identity the session recorded, or empty if none.
 func (s *Session) Owner() string { return s.owner }
 
 // readOwner reads the owner record of lease id; empty if there is none.
@@ -104,8 +93,7 @@ func readOwner(ctx context.Context, client *clientv3.Client, id clientv3.LeaseID
 	if err != nil || len(resp.Kvs) == 0 {
 		return "", err
 	}
-	// A record attached to another lease was not written by that
-	// session: it does not name its owner.
+	// A record attached to another lease was not that session's.
 	if clientv3.LeaseID(resp.Kvs[0].Lease) != id {
 		return "", nil
 	}

@@ -8,9 +8,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
-// This file holds the plain forms of the few checks that the fault suite
-// replaces with deliberate bugs under the build tag leasefence_mutants
-// (ownership_mutants.go). Release builds compile only these.
+// The plain forms of the checks the fault suite replaces with deliberate
+// bugs under the build tag leasefence_mutants (ownership_mutants.go).
 
 // faultSeam is empty in release builds.
 type faultSeam struct{}
@@ -22,8 +21,7 @@ func (l *Lock) owns(kv *mvccpb.KeyValue) bool {
 	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id)
 }
 
-// grantedTTL is the TTL etcd granted, from its answer in seconds: never the
-// one asked for, which etcd may raise.
+// grantedTTL is the TTL etcd granted, never the one asked for.
 func (o *options) grantedTTL(seconds int64) time.Duration {
 	return time.Duration(seconds) * time.Second
 }

@@ -10,13 +10,10 @@ import (
 )
 
 // renewer renews leases over one LeaseKeepAlive stream, a Keeper's or a
-// lone session's own: a keep-alive per lease every third of its TTL, each
-// answer moving the session's local deadline to the request's send time
-// plus the TTL (a lease's answers come in the order of its requests); a
-// session whose deadline passes is lost. A failed stream is opened again
-// after a pause. The loop (run) only decides what is due and watches the
-// deadlines; a stream's own goroutines open it, send and receive, so that a
-// blocked send (flow control, etcd not reading) holds up neither.
+// lone session's, every third of their TTL. An answer moves the deadline
+// to its request's send time plus the TTL (a lease's answers come in
+// request order). The loop only decides what is due; the stream's own
+// goroutines do the I/O, so that a blocked send holds up neither.
 type renewer struct {
 	client   *clientv3.Client
 	clock    clock
@@ -48,7 +45,6 @@ func newRenewer(ctx context.Context, client *clientv3.Client, c clock, batch, ma
 	return r
 }
 
-// add starts renewing s's lease.
 func (r *renewer) add(s *Session) {
 	r.mu.Lock()
 	r.sessions[s.id] = &keptSession{s: s}
@@ -56,7 +52,6 @@ func (r *renewer) add(s *Session) {
 	poke(r.wake)
 }
 
-// remove stops renewing s's lease.
 func (r *renewer) remove(s *Session) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,8 +60,7 @@ func (r *renewer) remove(s *Session) {
 	}
 }
 
-// run keeps one keep-alive stream open until ctx ends, opening it again
-// after a pause whenever it fails.
+// run keeps a stream open until ctx ends, reopening it after a pause.
 func (r *renewer) run() {
 	defer close(r.done)
 	retry := 50 * time.Millisecond
@@ -83,8 +77,7 @@ func (r *renewer) run() {
 	}
 }
 
-// stream runs one keep-alive stream until it fails or ctx ends. It reports
-// whether it carried an answer.
+// stream runs one stream until it fails or ctx ends.
 func (r *renewer) stream() (answered bool) {
 	r.mu.Lock()
 	r.outbox = nil
@@ -98,9 +91,8 @@ func (r *renewer) stream() (answered bool) {
 	wg.Go(func() { r.carry(ctx, results, ready) })
 	defer wg.Wait()
 	defer cancel() // before waiting: the stream's goroutines may be blocked on results or on a send
-	// Ticks only when it is time, or for a new session: an answer moves a
-	// deadline later, never earlier, and a tick per answer would cost
-	// every answer a pass over all the sessions.
+	// Ticks only when due or for a new session: an answer only moves a
+	// deadline later, and a tick per answer would scan every session.
 	for next := r.tick(ready, r.clock.Now()); r.ctx.Err() == nil; {
 		resp, failed := r.wait(next, results)
 		switch {
@@ -143,8 +135,7 @@ func (r *renewer) carry(ctx context.Context, results chan<- *pb.LeaseKeepAliveRe
 	r.send(ctx, stream, ready)
 }
 
-// send sends the keep-alives tick queues, each time ready is poked, until
-// the stream fails or ctx ends.
+// send sends what tick queues, each time ready is poked.
 func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient, ready <-chan struct{}) {
 	for {
 		select {
@@ -156,9 +147,8 @@ func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient
 		ids := r.outbox
 		r.outbox = nil
 		r.mu.Unlock()
-		// Sent with mu released: a send blocks for as long as the stream's
-		// flow control holds it (etcd not reading), and the deadline
-		// checks, a Keeper's new sessions and closing ones all take mu.
+		// Sent with mu released: a send can block on flow control (etcd not
+		// reading), and the deadline checks and session changes take mu.
 		for _, id := range ids {
 			if stream.Send(&pb.LeaseKeepAliveRequest{ID: id}) != nil {
 				return // the stream failed: its receiver reports it
@@ -182,10 +172,9 @@ func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse
 	return nil, false
 }
 
-// tick queues the keep-alives that are due (none if ready is nil: no
-// stream), taking their send time now, before they are sent (an earlier
-// deadline, never a later one); ends sessions whose local deadline has
-// passed, drops ended ones, and returns when it next has something to do.
+// tick queues the keep-alives due (none without a stream: ready nil),
+// taking their send time before they are sent, so that deadlines err
+// early; it ends sessions past their deadline and returns when next due.
 func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 	next := now.Add(time.Second)
 	var lost []*Session
@@ -224,9 +213,7 @@ func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 	return next
 }
 
-// answer applies a keep-alive answer to its session: the deadline moves to
-// the request's send time plus the TTL, or the session ends if etcd says
-// the lease is gone.
+// answer applies a keep-alive answer: a new deadline, or the lease's end.
 func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
 	r.mu.Lock()
 	e := r.sessions[clientv3.LeaseID(resp.ID)]

@@ -12,45 +12,28 @@ import (
 	"github.com/leasefence/leasefence/internal/rpcerr"
 )
 
-// Run holds the lock name for as long as fn works, and takes it again when
-// it is lost: the supervised form of NewSession, Lock and Unlock.
+// Run holds the lock name for as long as fn works, and takes it again
+// after a loss: the supervised form of NewSession (with opts), Lock and
+// Unlock. It calls fn with the Lock and a context that ends when the lock
+// or ctx ends (for a fenced write, use Lock.WriteContext instead). fn is
+// never called twice at once.
 //
-// Run creates a session (opts are NewSession's), takes the lock and calls
-// fn with the Lock, for its token, and a context that ends when the lock
-// ends or ctx ends. Use that context to wait and to stop work; for a fenced
-// write use Lock.WriteContext, so that a write under way when the lock is
-// lost still reaches the resource and gets its verdict (a
-// *fence.StaleError) rather than being cancelled into an unknown outcome.
+//   - fn returns while the lock is held: Run releases the lock, closes the
+//     session and returns an error wrapping fn's, or else the error of a
+//     failed release, or nil.
+//   - The lock is lost (also if fn failed and the release finds the key
+//     gone): whatever fn returned, Run waits a jittered backoff of at most
+//     2 s, takes the lock again and calls fn with the new Lock, whose
+//     token is larger. fn must resume from the state its fence protects,
+//     and read it first with a claim of its token (fence.Claim, sqlfence's
+//     Claim): a plain read can come before a write the previous holder had
+//     in flight.
+//   - ctx ends: Run waits for fn, releases the lock, closes the session
+//     and returns an error wrapping ctx's cause.
 //
-//   - fn returns nil while the lock is still held: Run releases the lock,
-//     closes its session and returns nil.
-//   - fn returns an error while the lock is still held: Run releases the
-//     lock, closes its session and returns an error wrapping fn's. If the
-//     release finds the key gone (fn failed because the lock had been lost
-//     before this process noticed, say a write refused as stale), that is
-//     a loss, as below.
-//   - The lock is lost (its key deleted, its lease expired or revoked):
-//     whatever fn returned, Run waits a short jittered backoff (at most
-//     2 s), takes the lock again, on a new session if the old one ended,
-//     and calls fn again with the new Lock, whose token is larger. fn must
-//     therefore resume from the state its fence protects, not from memory.
-//
-// fn's first read of that state should be a claim made with its token
-// (fence.Claim in the read's etcd transaction, sqlfence's Claim in the
-// read's SQL transaction, a fencehttp claim request), not a plain read.
-// Until fn's first write raises the fence, a write the previous holder
-// still had in flight passes it, and could land after fn's plain read,
-// leaving fn to build on a state that has since changed.
-//   - ctx ends: fn's context ends, Run waits for fn, releases the lock,
-//     closes the session and returns an error wrapping ctx's error.
-//
-// Bad input (a nil client or fn, a bad name or option) gives an error
-// wrapping ErrInvalidArgument before anything is sent, and fn is never
-// called. A request etcd refuses outright (no permission, not
-// authenticated) ends Run with that error; a transient failure (no leader,
-// a lost connection) is retried with the same backoff.
-//
-// Run blocks until it returns. fn is never called twice at once.
+// Bad input gives an error wrapping ErrInvalidArgument before anything is
+// sent. ErrKeyInUse, or a request etcd refuses outright (no permission,
+// not authenticated), ends Run; any other failure is retried.
 func Run(ctx context.Context, client *clientv3.Client, name string,
 	fn func(ctx context.Context, l *Lock) error, opts ...Option) error {
 	if fn == nil {
@@ -64,8 +47,7 @@ func Run(ctx context.Context, client *clientv3.Client, name string,
 }
 
 // Lead is Run for leader election: it campaigns for name with value, calls
-// fn while leading, and campaigns again when the leadership is lost, on
-// the same terms as Run (Resign instead of Unlock).
+// fn while leading, and campaigns again after a loss, on Run's terms.
 func Lead(ctx context.Context, client *clientv3.Client, name, value string,
 	fn func(ctx context.Context, l *Leadership) error, opts ...Option) error {
 	if fn == nil {
@@ -88,16 +70,14 @@ type holding interface {
 func (l *Lock) release(ctx context.Context) error       { return l.unlock(ctx) }
 func (e *Leadership) release(ctx context.Context) error { return e.l.unlock(ctx) }
 
-// Backoff between holdings: doubling from runRetryFirst to runRetryMax,
-// each wait drawn at random from its upper half, so that many holders that
-// lost their locks together do not come back in step.
+// Backoff between holdings, each wait drawn from the upper half of a
+// doubling delay, so that holders that lost together do not return in step.
 const (
 	runRetryFirst = 100 * time.Millisecond
 	runRetryMax   = 2 * time.Second
 )
 
-// supervise is Run and Lead: take the holding, call fn, and start over
-// when the holding is lost.
+// supervise is Run and Lead: take, call fn, start over after a loss.
 func supervise[H holding](ctx context.Context, client *clientv3.Client, name string, opts []Option,
 	take func(context.Context, *Session) (H, error), fn func(context.Context, H) error) error {
 	if client == nil {
@@ -148,9 +128,8 @@ func renew(ctx context.Context, client *clientv3.Client, s *Session, opts []Opti
 	return NewSession(ctx, client, opts...)
 }
 
-// holdOnce takes the holding and calls fn. done reports that Run is over,
-// with err its result; otherwise the holding was lost (err nil) or could
-// not be taken (err says why) and Run goes on.
+// holdOnce takes the holding and calls fn. done means Run is over, with
+// result err; else the holding was lost (err nil) or not taken.
 func holdOnce[H holding](ctx context.Context, s *Session, take func(context.Context, *Session) (H, error),
 	fn func(context.Context, H) error) (done bool, err error) {
 	h, err := take(ctx, s)
@@ -167,32 +146,28 @@ func holdOnce[H holding](ctx context.Context, s *Session, take func(context.Cont
 	case h.Err() != nil:
 		return false, nil // lost: take it again, whatever fn said
 	case ferr != nil:
-		// fn may have failed because the holding was lost before this
-		// process noticed (a write refused as stale): the release finds
-		// the key gone, and it is a loss like any other.
+		// fn may have failed because the holding was lost unnoticed (a
+		// write refused as stale): the release then finds it a loss.
 		if errors.Is(releaseAfter(s, h), ErrLost) {
 			return false, nil
 		}
 		return true, ferr
 	}
-	// fn finished its work; a key found gone at release changes nothing
-	// of what it did under its fences.
+	// fn finished; a key gone at release changes nothing fn did under fences.
 	if err := releaseAfter(s, h); err != nil && !errors.Is(err, ErrLost) {
 		return true, err
 	}
 	return true, nil
 }
 
-// releaseAfter releases h with a deadline of its own (ctx may be what
-// ended fn), bounded by the TTL: past it the lease has expired anyway.
+// releaseAfter releases h within the TTL, not ctx, which may have ended fn.
 func releaseAfter(s *Session, h holding) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.TTL())
 	defer cancel()
 	return h.release(ctx)
 }
 
-// retryable tells whether a failed session or acquisition is worth trying
-// again: not once ctx has ended, and not when etcd refused outright.
+// retryable tells whether to try again: not after ctx ended or a refusal.
 func retryable(ctx context.Context, err error) bool {
 	switch {
 	case ctx.Err() != nil:

@@ -13,43 +13,31 @@ import (
 	"go.uber.org/zap"
 )
 
-// Session is one etcd lease, kept alive for as long as the session lives,
-// under which any number of locks are held. All methods are safe for
-// concurrent use.
-//
-// The session keeps its own conservative view of when the lease ends: the
-// time each keep-alive was sent plus the TTL etcd granted. Because etcd
-// renews a lease no earlier than it receives the request, that local
-// deadline falls before the server's expiry (clocks running at the same
-// rate), so Done closes before etcd can hand the session's locks to anyone
-// else, even if the network is silent. This is an early warning only: a
-// paused process sees nothing until it runs again, which is why writes must
-// be fenced.
+// Session is one etcd lease, kept alive until Close or its loss, under
+// which any number of locks are held. Its methods are safe for concurrent
+// use. Done closes before etcd can hand its locks to anyone else if the
+// clocks run at the same rate, but a paused process sees nothing until it
+// runs again: fence the writes.
 type Session struct {
-	client *clientv3.Client
-	id     clientv3.LeaseID
-	ttl    time.Duration
-	lg     *zap.Logger
-	clock  clock
-	seam   faultSeam // empty in release builds; see ownership.go
-	hooks  Hooks
-	keeper *Keeper // shares its queue watches, if the session was given one
-	// renewer renews the lease: the Keeper's, or the session's own.
+	client  *clientv3.Client
+	id      clientv3.LeaseID
+	ttl     time.Duration
+	lg      *zap.Logger
+	clock   clock
+	seam    faultSeam // empty in release builds; see ownership.go
+	hooks   Hooks
+	keeper  *Keeper // nil without WithKeeper
 	renewer *renewer
-	// lockDelay is WithLockDelay's; holdings are the locks it must release
-	// one by one on Close (under mu), so that their successors see clean
-	// releases.
+	// lockDelay is WithLockDelay's; holdings, the writers Close unlocks
+	// before the revoke so that successors see clean releases.
 	lockDelay time.Duration
 	holdings  map[*Lock]struct{}
 	owner     string // as recorded; empty if not
 
-	// ctx ends, with the reason as its cause, when the lease is lost or the
-	// session is closed. Every lock's own context derives from it.
+	// ctx ends, with the reason as its cause, when the session ends.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// leaderCtx is ctx with etcd's require-leader metadata, the parent of
-	// the session's watches: made once, where each watch's opening would
-	// make it again (0.5 KB a held lock).
+	// leaderCtx is ctx with require-leader, made once, not per watch (0.5 KB).
 	leaderCtx context.Context
 
 	mu       sync.Mutex // guards closed, deadline and holdings
@@ -60,24 +48,19 @@ type Session struct {
 
 	wg sync.WaitGroup // every lock monitor and revision check
 
-	// highest is the highest store revision seen in any response header,
-	// and probeKey the last lock key taken: what a suspected regression is
-	// checked with.
+	// highest is the highest store revision seen in a response header;
+	// probeKey, the last lock key taken, is read to confirm a regression.
 	highest  atomic.Int64
 	probeKey atomic.Value // string
 
 	failing atomic.Bool // set by the first involuntary end, so that it is reported once
 }
 
-// NewSession grants a lease with the configured TTL and keeps it alive until
-// Close, or until it is lost. ctx bounds the grant only; an unreachable etcd
-// gives an error when ctx ends, so pass a ctx with a deadline.
-//
-// Bad options or a nil client give an error wrapping ErrInvalidArgument,
-// before anything is sent. A TLS handshake that fails for a certificate
-// reason (etcd's certificate not trusted, the client's missing or refused)
-// fails at once with an error wrapping ErrTLSHandshake and the reason,
-// instead of when ctx ends.
+// NewSession grants a lease of the configured TTL and keeps it alive until
+// Close or its loss. ctx bounds only this call: an unreachable etcd fails
+// when ctx ends. Bad input gives an error wrapping ErrInvalidArgument
+// before anything is sent; a TLS handshake that fails for a certificate
+// reason gives one wrapping ErrTLSHandshake at once.
 func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*Session, error) {
 	if client == nil {
 		return nil, errNilClient
@@ -129,8 +112,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	return s, nil
 }
 
-// Lease is the etcd lease ID of the session. It identifies the session's
-// keys; it is not a fencing token (lease IDs are not ordered).
+// Lease is the session's etcd lease ID: not a fencing token (not ordered).
 func (s *Session) Lease() clientv3.LeaseID { return s.id }
 
 // TTL is the lease TTL etcd granted, which may exceed the one asked for.
@@ -139,14 +121,13 @@ func (s *Session) TTL() time.Duration { return s.ttl }
 // Client is the etcd client the session uses.
 func (s *Session) Client() *clientv3.Client { return s.client }
 
-// Done is closed when the session's lease is gone: expired, revoked, not
-// renewed before the local deadline, or closed by Close. An involuntary end
-// has been reported to Hooks.SessionLost by then.
+// Done is closed when the session ends, by Close or involuntarily (see
+// Err). An involuntary end has been reported to Hooks.SessionLost by then.
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err is nil while the session is alive. After Done is closed it says why:
-// ErrSessionClosed after Close, an error wrapping ErrLeaseExpired (and so
-// ErrLost) otherwise.
+// ErrSessionClosed after Close, otherwise an error wrapping ErrLost
+// (ErrLeaseExpired or ErrRevisionRegressed).
 func (s *Session) Err() error {
 	if s.ctx.Err() == nil {
 		return nil
@@ -154,25 +135,18 @@ func (s *Session) Err() error {
 	return context.Cause(s.ctx)
 }
 
-// Deadline is the session's current conservative view of when its lease
-// ends unless renewed: the send time of the last acknowledged keep-alive plus
-// the granted TTL.
+// Deadline is when the session takes its lease to end unless renewed: no
+// later than etcd's expiry if the clocks run at the same rate.
 func (s *Session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.deadline
 }
 
-// Close stops the keep-alives and revokes the lease, which releases every
-// lock of the session at once: their Done channels close with
-// ErrSessionClosed. It waits for every goroutine of the session to stop.
-// The revoke is bounded by the TTL (past it the lease has expired anyway).
-// A second Close returns ErrSessionClosed.
-//
-// If the session had already ended (its lease lost), Close sends nothing:
-// it stops the session's goroutines and returns at once with an error
-// saying how the session ended (wrapping ErrLost), leaving what remains of
-// the lease to etcd's expiry.
+// Close releases every lock of the session (their Err is ErrSessionClosed),
+// revokes the lease within the TTL and waits for the session's goroutines.
+// A second Close returns ErrSessionClosed. After an involuntary end it
+// returns an error wrapping ErrLost that says how the session ended.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -203,10 +177,8 @@ func (s *Session) Close() error {
 	return nil
 }
 
-// releaseHoldings unlocks, before the lease is revoked, the locks a session
-// with a lock delay holds, so that their successors see clean releases. Each
-// is bounded by the TTL; one that fails is left to the revoke, and its
-// successor waits out the delay.
+// releaseHoldings unlocks the writers before the revoke, for clean
+// releases; one that fails leaves its successor to wait out the delay.
 func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	for l := range held {
 		if l.ctx.Err() != nil {
@@ -221,8 +193,7 @@ func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	}
 }
 
-// hold registers a granted writer for releaseHoldings, unless Close has
-// begun (the lock then ends with the session).
+// hold registers a granted writer for releaseHoldings unless Close began.
 func (s *Session) hold(l *Lock) {
 	if s.lockDelay == 0 || l.mode == Read {
 		return
@@ -238,7 +209,6 @@ func (s *Session) hold(l *Lock) {
 	s.holdings[l] = struct{}{}
 }
 
-// unhold drops a lock that has finished from the session's holdings.
 func (s *Session) unhold(l *Lock) {
 	if s.lockDelay == 0 {
 		return
@@ -248,8 +218,7 @@ func (s *Session) unhold(l *Lock) {
 	s.mu.Unlock()
 }
 
-// revoke revokes the lease, bounded by the TTL (past it the lease has
-// expired anyway).
+// revoke waits at most the TTL: past it the lease has expired anyway.
 func (s *Session) revoke() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
@@ -259,7 +228,6 @@ func (s *Session) revoke() error {
 	return nil
 }
 
-// lose ends the session because its lease is gone.
 func (s *Session) lose(reason string) {
 	if s.ctx.Err() != nil || !s.failing.CompareAndSwap(false, true) {
 		return
@@ -269,8 +237,8 @@ func (s *Session) lose(reason string) {
 	s.fail(why)
 }
 
-// fail reports an involuntary end to the hooks, then ends the session:
-// once Done is closed, the loss has been reported (as for a Lock).
+// fail reports an involuntary end to the hooks before it ends the session,
+// so that the loss is reported by the time Done closes.
 func (s *Session) fail(why error) {
 	if s.hooks.SessionLost != nil {
 		s.hooks.SessionLost(why)
@@ -290,20 +258,15 @@ func (s *Session) extend(deadline time.Time) {
 	}
 }
 
-// sawRevision records a response header's store revision. One lower than
-// the highest seen may be a member that lags (headers are not
-// linearizable), so it is checked with a linearizable read, whose revision
-// covers every write acknowledged so far; only if that one is lower too has
-// the store gone backwards.
+// sawRevision records a header's store revision. A lower one may be a
+// lagging member's, so only a lower linearizable read ends the session.
 func (s *Session) sawRevision(rev int64) {
 	if highest, ok := s.recordRevision(rev); !ok {
 		s.confirmRegression(highest)
 	}
 }
 
-// checkRevision is sawRevision for a caller that must not wait (the
-// renewer's loop, which watches the deadlines): a suspected regression is
-// confirmed on a goroutine of the session's own.
+// checkRevision is sawRevision for the renewer's loop: it never waits.
 func (s *Session) checkRevision(rev int64) {
 	highest, ok := s.recordRevision(rev)
 	if ok || s.track() != nil {
@@ -315,8 +278,7 @@ func (s *Session) checkRevision(rev int64) {
 	}()
 }
 
-// recordRevision raises the highest revision seen to rev; false (with the
-// highest) if rev is lower.
+// recordRevision raises highest to rev; false, with highest, if rev is lower.
 func (s *Session) recordRevision(rev int64) (int64, bool) {
 	highest := s.highest.Load()
 	for rev >= highest {
@@ -328,8 +290,6 @@ func (s *Session) recordRevision(rev int64) (int64, bool) {
 	return highest, false
 }
 
-// confirmRegression reads with a linearizable read whether the store
-// revision is really below highest, and ends the session if so.
 func (s *Session) confirmRegression(highest int64) {
 	// Bounded by the local deadline too: past it, the session is lost.
 	ctx, cancel := context.WithTimeout(s.ctx, min(s.ttl/3, s.untilDeadline()))
@@ -356,8 +316,7 @@ func (s *Session) untilDeadline() time.Duration {
 	return max(s.deadline.Sub(s.clock.Now()), 0)
 }
 
-// alive returns nil while the session can take locks, and how it ended
-// otherwise.
+// alive is nil while the session can take locks, else how it ended.
 func (s *Session) alive() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -375,14 +334,12 @@ func (s *Session) endedLocked() error {
 	return nil
 }
 
-// bound returns ctx, also cancelled, with the session's cause, when the
-// session ends.
+// bound returns ctx, also cancelled with the session's cause when it ends.
 func (s *Session) bound(ctx context.Context) (context.Context, func()) {
 	return linkCause(ctx, s.ctx)
 }
 
-// track registers a goroutine with the session so that Close waits for it.
-// It fails once the session has ended.
+// track registers a goroutine Close waits for, unless the session ended.
 func (s *Session) track() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
