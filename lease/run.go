@@ -32,8 +32,9 @@ import (
 //     and returns an error wrapping ctx's cause.
 //
 // Bad input gives an error wrapping ErrInvalidArgument before anything is
-// sent. ErrKeyInUse, or a request etcd refuses outright (no permission,
-// not authenticated), ends Run; any other failure is retried.
+// sent. ErrKeyInUse, ErrTLSHandshake, or a request etcd refuses outright
+// (no permission, not authenticated), ends Run; any other failure is
+// retried.
 func Run(ctx context.Context, client *clientv3.Client, name string,
 	fn func(ctx context.Context, l *Lock) error, opts ...Option) error {
 	if fn == nil {
@@ -172,7 +173,7 @@ func retryable(ctx context.Context, err error) bool {
 	switch {
 	case ctx.Err() != nil:
 		return false
-	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrKeyInUse):
+	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrKeyInUse), errors.Is(err, ErrTLSHandshake):
 		return false
 	case errors.Is(err, ErrLost), errors.Is(err, ErrSessionClosed):
 		return true

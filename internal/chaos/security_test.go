@@ -258,6 +258,12 @@ func TestTLSAndAuth(t *testing.T) {
 			if took >= time.Second {
 				t.Errorf("refused after %v, want under 1s", took)
 			}
+			// Run gives up too: retrying a certificate failure cannot help.
+			start = time.Now()
+			err = lease.Run(sctx, cli, "tls-run", func(context.Context, *lease.Lock) error { return nil })
+			if !errors.Is(err, lease.ErrTLSHandshake) || time.Since(start) >= time.Second {
+				t.Errorf("Run = %v after %v, want ErrTLSHandshake under 1s", err, time.Since(start).Round(time.Millisecond))
+			}
 		})
 	}
 }
