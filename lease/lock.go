@@ -19,12 +19,11 @@ import (
 // Lock is one holding of a named lock by a Session. Its methods are safe for
 // concurrent use.
 //
-// A Lock is held from the moment Lock or TryLock returns it until Done is
-// closed. Ownership can end at any time without the holder's help (the lease
-// expires, someone deletes the key), and a process can be paused past that
-// point without noticing, so "Done is not closed" is never proof of
-// ownership at the moment of a write. Pass Token to the resource and let it
-// reject stale tokens (package fence).
+// A Lock is held from the moment it is returned until Done is closed.
+// Ownership can end at any time without the holder's help (the lease
+// expires, someone deletes the key), and a paused process may not notice,
+// so an open Done never proves ownership at the moment of a write. Pass
+// Token to the resource and let it reject stale tokens (package fence).
 type Lock struct {
 	s     *Session
 	name  string
@@ -32,14 +31,12 @@ type Lock struct {
 	token int64
 	mode  Mode
 
-	// ctx ends, with the reason as its cause, when ownership ends: it is
-	// the lock's whole public state (Done, Err, Context). finished is
-	// closed once the lock has finished after that (finish).
+	// ctx ends, with the reason as its cause, when ownership ends (Err,
+	// Context); finished (Done) is closed once finish has run after that.
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	finished chan struct{}
-	// stopFinish keeps finish from starting on a goroutine of its own
-	// once ctx ends, and reports whether it did (see cancelWith).
+	// stopFinish keeps finish off a goroutine of its own, if not too late.
 	stopFinish func() bool
 
 	w       watches       // the name's watches, which deliver deletions
@@ -52,55 +49,39 @@ type Lock struct {
 	q    waiting
 }
 
-// keyState is a lock's key and its holding, as the caller sees them.
-// Lock.mu guards it.
+// keyState is the lock's key and its holding. Lock.mu guards it.
 type keyState struct {
 	phase phase
 	gate  func() // gives the name's local gate back; nil once given back
 	value string // the key's value: empty for a lock, the leader's for a campaign
-	// grantedAt is when the lock was handed to the caller (zero before);
-	// finishedEnd is set as the lock finishes. Whichever of the two
-	// comes second reports the lock's end (reportGranted, finishing).
+	// grantedAt and finishedEnd: whichever is set second reports the end.
 	grantedAt   time.Time
 	finishedEnd bool
 	granted     bool // the rule granted the lock: it is (or was) held
-	// watchOwn opens the own-key watch once the lock has been held for
-	// ownWatchDelay, when it was granted with that watch not up.
+	// watchOwn opens the own-key watch after ownWatchDelay (grant).
 	watchOwn *time.Timer
 }
 
-// waiting is what a lock knows of its queue, and how it waits for its
-// turn. Lock.mu guards it.
+// waiting is how a lock waits for its turn. Lock.mu guards it.
 type waiting struct {
-	// know is what the lock knows of its queue, fed by every read and
-	// watch, and the one rule that decides its grant (knowledge.go). The
-	// fields below only choose how to wait and what to read.
+	// know is the rule that decides the grant; the rest picks how to wait.
 	know *knowledge
-	// sharing counts the queue keys older than the lock's own that do not
-	// block it (for a reader, other readers' keys), as of the last read:
-	// their deletions, too, reach a waiter that follows the queue watch.
+	// sharing counts the older queue keys that do not block (readers',
+	// for a reader): their deletions reach a queue-watch waiter too.
 	sharing int
-	// mirrored: the lock waits on its Keeper's copy of the queue
-	// (viewFromMirror), which is a snapshot for the rule as it looks.
+	// mirrored: the lock waits on its Keeper's copy of the queue.
 	mirrored bool
-	// far: the lock waited far back in the queue, following only the
-	// newest keys ahead through watches of single keys (follows); it does
-	// so until it is granted. followEpochs are those watches' epochs as
-	// the view was read, or as follow confirmed a key; listed is how many
-	// keys were ahead then: fewer now means a followed key went, and the
-	// view must be read again.
+	// far: the lock follows only the newest keys ahead (follows) until
+	// granted. followEpochs: their watches' epochs as of the read; listed:
+	// the keys ahead then. Fewer now means one went: read the view again.
 	far          bool
 	listed       int
 	followEpochs map[string]uint64
 	epoch        uint64 // of the queue watch, as the view was read
 	ownEpoch     uint64 // of the own-key watch, as the view was read
-	// fresh: the view is the one read as the key was put (or the
-	// Keeper's copy as it took the put), and not yet looked at.
+	// fresh: the view read with the put (or copy), not yet looked at.
 	fresh bool
-	// atOnce: the lock was granted at its first look, by the view read
-	// with its put or by the Keeper's copy as it took the put; onlyKey:
-	// the copy then held no other key under the name. See restQueue and
-	// restOwn.
+	// atOnce: granted on a fresh view; onlyKey: the copy held no other key.
 	atOnce, onlyKey bool
 }
 
@@ -116,8 +97,7 @@ const (
 // Name is the lock's name, as given to Lock.
 func (l *Lock) Name() string { return l.name }
 
-// Key is the etcd key that holds the lock: Name() + "/" + the lease ID in
-// hex.
+// Key is the etcd key that holds the lock: Name()/lease ID in hex.
 func (l *Lock) Key() string { return l.key }
 
 // Token is the fencing token: the creation revision of the lock key. Every
@@ -125,16 +105,16 @@ func (l *Lock) Key() string { return l.key }
 // leader changes. Tokens of different names are unrelated.
 func (l *Lock) Token() int64 { return l.token }
 
-// Done is closed when ownership ends, for whatever reason: Unlock, Close of
-// the session, expiry of the lease, or deletion or replacement of the key.
-// By then the end has been logged and reported to the session's Hooks. A
-// deletion of the key in the first 50 ms of a lock granted at once is seen
-// at their end (see the package doc).
+// Done is closed when ownership ends, for whatever reason (Unlock,
+// Session.Close, lease expiry, deletion or replacement of the key), once
+// the end has been logged and reported to the session's Hooks. A lock
+// granted at once sees a deletion of its key in its first 50 ms only at
+// their end (see the package doc).
 func (l *Lock) Done() <-chan struct{} { return l.finished }
 
 // Err is nil while the lock is held. After Done is closed it says why:
-// ErrUnlocked, ErrSessionClosed, or an error wrapping ErrLost
-// (ErrLeaseExpired or ErrKeyDeleted) for an involuntary loss.
+// ErrUnlocked, ErrSessionClosed, or for an involuntary loss an error
+// wrapping ErrLost (ErrLeaseExpired, ErrKeyDeleted, ErrRevisionRegressed).
 func (l *Lock) Err() error {
 	if l.ctx.Err() == nil {
 		return nil
@@ -142,20 +122,18 @@ func (l *Lock) Err() error {
 	return context.Cause(l.ctx)
 }
 
-// Context returns a context derived from parent that is also cancelled when
-// ownership ends, with the lock's Err as its cause (context.Cause). Use it
-// for work done under the lock. Call cancel when the work is done.
+// Context returns a context derived from parent, also cancelled when
+// ownership ends, with the lock's Err as its cause (context.Cause), for
+// work done under the lock. Call cancel when the work is done.
 func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
 	return linkCause(parent, l.ctx)
 }
 
-// WriteContext returns a context for a fenced write made under the lock. It
-// carries parent's values but does not end when parent ends, nor when the
-// lock ends: a write under way when the lock is lost must still reach the
-// resource, whose fence says whether it counts (a stale token is refused
-// with a typed error), instead of being cancelled into an outcome nobody
-// knows. It ends after the session's TTL, so that no write outlives the
-// lease by much. Call cancel when the write is done.
+// WriteContext returns a context for a fenced write made under the lock.
+// It keeps parent's values and ends neither with parent nor with the lock,
+// but after the session's TTL: a write under way as the lock is lost must
+// still reach the resource, whose fence decides whether it counts, and no
+// write outlives the lease by much. Call cancel when the write is done.
 func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(parent), l.s.ttl)
 }
@@ -163,17 +141,14 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // Lock takes the lock name, waiting until it is held or ctx ends. Locks of
 // the same name taken through the same session exclude each other.
 //
-// On any failure the waiter's key is removed before Lock returns (a guarded
-// delete, tried until it is done or the session ends), so a failed Lock
-// never leaves a key that would hold up later waiters while the session
-// lives. The key's write is not cut off by ctx (a write cut off may still
-// be applied after the cleanup): if ctx ends while it is under way, Lock
-// waits for etcd's answer (or the session's end, within a TTL if etcd is
-// unreachable) and then removes the key. A waiter whose own key or session
-// vanishes returns at once, with an error wrapping ErrLost or
-// ErrSessionClosed. A waiter whose ctx ends gets an error that names the
-// key it was waiting behind and matches ctx's error
-// (context.DeadlineExceeded or context.Canceled).
+// A failed Lock removes its key before it returns, even if ctx has ended:
+// it waits for the put's outcome, then retries the delete until it is done
+// or the session ends (within its TTL if etcd is unreachable). If etcd
+// refuses the delete outright, the key stays until the lease ends. A
+// waiter whose own key or session vanishes returns at once, with an error
+// wrapping ErrLost or ErrSessionClosed. A waiter whose ctx ends gets an
+// error that matches ctx's error (context.DeadlineExceeded or
+// context.Canceled) and names the key it was waiting behind, if any.
 func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Write, "", false)
 	if err != nil {
@@ -183,9 +158,10 @@ func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 }
 
 // TryLock takes the lock name if nobody holds it, and returns an error
-// wrapping ErrLocked at once otherwise, naming the holder's key and token
-// (or saying that this same session holds it). A failed TryLock leaves no
-// key behind: when the lock is held it writes nothing at all.
+// wrapping ErrLocked at once otherwise, naming a key ahead of it and its
+// token (or saying that this same session holds or awaits it). A failed
+// TryLock leaves no key behind; it writes nothing at all when the holder's
+// key is among the 16 oldest keys under the name.
 func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Write, "", true)
 	if err != nil {
@@ -194,9 +170,7 @@ func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
 	return l, nil
 }
 
-// acquire queues a key holding value under name and waits for its turn in
-// mode: the common path of Lock, TryLock, RLock, TryRLock and Campaign.
-// A reader's value is ReaderValue.
+// acquire is the common path of Lock, TryLock, RLock, TryRLock, Campaign.
 func (s *Session) acquire(ctx context.Context, name string, mode Mode, value string, try bool) (*Lock, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
@@ -236,11 +210,10 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 	return l, nil
 }
 
-// start gives the lock its own context, registered with the session so
-// that Close waits for the lock to finish, and makes it the subscriber of
-// its name's watches. It does not wait for the own-key watch: a lock
-// granted as its key is put needs it only once held for ownWatchDelay,
-// and a waiter opens it before it relies on its view (look).
+// start gives the lock its context (Close waits for it to finish) and its
+// watches. It does not wait for the own-key watch: a lock granted at once
+// needs it only after ownWatchDelay, and a waiter opens it before it
+// relies on its view.
 func (l *Lock) start() error {
 	l.ctx, l.cancel = context.WithCancelCause(l.s.ctx)
 	l.changed = make(chan struct{}, 1)
@@ -260,8 +233,7 @@ func (l *Lock) start() error {
 	return nil
 }
 
-// finish runs once the lock has ended: its events stop, the name's gate is
-// handed on, and the end is reported.
+// finish stops the ended lock's events, hands on the gate, reports the end.
 func (l *Lock) finish() {
 	defer l.s.wg.Done()
 	defer close(l.finished)
@@ -282,16 +254,15 @@ func (l *Lock) finish() {
 	l.finishing()
 }
 
-// queue puts the lock's key, with requests that end with the session too:
-// a waiter whose lease is gone must not sit in a request until ctx ends.
+// queue puts the key with requests that end with the session too: a
+// waiter whose lease is gone must not sit in a request until ctx ends.
 func (l *Lock) queue(ctx context.Context, try bool) error {
 	cctx, stop := l.s.bound(ctx)
 	err := l.create(cctx, try)
 	stop()
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		// etcd knows the lease is gone (revoked, or expired) before the
-		// keep-alives have told the session: end it now, so that this
-		// call and every later one say so.
+		// etcd knows the lease is gone before the keep-alives told the
+		// session: end it, so that this call and every later one say so.
 		l.s.lose("etcd refused a put on the lease: lease not found")
 	}
 	if err != nil && l.s.ctx.Err() != nil {
@@ -300,9 +271,8 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 	return err
 }
 
-// await waits for the lock's turn; with try set, it only looks whether the
-// queue ahead is empty (reached when nested locks' keys hid the queue from
-// create's first read).
+// await waits for the lock's turn; with try set it only checks that no
+// key is ahead (tryEmpty may have seen only keys that do not block).
 func (l *Lock) await(ctx context.Context, try bool) error {
 	switch v := l.look(); {
 	case v.held():
@@ -328,16 +298,12 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 	return fmt.Errorf("%w: %s (token %d)", ErrLocked, kv.Key, kv.CreateRevision)
 }
 
-// queuePage is how many keys one read of a queue returns: the oldest, for
-// TryLock's holder, or the ones just older than a waiter's own key.
+// queuePage is how many keys one read of a queue returns.
 const queuePage = 16
 
-// sharedPage is queuePage for a lock whose queue watch a Keeper shares,
-// when it reads its view instead of taking it from the Keeper's copy (no
-// copy yet, or the watch restarted): such a waiter follows every deletion
-// ahead at no cost per waiter, so it reads the whole queue ahead (up to
-// this many keys) and then needs no read to be granted, however long the
-// queue. etcd reads the whole range to sort it either way.
+// sharedPage is queuePage for a lock on a Keeper's shared queue watch: it
+// hears every deletion ahead at no cost per waiter, so it reads the whole
+// queue ahead once. etcd reads the whole range to sort it either way.
 const sharedPage = 1024
 
 // page is how many keys ahead the lock's reads return.
@@ -349,29 +315,22 @@ func (l *Lock) page() int64 {
 }
 
 // nearAhead is how many keys ahead a waiter may have and still follow
-// every deletion in the queue through the queue watch. Further back it
-// follows only the two newest keys ahead (followKeys): otherwise every
-// deletion would reach every waiter of a long queue. A reader counts the readers'
-// keys ahead too, though they do not block it: readers behind a writer
-// that followed every reader's deletion were sent so many events (with 16
-// sessions on one client) that etcd moved their watchers to its 100 ms
-// catch-up loop, and a reader's p99 wait was 100 ms.
+// every deletion through the queue watch; further back it follows only
+// followKeys keys, lest every deletion reach every waiter. Readers' keys
+// count for a reader too: their deletions pushed etcd's watchers into its
+// 100 ms catch-up loop.
 const nearAhead = 3
 
-// create puts the lock key and reads the keys queued just ahead of it. With
-// try set it first tries to take the lock only if no key at all exists under
-// the name, so that a held lock costs TryLock no write.
+// create puts the lock key and reads the keys just ahead of it; with try
+// set it first puts the key only if no key exists under the name.
 func (l *Lock) create(ctx context.Context, try bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// The writes go out under the session, not under ctx: a put cut off
-	// by ctx may still be applied after the cleanup that follows, and
-	// leave a key that no lock of the session owns at the head of the
-	// queue for as long as the session lives. So the put waits for etcd's
-	// answer, or for the session's end (which takes the key with it: a
-	// session whose keep-alives go unanswered ends within its TTL). If ctx
-	// ends meanwhile, the key is removed once the outcome is known.
+	// Writes go out under the session, not ctx: a put cut off by ctx may
+	// be applied after the cleanup, leaving a key at the queue's head. So
+	// await etcd's answer (or the session's end), then remove the key if
+	// ctx has ended.
 	err := l.enqueue(ctx, l.s.ctx, try)
 	if err == nil && l.token != 0 && ctx.Err() != nil {
 		l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
@@ -388,11 +347,9 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		if done, err := l.tryEmpty(wctx, put); done || err != nil {
 			return err
 		}
-		// Only keys of nested locks (or, for a reader, of readers) were
-		// seen: queue up, then look again.
+		// Only keys that do not block were seen: queue, then look again.
 	}
-	// A Keeper's watch at rest (keyWatch.granted) keeps no copy: the
-	// enqueue then reads, as a session's own would.
+	// A paused Keeper's watch (keyWatch.granted) keeps no copy: read.
 	mirrored := !try && l.w.queue.mirror != nil && !l.w.queue.isPaused()
 	then := []clientv3.Op{put}
 	if !mirrored {
@@ -403,8 +360,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		Then(then...).
 		Commit()
 	if err != nil {
-		// Unless etcd refused it outright, the put may have been applied:
-		// remove it if so, by lease, since its revision is unknown.
+		// The put may have been applied: remove it by lease.
 		if !rpcerr.Definite(err) {
 			l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
 		}
@@ -420,8 +376,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	return nil
 }
 
-// queued takes the view from the answer of the put that queued the lock,
-// or from the Keeper's copy.
+// queued takes the view from the put's answer or from the Keeper's copy.
 func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored bool) {
 	if mirrored {
 		l.viewFromMirror(ctx)
@@ -431,11 +386,9 @@ func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored 
 	l.setAhead(resp.Header.Revision, resp.Responses[1].GetResponseRange())
 }
 
-// tryEmpty puts the key only if no key at all is under the name, for
-// TryLock, so that a held lock costs it no write. done reports that it
-// was put (and the lock is held), or that a key that blocks it was found
-// (err wraps ErrLocked); otherwise only keys that do not block it were
-// found, and it queues as Lock does.
+// tryEmpty puts the key only if no key is under the name. done: it was
+// put (held), a blocking key was found (err wraps ErrLocked), or it
+// failed; otherwise only keys that do not block were found: queue.
 func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err error) {
 	pfx := l.name + "/"
 	resp, err := l.s.client.Txn(wctx).
@@ -462,10 +415,8 @@ func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err e
 	return false, nil
 }
 
-// setToken records the lock's token as its key's put returns, and marks
-// the view about to be set as read with that put (fresh). Under l.mu: the
-// watches' deletions and a finish started by the session's end read the
-// token on goroutines of their own.
+// setToken records the token and marks the view about to be set fresh.
+// Under l.mu: watch deliveries and finish read it on other goroutines.
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
 	l.token, l.q.fresh = token, true
@@ -473,12 +424,10 @@ func (l *Lock) setToken(token int64) {
 	l.mu.Unlock()
 }
 
-// viewFromMirror makes the lock wait on its Keeper's copy of the queue,
-// once the copy has applied the lock's own put, in the watch epoch the lock
-// subscribed in: the copy tells it when nothing blocks it any more, and
-// wakes it only then, so that a deletion costs nothing per waiter. The
-// lock then takes no deletions from the queue watch. Without such a copy
-// the view stays unread, and wait reads it.
+// viewFromMirror makes the lock wait on its Keeper's copy once the copy
+// has applied the lock's put, in the lock's watch epoch. The copy wakes
+// only the waiters a deletion may grant, so the lock leaves the queue
+// watch.
 func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.mu.Lock()
 	epoch := l.q.epoch
@@ -492,9 +441,8 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.q.mirrored = true
 }
 
-// leaveMirror makes a lock that waited on its Keeper's copy of the queue
-// take the queue watch's deletions again, as it reads its view: the copy
-// is gone (the watch went down) or the own-key watch restarted.
+// leaveMirror puts a lock that waited on the copy back on the queue watch,
+// as it reads its view: the copy is gone or the own-key watch restarted.
 func (l *Lock) leaveMirror() {
 	l.mu.Lock()
 	was, token := l.q.mirrored, l.token
@@ -506,10 +454,8 @@ func (l *Lock) leaveMirror() {
 	}
 }
 
-// oldestFirst reads the first page of the keys under pfx, oldest first.
-// Not keys-only: the queue-key rule needs each key's lease, which etcd 3.7
-// leaves empty in a keys-only read. Lock keys have empty values, so this
-// costs only the values of other keys kept under the name.
+// oldestFirst reads the first page of keys under pfx, oldest first. Not
+// keys-only: isQueueKey needs leases, empty in etcd 3.7 keys-only reads.
 func oldestFirst(pfx string) clientv3.Op {
 	return clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithLimit(queuePage),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
@@ -526,13 +472,10 @@ func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOptio
 	return clientv3.OpGet(pfx, opts...)
 }
 
-// setAhead makes page, read at store revision rev together with the
-// lock's own key (found this holding's), the rule's snapshot: the keys
-// older than the lock's own that block it. page may hold the lock's own
-// key, keys of nested locks and other keys under the name, which do not
-// block; a page of keys that do not block is followed by older pages
-// (readView), and a key's kind is fixed when it is made, so the last
-// page's listing stands for the pages before it.
+// setAhead makes page, read at rev with the own key, the rule's snapshot
+// of the older keys that block. A page of only other keys is followed by
+// older pages (readView); kinds never change, so the last page stands for
+// all of them.
 func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	pfx := l.name + "/"
 	l.mu.Lock()
@@ -560,11 +503,9 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	l.q.listed = len(l.q.know.ahead)
 }
 
-// deleted is called by a watch of the name with the events of one
-// response, in revision order, in the watch's epoch. The rule takes them
-// all, whatever the source, and the waiter looks again; a change of the
-// own key after the token ends a held lock here (a waiter's end is the
-// rule's to decide).
+// deleted feeds one watch response's events, in revision order and epoch,
+// to the rule, and wakes the waiter. A change of the own key after the
+// token that takes it from this holding ends the lock, waiting or held.
 func (l *Lock) deleted(w *keyWatch, events []*clientv3.Event, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -580,11 +521,8 @@ func (l *Lock) deleted(w *keyWatch, events []*clientv3.Event, epoch uint64) {
 	}
 }
 
-// ownChanged ends the lock if ev, a change of its own key after the
-// token, deleted it, made it another holding's or moved it off the
-// session's lease (a put by someone else: the key no longer goes with the
-// session). A delete event's key has no creation revision or lease: not
-// ours (unless a mutant says so). l.mu is held.
+// ownChanged ends the lock if ev, after the token, deleted its key, made
+// it another holding's or moved it off the session's lease. l.mu is held.
 func (l *Lock) ownChanged(ev *clientv3.Event) {
 	if ev.Kv.ModRevision > l.token && !l.owns(ownAfter(ev)) {
 		l.keyGoneLocked()
@@ -607,19 +545,17 @@ func (l *Lock) poke() {
 	}
 }
 
-// keyGoneLocked records that the lock's key was deleted. If an Unlock is
-// in flight, its own outcome decides how the lock ended. l.mu is held.
+// keyGoneLocked records that the key was deleted. With an Unlock in
+// flight, its outcome decides how the lock ended. l.mu is held.
 func (l *Lock) keyGoneLocked() {
 	if l.hold.phase != steady {
 		l.hold.phase = releasedOrTaken
 		return
 	}
-	l.cancel(ErrKeyDeleted) // logged, with every other end, by reportGranted
+	l.cancel(ErrKeyDeleted) // reported, with every other end, by reportEnd
 }
 
-// view is what a waiter knows of the queue ahead of it: the rule's
-// decision (l.q.know), and what the waiter needs to choose how to wait or
-// what to read next.
+// view is the rule's decision plus what a waiter needs to act on it.
 type view struct {
 	d        decision         // the rule's: granted, lost, wait, or read at d.rev or later
 	ended    bool             // the lock has ended (see its context's cause): it is never held
@@ -627,7 +563,7 @@ type view struct {
 	ownStale bool             // the own-key watch was not up all along since the view was read
 	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
 	current  bool             // the queue watch has kept the view current since it was read
-	far      bool             // the lock follows only the newest keys ahead (see Lock.far)
+	far      bool             // the lock follows only the newest keys ahead (see waiting.far)
 	followed bool             // ... and their watches keep the view current
 	refollow bool             // ... and one of them went: the view must be read again
 	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the view holds none
@@ -636,26 +572,19 @@ type view struct {
 
 func (v view) held() bool { return v.d.kind == decideGranted }
 
-// look asks the rule whether the lock is held, and gathers what the
-// waiter needs to act on its answer. Once granted, the lock counts as
-// held from then on, for recheck: no key older than the lock's own can
-// appear later, and the own-key watch reports the own key's end.
-//
-// A lock granted by the view read with its put may have its own-key
-// watch down: it is opened once the lock has been held for
-// ownWatchDelay, and reads the key again as it comes up (recheck). A lock
-// held for less opens no watch: the event its own Unlock would send it is
-// the largest cost of an uncontended lock after the requests themselves.
+// look asks the rule whether the lock is held. Once granted it stays held
+// for recheck: no older key can appear, and the own-key watch reports the
+// key's end. A lock granted with that watch down opens it only after
+// ownWatchDelay (grant), sparing a short holding the event of its own
+// Unlock, an uncontended lock's largest cost after its requests.
 func (l *Lock) look() view {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
-		// The lock ended while it waited (its key deleted, its session
-		// gone): it must not be granted, whatever its view says.
+		// Ended while waiting: never granted, whatever the view says.
 		return view{ended: true}
 	}
-	// Only the first look may count the lock as granted at once (see
-	// restQueue).
+	// Only the first look may count as granted at once (restQueue).
 	defer func() { l.q.fresh = false }()
 	if l.q.mirrored {
 		if v, ok := l.lookInMirror(); ok {
@@ -670,9 +599,8 @@ func (l *Lock) look() view {
 		current:  l.q.epoch%2 == 1 && l.q.epoch == l.w.queue.epoch.Load(),
 		pred:     l.nearestAhead(),
 	}
-	// Once far back, a waiter keeps following single keys until granted:
-	// as the queue drains it is second in line, and switching to the
-	// queue watch there would cost a read on the path of the handoff.
+	// Once far, a waiter stays far until granted: switching to the queue
+	// watch as second in line would put a read on the handoff's path.
 	if l.w.shared == nil && (l.q.far || !v.near) {
 		l.q.far = true
 		v.far, v.followed, v.refollow = true, l.followingLocked(), len(l.q.know.ahead) < l.q.listed
@@ -681,8 +609,7 @@ func (l *Lock) look() view {
 	return v
 }
 
-// decided acts on the rule's decision as look returns it: a grant is
-// recorded, a lost key ends the lock. l.mu is held.
+// decided records a grant, or ends a lost lock. l.mu is held.
 func (l *Lock) decided(v *view) {
 	switch v.d.kind {
 	case decideGranted:
@@ -694,31 +621,26 @@ func (l *Lock) decided(v *view) {
 	}
 }
 
-// ownWatchDelay is how long a lock granted with its own-key watch not up
-// is held before that watch is opened (see look): until then the lock's
-// key's deletion by someone else is reported late, by up to this much. The
-// fence, not this report, is what keeps a late writer out.
+// ownWatchDelay is how long a lock granted with its own-key watch down is
+// held before the watch opens: a deletion by someone else is seen late by
+// up to this much. The fence, not this report, keeps a late writer out.
 const ownWatchDelay = 50 * time.Millisecond
 
-// ownStale tells whether the lock's view cannot be relied on because the
-// own-key watch was not up all along since it was read; a fresh view can
-// while the watch has not come up since (see look). l.mu is held.
+// ownStale tells whether the own-key watch was down since the view was
+// read; a fresh view is fine until the watch comes up. l.mu is held.
 func (l *Lock) ownStale() bool {
 	cur := l.w.own.epoch.Load()
 	if cur%2 == 1 {
 		return cur != l.q.ownEpoch
 	}
-	// The watch is not up. If it came up and went down since the view was
-	// read, the deletions it delivered meanwhile have been applied, and
-	// the recheck of its next coming up sees the lock as held.
+	// Down now: an up-time since the read delivered its deletions, and
+	// its next coming up rechecks a held lock.
 	return !l.q.fresh
 }
 
-// restQueue tells the name's queue watch whether the lock was granted
-// with nobody else queued, so that the watch rests while the name is
-// uncontended (keyWatch.granted). A Keeper's watch serves its other
-// sessions too: only its copy can tell that none of them is queued
-// behind.
+// restQueue tells the queue watch whether the lock was granted with
+// nobody else queued, so it rests while the name is uncontended. A
+// Keeper's watch serves other sessions, whose waiters only its copy sees.
 func (l *Lock) restQueue() {
 	l.mu.Lock()
 	alone := l.q.atOnce && (l.w.shared == nil || l.q.onlyKey)
@@ -727,13 +649,9 @@ func (l *Lock) restQueue() {
 }
 
 // restOwn, as Unlock is about to delete the key, tells the own-key watch
-// whether the lock was granted at once and held for less than
-// ownWatchDelay (as a lock granted with the watch down would never have
-// opened it), so that the watch rests while the name is uncontended and
-// held briefly; it reports whether the watch was paused now, before the
-// delete, which it then does not hear. A lock held longer opens the
-// watch again anyway, so pausing it for such locks would only add the
-// watch's closing and opening to each.
+// whether the lock was granted at once and held under ownWatchDelay, and
+// reports whether the watch paused now, missing the delete. A lock held
+// longer reopens the watch anyway: pausing would add a close and an open.
 func (l *Lock) restOwn() bool {
 	l.mu.Lock()
 	brief := l.q.atOnce && time.Since(l.hold.grantedAt) < ownWatchDelay
@@ -750,12 +668,9 @@ func (l *Lock) grant() {
 	}
 }
 
-// lookInMirror is look for a lock waiting on its Keeper's copy of the
-// queue: the copy, which holds every key under the name as of its
-// revision, is a snapshot for the rule whenever it shows the lock not
-// blocked (or its own key not its own). ok is false if there is no copy
-// of the lock's epoch any more: the lock then reads its view. Once held,
-// the lock leaves the copy's waiters. l.mu is held.
+// lookInMirror is look on the Keeper's copy, which holds every key under
+// the name: a snapshot for the rule when it shows the lock not blocked or
+// its key not its own. ok is false once the copy is gone. l.mu is held.
 func (l *Lock) lookInMirror() (v view, ok bool) {
 	mv := l.w.queue.mirror.blocked(l.q.epoch, l)
 	if !mv.ok {
@@ -777,20 +692,16 @@ func (l *Lock) lookInMirror() (v view, ok bool) {
 	return v, true
 }
 
-// wait blocks until the rule grants the lock. Near the head of the queue
-// it follows the queue watch's deletions, and the last one ahead grants
-// the lock with no read; further back it follows the two newest keys ahead
-// (follow), reads its view again when one goes (rereadFar), and when the
-// last one goes reads its own key, unless a watch has shown it lasting
-// that long. With try set it looks once and returns ErrLocked if a key is
-// ahead. If ctx ends, the error names the key it was waiting behind.
+// wait blocks until the rule grants the lock. Near the head it follows the
+// queue watch's deletions; further back, the newest keys ahead (follow),
+// reading again as one goes. With try set it returns ErrLocked once it
+// sees a key ahead. If ctx ends, the error names the key it waited behind.
 func (l *Lock) wait(ctx context.Context, try bool) error {
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
 		v := l.look()
 		if v.far {
-			// The view follows single keys ahead: the queue watch would
-			// only send this session every deletion in the queue.
+			// Far: the queue watch would only send every deletion.
 			l.w.queue.pause()
 		}
 		var err error
@@ -800,16 +711,13 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		case v.ended:
 			return context.Cause(l.ctx)
 		case try && !v.unread && v.pred != nil:
-			// Someone holds it: whether the lock's own key is still there
-			// changes nothing about that.
+			// Held by another, whatever became of the own key.
 			return lockedBy(v.pred)
 		case v.d.kind == decideWait && !v.ownStale && !(v.far && !v.followed):
-			// A watch will deliver what the rule lacks, and wake the
-			// lock. A waiter keeps its own-key watch up even where the
-			// rule needs it not (the queue watch or the Keeper's copy
-			// covers the own key): the copy wakes only the waiters a
-			// deletion may grant, and neither carries a put by someone
-			// else that moves the key off the lease.
+			// A watch will deliver what the rule lacks. The own-key watch
+			// stays up even where the queue watch or the copy covers the own
+			// key: the copy wakes only waiters a deletion may grant, and
+			// neither carries a put that moves the key off the lease.
 			select {
 			case <-l.changed:
 			case <-ctx.Done():
@@ -824,10 +732,9 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 	}
 }
 
-// retried returns nil once a step of wait that failed for a moment may
-// run again (after a backoff), and err if it must not: etcd could not be
-// reached for a moment, and the waiter's key stays queued; the session's
-// deadline bounds how long this goes on.
+// retried returns nil once a failed step of wait may run again after a
+// backoff: a transient etcd error leaves the key queued, and ctx ends with
+// the session. Otherwise it returns err, or ctx's error.
 func retried(ctx context.Context, retry *backoff, err error) error {
 	if err == nil {
 		retry.reset()
@@ -839,21 +746,17 @@ func retried(ctx context.Context, retry *backoff, err error) error {
 	return retry.wait(ctx)
 }
 
-// read reads what the rule lacks, the way the lock's place in the queue
-// calls for: its own key alone, its view of the queue, or the keys it
-// follows far back.
+// read reads what the rule lacks: the own key, the view or followed keys.
 func (l *Lock) read(ctx context.Context, v view) error {
 	switch {
 	case v.d.kind == decideReadOwn:
-		// The last deletion ahead came from a watch that does not cover
-		// the own key: a waiter whose key went before it must never be
-		// told it holds the lock.
+		// The last deletion ahead came from a watch that does not cover the
+		// own key: a waiter whose key went first must never be granted.
 		return l.readOwn(ctx, v.d.rev)
 	case v.ownStale && !v.unread:
 		return l.confirmOwn(ctx)
 	case v.unread || v.pred == nil:
-		// Unread, or the page read held no queue key but older keys lie
-		// past it: read again.
+		// Unread, or the page held no queue key but older ones lie past it.
 		return l.reread(ctx, v.d.rev)
 	case v.far && v.refollow:
 		return l.rereadFar(ctx)
@@ -867,8 +770,7 @@ func (l *Lock) read(ctx context.Context, v view) error {
 }
 
 // confirmOwn opens the own-key watch of a lock that has to wait, and reads
-// its key once the watch is up: a deletion before then went unseen. The
-// rest of the view stays as it is.
+// its key once the watch is up: a deletion before then went unseen.
 func (l *Lock) confirmOwn(ctx context.Context) error {
 	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
@@ -883,9 +785,8 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 	return nil
 }
 
-// readOwn reads the lock's own key in a state no older than minRev (nor
-// than the token) and hands the answer to the rule; ErrKeyDeleted if the
-// key is no longer this holding's.
+// readOwn reads the own key at minRev, the token or later, for the rule;
+// ErrKeyDeleted if the key is no longer this holding's.
 func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 	kv, rev, err := l.readOwnKey(ctx, minRev)
 	if err != nil {
@@ -900,10 +801,9 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 	return nil
 }
 
-// onlyReadersAhead tells whether every key ahead is a reader's: they hold
-// the lock together and leave in any order, so a writer behind them follows
-// every deletion (waiting for the one just ahead would read again after
-// each reader that leaves before it). l.mu is held.
+// onlyReadersAhead tells whether every key ahead is a reader's: readers
+// leave in any order, so a writer behind them follows every deletion
+// rather than read again after each. l.mu is held.
 func (l *Lock) onlyReadersAhead() bool {
 	for _, a := range l.q.know.ahead {
 		if modeOf(a.kv) != Read {
@@ -913,8 +813,7 @@ func (l *Lock) onlyReadersAhead() bool {
 	return true
 }
 
-// nearestAhead is the newest key ahead, the one a waiter names. l.mu is
-// held.
+// nearestAhead is the newest key ahead, which a waiter names. l.mu is held.
 func (l *Lock) nearestAhead() *mvccpb.KeyValue {
 	if kvs := l.q.know.keysAhead(); len(kvs) > 0 {
 		return &mvccpb.KeyValue{Key: kvs[0].Key, CreateRevision: kvs[0].CreateRevision}
@@ -930,10 +829,9 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
-// readAtLeast runs the read-only ops built by ops, serializable (answered
-// by the member the client talks to, without a quorum round), and again
-// linearizably if that member had not yet applied store revision minRev.
-// Either way the answer is the state at one revision no lower than minRev.
+// readAtLeast runs the ops serializably (the client's member answers, with
+// no quorum round), and linearizably if that member had not applied
+// minRev: either way the answer is one revision's state, at least minRev.
 func readAtLeast(ctx context.Context, cli *clientv3.Client, minRev int64, ops func(...clientv3.OpOption) []clientv3.Op) (*clientv3.TxnResponse, error) {
 	resp, err := cli.Txn(ctx).Then(ops(clientv3.WithSerializable())...).Commit()
 	if err != nil || resp.Header.Revision >= minRev {
@@ -942,11 +840,8 @@ func readAtLeast(ctx context.Context, cli *clientv3.Client, minRev int64, ops fu
 	return cli.Txn(ctx).Then(ops()...).Commit()
 }
 
-// reread reads the lock's view of the queue again, in a state no older
-// than minRev, once the own-key watch is up: its own key, which must still
-// be this holding (a waiter whose key vanished must never be told it holds
-// the lock), and the keys just older than it. Deletions the watches
-// deliver during the read are held back and applied after it.
+// reread reads the view at minRev or later once the own-key watch is up;
+// watch deliveries during the read are applied after it.
 func (l *Lock) reread(ctx context.Context, minRev int64) error {
 	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
@@ -955,8 +850,7 @@ func (l *Lock) reread(ctx context.Context, minRev int64) error {
 	return l.readView(ctx, ownEpoch, l.w.queue.epoch.Load(), minRev)
 }
 
-// rereadNear reads the view again once the queue watch is up too, so that
-// the watch keeps it current from then on.
+// rereadNear reads the view once the queue watch is up, to keep it current.
 func (l *Lock) rereadNear(ctx context.Context) error {
 	epoch, err := l.w.queue.upEpoch(ctx, l)
 	if err != nil {
@@ -969,9 +863,8 @@ func (l *Lock) rereadNear(ctx context.Context) error {
 	return l.readView(ctx, ownEpoch, epoch, 0)
 }
 
-// readView reads the view, recording the watch epochs it was read under.
-// Keys that do not block the lock (nested locks' keys; readers', for a
-// reader) are skipped, reading on, older, past a page full of them.
+// readView reads the view under the given watch epochs, reading older
+// pages past a page of keys that do not block the lock.
 func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
 	l.leaveMirror()
 	pfx := l.name + "/"
@@ -1000,23 +893,17 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 	}
 }
 
-// readWithOwn reads the lock's own key and the range rng builds together,
-// in a state no older than minRev and the token, with the view marked as
-// being read under the given watch epochs (deletions delivered meanwhile
-// are held back until it is set). It returns the range and the store
-// revision read at, or ErrKeyDeleted if the key is no longer this
-// holding's: a waiter whose key vanished must never be told it holds the
-// lock.
+// readWithOwn reads the own key and rng's range at minRev, the token or
+// later, under the given watch epochs (deliveries wait until the view is
+// set). ErrKeyDeleted if the key is no longer this holding's: such a
+// waiter must never be granted.
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
 	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.q.ownEpoch, l.q.epoch, l.q.followEpochs = ownEpoch, epoch, follows
-	// No older than what the rule relies on having seen (readFloor), nor
-	// than what the own-key and queue watches handed on before this
-	// point: the view took none of a queue watch's events of another
-	// epoch, and a read older than them would show keys whose deletion no
-	// watch will send again (the rule knows they went; the view, which
-	// chooses how to wait, would wait for them).
+	// No older than readFloor nor what the watches handed on: an older
+	// read would show keys whose deletion no watch will send again (the
+	// view took none of another epoch's events), and wait for them.
 	minRev = max(minRev, l.q.know.readFloor(), l.w.own.seenRev.Load())
 	if epoch%2 == 1 {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
@@ -1037,8 +924,8 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	return resp.Responses[1].GetResponseRange(), resp.Header.Revision, nil
 }
 
-// recheck reads the key of a held lock again after its watch was down, in
-// which time a deletion may have gone unseen.
+// recheck reads a held lock's key again after its watch was down, when a
+// deletion may have gone unseen.
 func (l *Lock) recheck(ctx context.Context) error {
 	l.mu.Lock()
 	held := l.hold.granted
@@ -1060,14 +947,10 @@ func (l *Lock) recheck(ctx context.Context) error {
 	return nil
 }
 
-// readOwnKey reads the lock's key (nil if absent) in a state no older
-// than minRev nor the token, and returns the revision read at. A recheck
-// passes the revision its own-key watch came up at: with the watch's
-// events after it, no change of the key goes unseen. The member the
-// client talks to answers it once it has applied that revision
-// (readAtLeast): a linearizable read waits out a member cut from the
-// quorum, and under network partitions it kept successors from the lock
-// (internal/chaos/results/net-partition-confirm-own.txt).
+// readOwnKey reads the lock's key (nil if absent) at minRev, the token or
+// later. A recheck passes its own-key watch's up revision, so no change
+// goes unseen. readAtLeast lets the client's member answer: a linearizable
+// read waits out a member cut off from the quorum.
 func (l *Lock) readOwnKey(ctx context.Context, minRev int64) (*mvccpb.KeyValue, int64, error) {
 	resp, err := readAtLeast(ctx, l.s.client, max(minRev, l.token), func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...)}
@@ -1092,21 +975,18 @@ func (l *Lock) leave() {
 	}
 }
 
-// abandon gives up a lock that was never handed to the caller: its key is
-// removed if it still carries the token, and the lock is ended. With a
-// lock delay, a delay record that says this holding held the name (its
-// write may have gone through with its answer lost) is turned into a
-// release in the same step, so the next holder sees no loss.
+// abandon removes the key of a lock never handed to the caller, if it
+// still carries the token, and ends the lock. With a lock delay, a record
+// that it held the name becomes a release, so the next holder sees no
+// loss.
 func (l *Lock) abandon() {
 	l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token), l.abandonOps()...)
 	l.end(ErrUnlocked)
 }
 
-// cleanup deletes the lock key, with ops, if cmp holds, trying again until
-// it is done or the session ends, not bounded by the caller's ctx (which
-// may be what failed): a key left while the session lives would hold up
-// every later waiter. A session that cannot reach etcd ends within its
-// TTL, and its lease takes the key with it.
+// cleanup deletes the key, with ops, if cmp holds, retrying until done or
+// the session ends, whatever the caller's ctx: a key left while the
+// session lives holds up every later waiter; the session's end takes it.
 func (l *Lock) cleanup(cmp clientv3.Cmp, ops ...clientv3.Op) {
 	retry := newBackoff(20*time.Millisecond, time.Second)
 	then := append([]clientv3.Op{clientv3.OpDelete(l.key)}, ops...)
@@ -1116,8 +996,7 @@ func (l *Lock) cleanup(cmp clientv3.Cmp, ops ...clientv3.Op) {
 			return
 		}
 		if rpcerr.Definite(err) {
-			// Refused outright (no permission to delete, say): sending it
-			// again changes nothing, and the lease removes the key.
+			// Refused outright: retrying changes nothing; the lease removes it.
 			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
 			return
 		}
@@ -1129,14 +1008,14 @@ func (l *Lock) cleanup(cmp clientv3.Cmp, ops ...clientv3.Op) {
 }
 
 // Unlock releases the lock: it deletes the key only if the key's creation
-// revision is still the token, so it can never remove a later holder's key,
-// even when a retry of it arrives late. Done closes with ErrUnlocked.
+// revision is still the token, so it never removes a later holder's key,
+// even when a retry arrives late. Done then closes and Err is ErrUnlocked.
 //
 // If the lock has already ended, Unlock sends nothing and returns an error
 // saying how: wrapping ErrUnlocked, ErrSessionClosed or ErrLost. If the key
-// was found gone or replaced, the error wraps ErrKeyDeleted. If etcd did not
-// answer, the error is etcd's and the lock is still considered held: Unlock
-// may be called again.
+// was found gone or replaced, the error wraps ErrKeyDeleted. If Unlock
+// returns etcd's error (no answer, or ctx ended), the lock is still
+// considered held, and Unlock may be called again.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.unlock(ctx); err != nil {
 		return failed(fmt.Sprintf("unlock %q", l.name), err)
@@ -1184,8 +1063,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 }
 
 // put sets the key's value, guarded by its creation revision: it never
-// creates a key, and never touches a successor's. A key found gone ends
-// the lock with ErrKeyDeleted.
+// creates a key or touches a successor's. A key found gone ends the lock.
 func (l *Lock) put(ctx context.Context, value string) error {
 	l.writing.Lock()
 	defer l.writing.Unlock()
@@ -1227,19 +1105,15 @@ func (l *Lock) end(cause error) {
 	l.finishOrWait(l.cancelWith(cause))
 }
 
-// cancelWith ends the lock's context with cause. It reports whether
-// finish is left to the caller (finishOrWait): it is, unless the context
-// had ended already and finish has started on a goroutine of its own;
-// running it on the caller's goroutine spares a goroutine and a wake-up on
-// every release.
+// cancelWith ends the lock's context and reports whether finish is left
+// to the caller: it saves a goroutine and a wake-up on every release.
 func (l *Lock) cancelWith(cause error) (finishHere bool) {
 	finishHere = l.stopFinish()
 	l.cancel(cause)
 	return finishHere
 }
 
-// finishOrWait runs finish if cancelWith left it to the caller, and waits
-// for it to be done otherwise.
+// finishOrWait runs finish if left to the caller, or waits for it.
 func (l *Lock) finishOrWait(finishHere bool) {
 	if finishHere {
 		l.finish()
