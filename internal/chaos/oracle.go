@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/lease"
@@ -239,13 +240,27 @@ type Oracle struct {
 // the read's revision are dropped: the read already has them.
 func StartOracle(ctx context.Context, cli *clientv3.Client, prefix string) (*Oracle, error) {
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	first, cancel := context.WithCancel(clientv3.WithRequireLeader(wctx))
-	wch := cli.Watch(first, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-	resp, err := startRead(ctx, cli, prefix, wch)
-	if err != nil {
+	var (
+		wch    clientv3.WatchChan
+		cancel context.CancelFunc
+		resp   *clientv3.GetResponse
+		err    error
+	)
+	// A member that has lost its leader (an earlier run's partition, on a
+	// shared pool) refuses the watch until one is elected: try again.
+	for {
+		var first context.Context
+		first, cancel = context.WithCancel(clientv3.WithRequireLeader(wctx))
+		wch = cli.Watch(first, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		if resp, err = startRead(ctx, cli, prefix, wch); err == nil {
+			break
+		}
 		cancel()
-		stop()
-		return nil, err
+		if !errors.Is(err, rpctypes.ErrNoLeader) || ctx.Err() != nil {
+			stop()
+			return nil, err
+		}
+		rest(ctx, 50*time.Millisecond)
 	}
 	o := &Oracle{cli: cli, prefix: prefix, done: make(chan struct{}), changed: make(chan struct{}), stop: stop,
 		hist: LockHistory{Start: resp.Header.Revision, Through: resp.Header.Revision}}
