@@ -87,7 +87,10 @@ func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) 
 		return false, nil
 	}
 	msg := status.Convert(err).Message()
-	for _, sign := range []string{"authentication handshake failed", "x509:", "tls:", "certificate"} {
+	// Not "authentication handshake failed" alone: gRPC says so of any
+	// handshake that did not finish, an endpoint's hang-up (EOF, reset)
+	// or a timeout too, which retrying does fix.
+	for _, sign := range []string{"x509:", "tls:", "certificate"} {
 		if strings.Contains(msg, sign) {
 			return false, fmt.Errorf("%w: %s", ErrTLSHandshake, msg)
 		}
