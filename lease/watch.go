@@ -311,7 +311,10 @@ func (w *keyWatch) subscribers() []*Lock {
 func (w *keyWatch) subscribe(l *Lock) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !slices.Contains(w.subs, l) {
+	// An ended lock is not added back: finish unsubscribes only after the
+	// lock's context ends, so a late subscribe (a lock re-reading as it
+	// ends) would otherwise stay on a Keeper's shared watch for good.
+	if l.ctx.Err() == nil && !slices.Contains(w.subs, l) {
 		w.subs = append(w.subs, l)
 	}
 	return w.epoch.Load()
