@@ -1,0 +1,33 @@
+package objectfence_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/fence/objectfence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/s3test"
+)
+
+var etcd etcdtest.Env
+
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+
+func testCtx(t testing.TB) context.Context { return etcdtest.Ctx(t, 60*time.Second) }
+
+// newFence is a Fence on a fresh bucket of a real versitygw, with its store.
+func newFence(t *testing.T, opts ...objectfence.Option) (*objectfence.Fence, objectfence.Store, *s3test.Server) {
+	t.Helper()
+	srv, bucket := s3test.StartVersityT(t)
+	store, err := objectfence.NewS3Store(srv.Client(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := objectfence.New(store, "tables/orders/manifest", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, store, srv
+}
