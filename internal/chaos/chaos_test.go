@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -20,9 +21,11 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/objectfence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/netlab"
+	"github.com/leasefence/leasefence/internal/s3test"
 	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -80,6 +83,7 @@ type runConfig struct {
 	prefix    string
 	db        *sql.DB
 	sqlf      *sqlfence.Fence
+	objects   *objects  // the manifest registers; nil: the run has none
 	net       *chaosNet // set for faultNet: members and clients on lab hosts
 	// ttl is the clients' session TTL, and slack what their calls' timeouts
 	// get on top of the usual: both grow with the latency a run injects.
@@ -114,6 +118,39 @@ type runResult struct {
 	staleAccepted int // the victim's late writes that were accepted
 	lateWrites    int
 	oracle        OracleResult // the lock oracle's verdict on every grant
+	// illegal holds the kinds whose registers' history alone the checker
+	// finds illegal, in a run whose whole history it found illegal.
+	illegal  map[string]bool
+	manifest manifestCounts
+}
+
+// manifestCounts are a run's operations on its manifest registers: writes
+// by outcome, reads recorded, and the victim's late (stale) writes, with
+// how many the store refused and how many it accepted.
+type manifestCounts struct {
+	writes                          int
+	byOutcome                       [Failed + 1]int
+	reads                           int
+	late, lateRefused, lateAccepted int
+	badReads                        int // reads of an object objectfence could not decode
+}
+
+func (m *manifestCounts) add(o manifestCounts) {
+	m.writes += o.writes
+	for i := range m.byOutcome {
+		m.byOutcome[i] += o.byOutcome[i]
+	}
+	m.reads += o.reads
+	m.late += o.late
+	m.lateRefused += o.lateRefused
+	m.lateAccepted += o.lateAccepted
+	m.badReads += o.badReads
+}
+
+func (m manifestCounts) String() string {
+	return fmt.Sprintf("manifest{writes=%d ok=%d refused=%d unknown=%d failed=%d reads=%d late=%d late-refused=%d late-accepted=%d}",
+		m.writes, m.byOutcome[OK], m.byOutcome[Refused], m.byOutcome[Unknown], m.byOutcome[Failed], m.reads,
+		m.late, m.lateRefused, m.lateAccepted)
 }
 
 // events lets clients and the victim wait for what others did: a grant of
@@ -207,14 +244,100 @@ func (r *runConfig) registers(name string) (held, res, row string) {
 	return r.prefix + "/held/" + name, r.prefix + "/res/" + name, r.prefix + "/" + name
 }
 
+// register is the history's name for the register of kind under name.
+func (r *runConfig) register(kind, name string) string {
+	held, res, row := r.registers(name)
+	switch kind {
+	case KindHeld:
+		return held
+	case KindResource:
+		return res
+	case KindSQL:
+		return "sql:" + row
+	}
+	return "s3:" + r.objects.bucket + "/" + manifestKey(name)
+}
+
+// kinds are the kinds of the run's registers: all four, or without the
+// manifest when the run has no object store (the mutant and flapping
+// runs).
+func (r *runConfig) kinds() []string {
+	if r.objects == nil {
+		return []string{KindHeld, KindResource, KindSQL}
+	}
+	return allKinds
+}
+
+// objects are a run's manifest registers: a bucket of the run's own on the
+// tier's versitygw, holding one manifest object per lock name, each
+// committed through a Fence (one per name, shared by the clients: a Fence
+// keeps no state but whether its store passed the condition check).
+type objects struct {
+	bucket   string
+	store    objectfence.Store
+	fences   map[string]*objectfence.Fence // by lock name
+	badReads atomic.Int64                  // reads that found no manifest objectfence could decode
+}
+
+func manifestKey(name string) string { return "manifest/" + name }
+
+// newObjects makes a run's manifest registers: a new bucket on srv, and a
+// Fence for each of the run's lock names.
+func newObjects(t testing.TB, srv *s3test.Server, names int) *objects {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bucket, err := srv.Bucket(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := objectfence.NewS3Store(srv.Client(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &objects{bucket: bucket, store: store, fences: map[string]*objectfence.Fence{}}
+	for i := range names {
+		name := fmt.Sprint(i)
+		if o.fences[name], err = objectfence.New(store, manifestKey(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return o
+}
+
+// startVersity starts the tier's versitygw, stopped when t ends.
+func startVersity(t testing.TB) *s3test.Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a first build takes minutes
+	defer cancel()
+	srv, err := s3test.StartVersity(ctx, t.TempDir())
+	if err != nil {
+		t.Fatalf("start versitygw: %v", err)
+	}
+	t.Cleanup(srv.Stop)
+	return srv
+}
+
+// unfencedManifest is the manifest object the control puts, in the form
+// objectfence writes it (JSON: the token, and the payload as base64), so
+// that the Fence's Read, through which every manifest read goes, reads the
+// control's writes as it reads its own commits (TestUnfencedManifest).
+func unfencedManifest(token int64, payload string) []byte {
+	b, _ := json.Marshal(struct {
+		Token   int64  `json:"token"`
+		Payload []byte `json:"payload"`
+	}{token, []byte(payload)}) // cannot fail: fixed types
+	return b
+}
+
 // write makes one write of the given kind with token, fenced or not, and
 // records it. stale tells whether the register had already accepted a
 // higher token when the write was sent.
 func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Lock, token int64) (out Outcome, stale bool) {
-	held, res, row := c.cfg.registers(name)
+	_, res, row := c.cfg.registers(name)
 	c.seq++
 	val := fmt.Sprintf("c%d-t%d-%d", c.id, token, c.seq)
-	reg := map[string]string{KindHeld: held, KindResource: res, KindSQL: "sql:" + row}[kind]
+	reg := c.cfg.register(kind, name)
 	in := Input{Register: reg, Kind: kind, Write: true, Token: token, Value: val}
 	stale = c.ev.highest(reg) > token
 	call := c.h.Now()
@@ -222,6 +345,12 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 	defer cancel()
 	var err error
 	switch {
+	case kind == KindManifest && c.cfg.fenced:
+		_, err = c.cfg.objects.fences[name].Commit(wctx, token, []byte(val))
+	case kind == KindManifest:
+		// The control: a plain put of the manifest, through the same
+		// store, over whatever the object holds.
+		_, err = c.cfg.objects.store.Put(wctx, manifestKey(name), unfencedManifest(token, val), objectfence.Condition{})
 	case kind == KindSQL && c.cfg.fenced:
 		err = c.cfg.sqlf.Upsert(wctx, seam.SQL(wctx, c.cfg.db), row, token, sqlfence.Set("val", val))
 	case kind == KindSQL:
@@ -241,6 +370,14 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 		c.ev.record(c.ev.wrote, name, token)
 	case errors.Is(err, fence.ErrStale), errors.Is(err, fence.ErrNotHeld):
 		o.Outcome = Refused
+	case kind == KindManifest && !errors.Is(err, fence.ErrOutcomeUnknown) &&
+		(c.cfg.fenced || errors.Is(err, objectfence.ErrRefused)):
+		// objectfence's word: only ErrOutcomeUnknown leaves a commit's
+		// outcome open; any other error (contended, refused by the
+		// store, the read before the put failed) wrote nothing. The
+		// model holds it to that. The control's plain put wrote nothing
+		// if the store refused it.
+		o.Outcome = Failed
 	default:
 		o.Outcome = Unknown // timed out or cut off: it may have been applied
 	}
@@ -257,6 +394,18 @@ func (c *chaosClient) read(ctx context.Context, kind, name string) {
 	defer cancel()
 	var val, reg string
 	switch kind {
+	case KindManifest:
+		reg = c.cfg.register(kind, name)
+		m, err := c.cfg.objects.fences[name].Read(rctx)
+		switch {
+		case errors.Is(err, objectfence.ErrNotFound): // never written: ""
+		case errors.Is(err, objectfence.ErrBadManifest):
+			c.cfg.objects.badReads.Add(1)
+			return
+		case err != nil:
+			return
+		}
+		val = string(m.Payload)
 	case KindSQL:
 		reg = "sql:" + row
 		err := c.cfg.db.QueryRowContext(rctx, `SELECT val FROM regs WHERE id = ?`, row).Scan(&val)
@@ -276,7 +425,7 @@ func (c *chaosClient) read(ctx context.Context, kind, name string) {
 	c.h.Add(c.id, Input{Register: reg, Kind: kind}, call, Output{Outcome: OK, Value: val})
 }
 
-var kinds = []string{KindHeld, KindResource, KindSQL}
+var allKinds = []string{KindHeld, KindResource, KindSQL, KindManifest}
 
 // victimState is shared between the clients: who became the victim and
 // what the pause achieved.
@@ -287,6 +436,8 @@ type victimState struct {
 	stale    atomic.Int64
 	late     atomic.Int64
 	succeded atomic.Bool
+	// The late writes to the manifest register: stale, refused, accepted.
+	manifestLate, manifestRefused, manifestAccepted atomic.Int64
 }
 
 // loop is a client's life: take a random lock, make a few random
@@ -332,6 +483,7 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 		c.ev.record(c.ev.granted, name, l.Token())
 		c.ev.grantedTo(c.id)
 		for k := 1 + c.rng.IntN(4); k > 0 && ctx.Err() == nil; k-- {
+			kinds := c.cfg.kinds()
 			kind := kinds[c.rng.IntN(len(kinds))]
 			if c.readNext(l) {
 				c.read(ctx, kind, name)
@@ -394,7 +546,9 @@ func (c *chaosClient) release(ctx context.Context, l *lease.Lock) {
 }
 
 // pause is the victim's part: its traffic stops (held or dropped) until etcd
-// has expired its lease and a successor has written under its lock; then it
+// has expired its lease and a successor has written under its lock (and,
+// for up to a second more, until successors have written every one of the
+// name's registers, so that each of its late writes is stale); then it
 // comes back and, like a process waking from a pause, writes every register
 // with its old token.
 func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clientv3.Client, name string, l *lease.Lock) {
@@ -444,6 +598,22 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	v.expired.Store(bound.Err() == nil)
 	succeeded := c.ev.waitFor(bound, func() bool { return c.ev.wrote[name] > l.Token() })
 	v.succeded.Store(succeeded)
+	if succeeded {
+		// Successors write registers of random kinds: the first write
+		// covers one, the next few holdings (tens of milliseconds, unless
+		// the run adds latency) the rest. A register still not written
+		// after the second gets a late write that is not stale.
+		all, cancelAll := context.WithTimeout(bound, time.Second)
+		c.ev.waitFor(all, func() bool {
+			for _, kind := range c.cfg.kinds() {
+				if c.ev.regs[c.cfg.register(kind, name)] <= l.Token() {
+					return false
+				}
+			}
+			return true
+		})
+		cancelAll()
+	}
 	stopEnv()
 	if c.cfg.net != nil {
 		c.cfg.net.lc.lab.HealAll(ctx)
@@ -457,11 +627,22 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 			p.UnpauseRx()
 		}
 	}
-	for _, kind := range kinds {
-		if out, stale := c.write(ctx, kind, name, l, l.Token()); stale {
-			v.late.Add(1)
-			if out == OK {
-				v.stale.Add(1)
+	for _, kind := range c.cfg.kinds() {
+		out, stale := c.write(ctx, kind, name, l, l.Token())
+		if !stale {
+			continue
+		}
+		v.late.Add(1)
+		if out == OK {
+			v.stale.Add(1)
+		}
+		if kind == KindManifest {
+			v.manifestLate.Add(1)
+			switch out {
+			case OK:
+				v.manifestAccepted.Add(1)
+			case Refused:
+				v.manifestRefused.Add(1)
 			}
 		}
 	}
@@ -613,7 +794,53 @@ func run(t testing.TB, cfg runConfig) runResult {
 		res.valid = true
 	}
 	res.check, res.info = h.Check(20 * time.Second)
+	if res.check == porcupine.Illegal {
+		res.illegal = illegalKinds(res.history, cfg.kinds())
+	}
+	if cfg.objects != nil {
+		res.manifest = countManifest(h)
+		res.manifest.late = int(v.manifestLate.Load())
+		res.manifest.lateRefused = int(v.manifestRefused.Load())
+		res.manifest.lateAccepted = int(v.manifestAccepted.Load())
+		res.manifest.badReads = int(cfg.objects.badReads.Load())
+	}
 	return res
+}
+
+// illegalKinds checks the registers of each kind on their own: which of
+// them an illegal history's violations are on.
+func illegalKinds(h *History, kinds []string) map[string]bool {
+	out := map[string]bool{}
+	ops := h.Operations()
+	for _, kind := range kinds {
+		var these []porcupine.Operation
+		for _, op := range ops {
+			if op.Input.(Input).Kind == kind {
+				these = append(these, op)
+			}
+		}
+		if porcupine.CheckOperationsTimeout(Model(), these, 10*time.Second) == porcupine.Illegal {
+			out[kind] = true
+		}
+	}
+	return out
+}
+
+// countManifest counts the manifest operations in h.
+func countManifest(h *History) manifestCounts {
+	var m manifestCounts
+	for _, op := range h.Operations() {
+		in := op.Input.(Input)
+		switch {
+		case in.Kind != KindManifest:
+		case in.Write:
+			m.writes++
+			m.byOutcome[op.Output.(Output).Outcome]++
+		default:
+			m.reads++
+		}
+	}
+	return m
 }
 
 // startOracle starts the run's lock oracle on a client of its own that,
@@ -667,13 +894,23 @@ type tally struct {
 	// whose history could not cover every grant, and the forged early
 	// grants (flagged of forged).
 	grants, invalidGrants, inconclusive, forged, flagged int
+	// The manifest registers' operations, in fenced and in control runs,
+	// and the valid control runs whose violations the checker finds on the
+	// registers of each kind alone.
+	manifest, controlManifest manifestCounts
+	kindViolations            map[string]int
 }
 
 func (s *tally) add(cfg runConfig, r runResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.faults == nil {
-		s.faults = map[fault]int{}
+		s.faults, s.kindViolations = map[fault]int{}, map[string]int{}
+	}
+	if cfg.fenced {
+		s.manifest.add(r.manifest)
+	} else {
+		s.controlManifest.add(r.manifest)
 	}
 	s.runs++
 	s.ops += r.ops
@@ -700,6 +937,9 @@ func (s *tally) add(cfg runConfig, r runResult) {
 		if r.check == porcupine.Illegal {
 			s.violations++
 		}
+		for kind := range r.illegal {
+			s.kindViolations[kind]++
+		}
 	}
 }
 
@@ -708,9 +948,13 @@ func (s *tally) line(tier string) string {
 	for _, f := range allFaults {
 		fs = append(fs, fmt.Sprintf("%s=%d", f, s.faults[f]))
 	}
-	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d",
-		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, s.invalid,
-		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged)
+	var ks []string
+	for _, k := range allKinds {
+		ks = append(ks, fmt.Sprintf("%s=%d", k, s.kindViolations[k]))
+	}
+	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d by-kind{%s} invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d fenced-%s control-%s",
+		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, strings.Join(ks, " "), s.invalid,
+		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged, s.manifest, s.controlManifest)
 }
 
 // report fails the test for a fenced run whose history the checker did not

@@ -5,7 +5,9 @@
 // Everything runs against real etcd servers on loopback ports: the shared
 // embedded member (with a 500 ms election timeout, so that etcd grants
 // 1-second leases), embedded three-member clusters, and clusters of real
-// etcd processes built from the server module. Faults are real too: etcd's
+// etcd processes built from the server module; the chaos tiers' manifest
+// registers live on a real versitygw S3 gateway (internal/s3test), one per
+// tier with a bucket per run. Faults are real too: etcd's
 // fault proxy in front of each client (pause, delay, blackhole), SIGSTOP,
 // SIGCONT and SIGKILL of child processes (this test binary run again),
 // stopped and killed members, a blackholed peer port, compaction with
@@ -24,18 +26,28 @@
 //     while a lock is held and written, a minority member cut off with the
 //     holder's client on it, and takeover time after SIGKILL.
 //   - TestChaos: randomized runs of 8 to 16 clients over two lock names,
-//     each with three registers (Held-guarded etcd key, Resource-guarded
-//     etcd key, sqlfence-guarded SQLite row). Clients acquire, write, read
-//     and release at random; one of them is paused (its traffic held or
-//     dropped) until etcd has expired its lease and a successor has written,
-//     then writes with its old token. Each run has one fault kind on top,
-//     cycling through all of them. Every history is checked with porcupine
-//     against a fenced-register model (Model); Unknown from the checker
-//     fails; a run whose pause did not end in an expiry and a successor's
-//     write is counted invalid, not passed. The unfenced control then runs
-//     the same chaos with writes that skip the fence, and the checker must
-//     find violations. Clients take their locks with Lock mostly, and
-//     sometimes RLock (then only reading), TryLock or TryRLock.
+//     each with four registers (Held-guarded etcd key, Resource-guarded
+//     etcd key, sqlfence-guarded SQLite row, and an S3 manifest object
+//     committed through objectfence: a write is Commit with the client's
+//     token and the value as payload, a read is Read's payload). Clients
+//     acquire, write, read and release at random; one of them is paused
+//     (its traffic held or dropped) until etcd has expired its lease and a
+//     successor has written (then for up to a second more, until successors
+//     have written each of the name's registers), then writes every register
+//     with its old token. Each run has one fault kind on top, cycling
+//     through all of them. Every history is checked with porcupine against
+//     a fenced-register model (Model); Unknown from the checker fails; a
+//     run whose pause did not end in an expiry and a successor's write is
+//     counted invalid, not passed. A manifest commit is unknown only when
+//     objectfence says so (fence.ErrOutcomeUnknown); its other errors are
+//     held to having written nothing. The unfenced control then runs the
+//     same chaos with writes that skip the fence (plain puts of the etcd
+//     keys and of the manifest object, in objectfence's own form, a plain
+//     upsert of the row), and the checker must find violations, on the
+//     manifest registers alone too. Clients take their locks with Lock
+//     mostly, and sometimes RLock (then only reading), TryLock or TryRLock.
+//     The mutant scenario 10 and the flapping scenario use the first three
+//     registers only.
 //   - The lock oracle (oracle.go), in every chaos run and the flapping
 //     scenario: a watch opened before the clients start records every
 //     change under the run's lock names, and each grant a client received
@@ -69,9 +81,14 @@
 // Each tier prints a summary line (with -v, and appended to the file named
 // by LEASEFENCE_CHAOS_SUMMARY if set): runs, faults by kind, operations,
 // histories checked, stale writes accepted (must be 0), control violations
-// found (must be above 0), invalid runs, grants checked by the lock oracle,
-// invalid grants (must be 0), runs whose oracle was inconclusive, and the
-// forged early grants flagged of those forged (all, and above 0). A failing run writes its history
+// found (must be above 0), and by register kind (the control runs whose
+// registers of that kind alone are illegal; the manifest's must be above
+// 0), invalid runs, grants checked by the lock oracle, invalid grants
+// (must be 0), runs whose oracle was inconclusive, the forged early grants
+// flagged of those forged (all, and above 0), and the manifest operations
+// of the fenced and the control runs by outcome, with the victims' late
+// manifest writes and how many were refused and accepted (fenced: some
+// tried, none accepted). A failing run writes its history
 // (JSON) and porcupine's HTML visualization to a new folder under
 // LEASEFENCE_CHAOS_DIR (default: the system's temporary directory) and
 // prints the path.

@@ -9,12 +9,15 @@ import (
 
 // Register kinds: how a register's writes are guarded. A Held guard may
 // refuse a write the token order would allow (the holder has since let go),
-// so its refusals are always legal; a Resource or SQL fence refuses exactly
-// the writes whose token is below the highest accepted.
+// so its refusals are always legal; a Resource, SQL or manifest fence
+// refuses exactly the writes whose token is below the highest accepted.
 const (
 	KindHeld     = "held"
 	KindResource = "resource"
 	KindSQL      = "sql"
+	// KindManifest is a manifest object on an S3 store, committed through
+	// objectfence: its value is the manifest's payload.
+	KindManifest = "manifest"
 )
 
 // Outcome of an operation.
@@ -25,6 +28,11 @@ const (
 	OK      Outcome = iota // the write was applied, or the read returned Value
 	Refused                // the fence refused the write; nothing changed
 	Unknown                // no answer: the write may or may not have been applied
+	// Failed: the write ended unapplied, and not for its token (a manifest
+	// commit that objectfence reports as contended, refused by the store,
+	// or failed in the read before its put). Legal in any state, and it
+	// changes nothing: a value it wrote after all would show in reads.
+	Failed
 )
 
 // Input is an operation on one register.
@@ -97,6 +105,8 @@ func Model() porcupine.Model {
 					return []interface{}{s, accepted}
 				}
 				return []interface{}{s}
+			case Failed:
+				return []interface{}{s}
 			}
 			return nil
 		},
@@ -124,6 +134,8 @@ func (o Outcome) String() string {
 		return "refused"
 	case Unknown:
 		return "unknown"
+	case Failed:
+		return "failed"
 	}
 	return "?"
 }

@@ -55,6 +55,25 @@ func TestModel(t *testing.T) {
 			{w("x", KindResource, 1, "a"), Output{Outcome: Unknown}, 0, 1},
 			{r("x"), Output{Value: "a"}, 2, 3},
 		}, true},
+		{"manifest: stale refused, equal token accepted", []step{
+			{w("m", KindManifest, 2, "b"), Output{Outcome: OK}, 0, 1},
+			{w("m", KindManifest, 1, "a"), Output{Outcome: Refused}, 2, 3},
+			{w("m", KindManifest, 2, "c"), Output{Outcome: OK}, 4, 5},
+			{r("m"), Output{Value: "c"}, 6, 7},
+		}, true},
+		{"manifest: refused although not stale", []step{
+			{w("m", KindManifest, 2, "b"), Output{Outcome: Refused}, 0, 1},
+		}, false},
+		{"failed changes nothing", []step{
+			{w("m", KindManifest, 1, "a"), Output{Outcome: OK}, 0, 1},
+			{w("m", KindManifest, 2, "b"), Output{Outcome: Failed}, 2, 3},
+			{r("m"), Output{Value: "a"}, 4, 5},
+		}, true},
+		{"failed but applied after all", []step{
+			{w("m", KindManifest, 1, "a"), Output{Outcome: OK}, 0, 1},
+			{w("m", KindManifest, 2, "b"), Output{Outcome: Failed}, 2, 3},
+			{r("m"), Output{Value: "b"}, 4, 5},
+		}, false},
 		{"unknown may not have happened", []step{
 			{w("x", KindResource, 1, "a"), Output{Outcome: Unknown}, 0, 1},
 			{r("x"), Output{Value: ""}, 2, 3},

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -64,6 +65,7 @@ func TestChaos(t *testing.T) {
 			nets <- newChaosNet(t, testCtx(t, 2*time.Minute))
 		}
 	}
+	versity := startVersity(t) // one for the tier; a bucket per run
 	var sum tally
 	t.Run("runs", func(t *testing.T) {
 		for i := 0; i < runs+controls; i++ {
@@ -97,10 +99,11 @@ func TestChaos(t *testing.T) {
 					cfg.net, cfg.endpoints = net, endpoints(net.lc.members...)
 				}
 				cfg.db, cfg.sqlf = newSQL(t)
+				cfg.objects = newObjects(t, versity, cfg.names)
 				r := run(t, cfg)
 				sum.add(cfg, r)
-				t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes",
-					r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites)
+				t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes; %s; illegal kinds %v",
+					r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites, r.manifest, slices.Sorted(maps.Keys(r.illegal)))
 				if cfg.fenced {
 					report(t, cfg, r)
 				}
@@ -119,10 +122,33 @@ func TestChaos(t *testing.T) {
 	if sum.violations == 0 {
 		t.Errorf("the unfenced control found no violation in %d valid runs: the suite proves nothing", sum.controlRuns)
 	}
+	tierManifest(t, &sum)
 	if sum.invalid*4 > sum.runs {
 		t.Errorf("%d of %d runs invalid: the faults are not happening", sum.invalid, sum.runs)
 	}
 	tierOracle(t, &sum)
+}
+
+// tierManifest holds the manifest register to account: it took part
+// (writes and reads, fenced and in the control), every read decoded, the
+// victims' late commits were tried and refused, and the control's plain
+// puts let some through and the checker found it on the manifest
+// registers alone.
+func tierManifest(t testing.TB, sum *tally) {
+	t.Helper()
+	f, c := sum.manifest, sum.controlManifest
+	if f.writes == 0 || f.reads == 0 || c.writes == 0 || c.reads == 0 {
+		t.Errorf("the manifest register took no part: fenced %s, control %s", f, c)
+	}
+	if n := f.badReads + c.badReads; n != 0 {
+		t.Errorf("%d manifest reads found an object objectfence could not decode", n)
+	}
+	if f.late == 0 || f.lateAccepted != 0 {
+		t.Errorf("late manifest commits: %d tried, %d accepted; want some tried, none accepted", f.late, f.lateAccepted)
+	}
+	if sum.controlRuns > 0 && sum.kindViolations[KindManifest] == 0 {
+		t.Errorf("the unfenced control found no violation on the manifest register in %d valid runs (%s)", sum.controlRuns, c)
+	}
 }
 
 // reportOracle fails the test for a run with an invalid grant, and logs
