@@ -17,7 +17,7 @@ import (
 // a key of its own token, and commits a pointer to it.
 func Example() {
 	ctx := context.Background()
-	var l *lease.Lock // held: session.Lock(ctx, "tables/orders")
+	var l *lease.Lock     // held: session.Lock(ctx, "tables/orders")
 	var client *s3.Client // s3.NewFromConfig(cfg), cfg from config.LoadDefaultConfig
 	store, err := objectfence.NewS3Store(client, "my-bucket")
 	if err != nil {

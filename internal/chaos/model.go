@@ -80,36 +80,8 @@ func Model() porcupine.Model {
 			}
 			return out
 		},
-		Init: func() []interface{} { return []interface{}{registerState{}} },
-		Step: func(state, input, output interface{}) []interface{} {
-			s, in, out := state.(registerState), input.(Input), output.(Output)
-			if !in.Write {
-				if out.Outcome == Unknown || out.Value == s.value {
-					return []interface{}{s}
-				}
-				return nil
-			}
-			accepted := registerState{highest: in.Token, value: in.Value}
-			allowed := in.Token >= s.highest
-			switch out.Outcome {
-			case OK:
-				if allowed {
-					return []interface{}{accepted}
-				}
-			case Refused:
-				if !allowed || in.Kind == KindHeld {
-					return []interface{}{s}
-				}
-			case Unknown:
-				if allowed {
-					return []interface{}{s, accepted}
-				}
-				return []interface{}{s}
-			case Failed:
-				return []interface{}{s}
-			}
-			return nil
-		},
+		Init:  func() []interface{} { return []interface{}{registerState{}} },
+		Step:  step,
 		Equal: func(a, b interface{}) bool { return a.(registerState) == b.(registerState) },
 		DescribeOperation: func(input, output interface{}) string {
 			in, out := input.(Input), output.(Output)
@@ -138,4 +110,36 @@ func (o Outcome) String() string {
 		return "failed"
 	}
 	return "?"
+}
+
+// step is the fenced register's transition: the states an operation may
+// lead to from state, none if it is impossible there.
+func step(state, input, output interface{}) []interface{} {
+	s, in, out := state.(registerState), input.(Input), output.(Output)
+	if !in.Write {
+		if out.Outcome == Unknown || out.Value == s.value {
+			return []interface{}{s}
+		}
+		return nil
+	}
+	accepted := registerState{highest: in.Token, value: in.Value}
+	allowed := in.Token >= s.highest
+	switch out.Outcome {
+	case OK:
+		if allowed {
+			return []interface{}{accepted}
+		}
+	case Refused:
+		if !allowed || in.Kind == KindHeld {
+			return []interface{}{s}
+		}
+	case Unknown:
+		if allowed {
+			return []interface{}{s, accepted}
+		}
+		return []interface{}{s}
+	case Failed:
+		return []interface{}{s}
+	}
+	return nil
 }
