@@ -2,101 +2,258 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/objectfence"
 	"github.com/leasefence/leasefence/internal/s3test"
 )
 
-// puts counts the conditional puts a Fence sends: attempts per commit.
-type puts struct {
-	objectfence.Store
-	n atomic.Int64
-}
-
-func (p *puts) Put(ctx context.Context, key string, body []byte, cond objectfence.Condition) (string, error) {
-	p.n.Add(1)
-	return p.Store.Put(ctx, key, body, cond)
-}
-
-func manifestFence(b *testing.B) (*objectfence.Fence, *puts) {
-	b.Helper()
-	srv, bucket := s3test.StartVersityT(b)
-	store, err := objectfence.NewS3Store(srv.Client(), bucket)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := &puts{Store: store}
-	f, err := objectfence.New(p, "manifest")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Check(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	return f, p
-}
-
-// BenchmarkManifest compares a fenced manifest commit (a read and a
-// conditional put) with a plain unconditional put of the same object on
-// the same versitygw gateway, in turns (interleave; commit/plain is the
-// ratio). The contended rows are one holder's committers at once, all with
-// the same token, so that every commit ends written: they report commits
-// per second and conditional puts per commit (1 means no retry).
+// BenchmarkManifest measures objectfence on a real versitygw gateway on
+// loopback, started once for the run, each case on a manifest key of its
+// own.
+//
+// uncontended: one holder's Commit (one read, one conditional put),
+// a plain unconditional PutObject of the same object with the same bytes,
+// and a Read, in turns (interleave): commit/plain is the fence's cost,
+// whose target is at most 2.2x. gets/commit and puts/commit count what
+// the commits sent.
+//
+// committers=N: N goroutines commit to one manifest, each commit with a
+// token of its own drawn from one counter (a new holder each time, so
+// tokens increase in the order drawn, not in the order commits land), in
+// rounds of 4N commits that alternate with rounds of 4N plain puts by N
+// goroutines (to a key of their own, so as not to move the fenced
+// manifest's token back), each kind going first every other time. It
+// reports commits/s (commits written per second of the fenced rounds),
+// plain-puts/s, commit/plain (the median over pairs of rounds of the
+// fenced round's time over the plain one's), and per attempted commit:
+// stale/op (refused with a *fence.StaleError, a higher token having
+// landed first), retries/op (conditional puts refused by a race, each
+// sending the commit back to a new read) and contended/op (commits that
+// gave up with ErrContended). After the run the manifest must hold the
+// highest token that committed.
 func BenchmarkManifest(b *testing.B) {
-	b.Run("uncontended", func(b *testing.B) {
-		f, p := manifestFence(b)
-		ctx := context.Background()
-		body := []byte(`{"token":7,"payload":"YmF0Y2g="}`)
-		interleave(b, []turn{
-			{"plain", func() error {
-				_, err := p.Store.Put(ctx, "plain-manifest", body, objectfence.Condition{})
-				return err
-			}},
-			{"commit", func() error {
-				_, err := f.Commit(ctx, 7, []byte("batch"))
-				return err
-			}},
+	srv, bucket := s3test.StartVersityT(b)
+	client := s3.New(srv.Client().Options(), func(o *s3.Options) {
+		// Room for every committer's connection between requests: the
+		// SDK's default keeps 10 per host and closes the rest.
+		o.HTTPClient = awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+			t.MaxIdleConnsPerHost = 64
 		})
+	})
+	store, err := objectfence.NewS3Store(client, bucket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var seq atomic.Int64
+	key := func(name string) string { return fmt.Sprintf("%s-%d/manifest", name, seq.Add(1)) }
+	b.Run("uncontended", func(b *testing.B) {
+		manifestUncontended(b, store, key("uncontended"))
 	})
 	for _, n := range []int{4, 16} {
 		b.Run(fmt.Sprintf("committers=%d", n), func(b *testing.B) {
-			f, p := manifestFence(b)
-			contendedCommits(b, f, p, n)
+			manifestContended(b, store, key(fmt.Sprintf("committers%d", n)), n)
 		})
 	}
 }
 
-func contendedCommits(b *testing.B, f *objectfence.Fence, p *puts, n int) {
+// countingStore counts what a Fence sends: reads, conditional puts, and
+// the puts refused because another write came between read and put.
+type countingStore struct {
+	objectfence.Store
+	gets, puts, raced atomic.Int64
+}
+
+func (s *countingStore) Get(ctx context.Context, key string) ([]byte, string, error) {
+	s.gets.Add(1)
+	return s.Store.Get(ctx, key)
+}
+
+func (s *countingStore) Put(ctx context.Context, key string, body []byte, cond objectfence.Condition) (string, error) {
+	s.puts.Add(1)
+	v, err := s.Store.Put(ctx, key, body, cond)
+	if errors.Is(err, objectfence.ErrPreconditionFailed) || errors.Is(err, objectfence.ErrConflict) {
+		s.raced.Add(1)
+	}
+	return v, err
+}
+
+// manifestFence is a checked Fence on key through a counting store, with
+// a first commit of token written, and the manifest object's bytes as it
+// left them.
+func manifestFence(b *testing.B, store objectfence.Store, key string, token int64) (*objectfence.Fence, *countingStore, []byte) {
+	b.Helper()
 	ctx := context.Background()
+	counted := &countingStore{Store: store}
+	f, err := objectfence.New(counted, key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Check(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := f.Commit(ctx, token, batchPointer(b, f, token)); err != nil {
+		b.Fatal(err)
+	}
+	body, _, err := store.Get(ctx, key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return f, counted, body
+}
+
+// batchPointer is a manifest's payload: the data key of a batch.
+func batchPointer(b *testing.B, f *objectfence.Fence, token int64) []byte {
+	k, err := f.DataKey(token, "batch-000001.parquet")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return []byte(k)
+}
+
+func manifestUncontended(b *testing.B, store objectfence.Store, key string) {
+	ctx := context.Background()
+	const token = 7
+	f, counted, body := manifestFence(b, store, key, token)
+	reader, err := objectfence.New(store, key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := batchPointer(b, f, token)
+	gets, puts := counted.gets.Load(), counted.puts.Load()
+	interleave(b, []turn{
+		{"plain", func() error {
+			_, err := store.Put(ctx, key, body, objectfence.Condition{})
+			return err
+		}},
+		{"commit", func() error {
+			_, err := f.Commit(ctx, token, payload)
+			return err
+		}},
+		{"read", func() error {
+			_, err := reader.Read(ctx)
+			return err
+		}},
+	})
+	b.ReportMetric(float64(counted.gets.Load()-gets)/float64(b.N), "gets/commit")
+	b.ReportMetric(float64(counted.puts.Load()-puts)/float64(b.N), "puts/commit")
+}
+
+// commitTally counts the outcomes of contended commits.
+type commitTally struct {
+	committed, stale, contended atomic.Int64
+	highest                     atomic.Int64 // the highest token committed
+}
+
+func (t *commitTally) add(token int64, err error) error {
+	var se *fence.StaleError
+	switch {
+	case err == nil:
+		t.committed.Add(1)
+		for h := t.highest.Load(); token > h && !t.highest.CompareAndSwap(h, token); h = t.highest.Load() {
+		}
+	case errors.As(err, &se):
+		t.stale.Add(1)
+	case errors.Is(err, objectfence.ErrContended):
+		t.contended.Add(1)
+	default:
+		return err
+	}
+	return nil
+}
+
+func manifestContended(b *testing.B, store objectfence.Store, key string, n int) {
+	ctx := context.Background()
+	f, counted, body := manifestFence(b, store, key, 1)
+	var tokens atomic.Int64
+	tokens.Store(1)
+	var tally commitTally
+	commit := func() error {
+		t := tokens.Add(1)
+		batch, err := f.DataKey(t, "batch-000001.parquet")
+		if err != nil {
+			return err
+		}
+		_, err = f.Commit(ctx, t, []byte(batch))
+		return tally.add(t, err)
+	}
+	plainKey := key + ".plain"
+	plain := func() error {
+		_, err := store.Put(ctx, plainKey, body, objectfence.Condition{})
+		return err
+	}
+	raced := counted.raced.Load()
+	round := 4 * n
+	var fenced, unfenced time.Duration
+	var ratios []float64 // fenced / plain, per round
+	b.ResetTimer()
+	for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
+		k := min(round, b.N-done)
+		var took [2]time.Duration // fenced, plain
+		for i := range 2 {
+			which := (i + r) % 2 // the fenced round first every other time
+			d, err := concurrently(n, k, [2]func() error{commit, plain}[which])
+			if err != nil {
+				b.Fatal(err)
+			}
+			took[which] = d
+		}
+		fenced, unfenced = fenced+took[0], unfenced+took[1]
+		ratios = append(ratios, float64(took[0])/float64(took[1]))
+	}
+	b.StopTimer()
+	reportContended(b, f, &tally, counted.raced.Load()-raced, fenced, unfenced, ratios)
+}
+
+func reportContended(b *testing.B, f *objectfence.Fence, tally *commitTally, raced int64, fenced, unfenced time.Duration, ratios []float64) {
+	m, err := f.Read(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if h := tally.highest.Load(); h > 0 && m.Token != h {
+		b.Fatalf("the manifest holds token %d; the highest that committed is %d", m.Token, h)
+	}
+	per := func(n int64) float64 { return float64(n) / float64(b.N) }
+	b.ReportMetric(float64(tally.committed.Load())/fenced.Seconds(), "commits/s")
+	b.ReportMetric(float64(b.N)/unfenced.Seconds(), "plain-puts/s")
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "commit/plain")
+	b.ReportMetric(per(tally.stale.Load()), "stale/op")
+	b.ReportMetric(per(raced), "retries/op")
+	b.ReportMetric(per(tally.contended.Load()), "contended/op")
+}
+
+// concurrently runs op k times over n goroutines and returns how long
+// that took, or op's first error.
+func concurrently(n, k int, op func() error) (time.Duration, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	p.n.Store(0)
-	b.ResetTimer()
+	var once sync.Once
+	var first error
 	start := time.Now()
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(b.N) {
-				if _, err := f.Commit(ctx, 7, []byte("batch")); err != nil {
-					errs <- err
+			for next.Add(1) <= int64(k) {
+				if err := op(); err != nil {
+					once.Do(func() { first = err })
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	b.StopTimer()
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "commits/s")
-	b.ReportMetric(float64(p.n.Load())/float64(b.N), "puts/commit")
+	return time.Since(start), first
 }
