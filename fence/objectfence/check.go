@@ -24,7 +24,10 @@ const mismatch = `"00000000000000000000000000000000"`
 func (f *Fence) Check(ctx context.Context) error {
 	f.checking.Lock()
 	defer f.checking.Unlock()
-	return f.checkLocked(ctx)
+	if err := f.checkLocked(ctx); err != nil {
+		return fmt.Errorf("objectfence: %w", err)
+	}
+	return nil
 }
 
 // checkOnce runs Check unless it has ended before with an answer (passed,
@@ -55,7 +58,7 @@ func (f *Fence) checkLocked(ctx context.Context) error {
 	case errors.Is(err, ErrConditionsIgnored):
 		f.checked = err
 	}
-	return fmt.Errorf("objectfence: check %q: %w", key, err)
+	return fmt.Errorf("check %q: %w", key, err)
 }
 
 // check runs the probe's puts in order; each step after the first needs
