@@ -239,25 +239,7 @@ func (s *scene) aCommits(res *outcome) error {
 // pauseAUntilExpired stops A with SIGSTOP and waits until etcd has
 // expired its lease and deleted its lock key.
 func (s *scene) pauseAUntilExpired() error {
-	// Watch A's key before stopping A, so its expiry is seen as it happens.
-	resp, err := s.cli.Get(s.ctx, s.lockName+"/", clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) != 1 {
-		return fmt.Errorf("reading A's lock key: %v %v", resp, err)
-	}
-	aKey := string(resp.Kvs[0].Key)
-	wctx, stopWatch := context.WithCancel(s.ctx)
-	defer stopWatch()
-	deleted := s.cli.Watch(wctx, aKey, clientv3.WithRev(resp.Header.Revision+1))
-	if err := s.a.Signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	stoppedAt := time.Now()
-	s.tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
-	if err := exampleenv.AwaitDelete(deleted); err != nil {
-		return err
-	}
-	s.tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
-	return nil
+	return exampleenv.PauseUntilExpired(s.ctx, s.cli, s.a, s.lockName, s.tl)
 }
 
 // bTakesOver takes the lock for B, claims the manifest, reads the batch

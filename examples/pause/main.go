@@ -185,27 +185,9 @@ func (sc *pauseScene) aStartsWriting(res *result) error {
 }
 
 // pauseAUntilExpired stops A with SIGSTOP and waits until etcd has
-// expired its lease and deleted its key.
+// expired its lease and deleted its lock key.
 func (sc *pauseScene) pauseAUntilExpired() error {
-	// Watch A's key before stopping A, so its expiry is seen as it happens.
-	resp, err := sc.cli.Get(sc.ctx, sc.lockName+"/", clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) != 1 {
-		return fmt.Errorf("reading A's lock key: %v %v", resp, err)
-	}
-	aKey := string(resp.Kvs[0].Key)
-	wctx, stopWatch := context.WithCancel(sc.ctx)
-	defer stopWatch()
-	deleted := sc.cli.Watch(wctx, aKey, clientv3.WithRev(resp.Header.Revision+1))
-	if err := sc.a.Signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	stoppedAt := time.Now()
-	sc.tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
-	if err := exampleenv.AwaitDelete(deleted); err != nil {
-		return err
-	}
-	sc.tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
-	return nil
+	return exampleenv.PauseUntilExpired(sc.ctx, sc.cli, sc.a, sc.lockName, sc.tl)
 }
 
 // bTakesOver takes the lock for B and writes B's data. The returned lock

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // ChildEnv is set in the environment of a child started by StartChild,
@@ -161,4 +163,28 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// PauseUntilExpired stops the child holding lockName with SIGSTOP and waits
+// until etcd has expired its lease and deleted its lock key, telling tl.
+func PauseUntilExpired(ctx context.Context, cli *clientv3.Client, child *Child, lockName string, tl *Timeline) error {
+	// Watch the key before stopping the child, so its expiry is seen as it happens.
+	resp, err := cli.Get(ctx, lockName+"/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		return fmt.Errorf("reading A's lock key: %v %v", resp, err)
+	}
+	aKey := string(resp.Kvs[0].Key)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	deleted := cli.Watch(wctx, aKey, clientv3.WithRev(resp.Header.Revision+1))
+	if err := child.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	stoppedAt := time.Now()
+	tl.Printf("A", "is paused: SIGSTOP (think GC pause, swapping, a stalled VM)")
+	if err := AwaitDelete(deleted); err != nil {
+		return err
+	}
+	tl.Printf("etcd", "A's lease expired %v after the pause: key %s deleted", time.Since(stoppedAt).Round(10*time.Millisecond), aKey)
+	return nil
 }
