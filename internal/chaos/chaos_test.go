@@ -618,9 +618,10 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	if c.cfg.net != nil {
 		c.cfg.net.lc.lab.HealAll(ctx)
 	}
-	for i, p := range c.proxies {
+	for _, p := range c.proxies {
 		if c.cfg.fault == faultPartition {
-			c.proxies[i] = reconnect(ctx, p)
+			p.UnblackholeTx()
+			p.UnblackholeRx()
 		} else {
 			p.UnpauseTx()
 			p.UnpauseRx()
@@ -736,6 +737,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer p.Close()
 			if latency > 0 {
 				p.DelayTx(latency/2, latency/4)
 				p.DelayRx(latency/2, latency/4)
@@ -743,13 +745,6 @@ func run(t testing.TB, cfg runConfig) runResult {
 			c.proxies = append(c.proxies, p)
 			urls = append(urls, url)
 		}
-		// The proxies as they are at the end: a partition's heal replaces
-		// them (reconnect).
-		defer func() {
-			for _, p := range c.proxies {
-				p.Close()
-			}
-		}()
 		cli, err := etcdtest.NewClient(urls)
 		if err != nil {
 			t.Fatal(err)
@@ -976,25 +971,4 @@ func report(t testing.TB, cfg runConfig, r runResult) {
 	}
 	t.Errorf("run seed=%d fault=%s mutant=%v: checker says %s, %d stale writes accepted; history and visualization in %s",
 		cfg.seed, cfg.fault, cfg.mutant, r.check, r.staleAccepted, folder)
-}
-
-// reconnect ends a partition made with p's blackholes by closing p and
-// opening a proxy on the same address: the client's connections break and
-// it dials again, as it would once a real network heals. Lifting the
-// blackholes instead would leave connections that silently lost bytes in
-// the middle of their streams, which no TCP link does: a watch would carry
-// on past events it never got (a Keeper's copy then missed puts, and the
-// lock oracle flagged 3 grants in 308 runs). Binding the address again is
-// retried until the run's context ends.
-func reconnect(ctx context.Context, p proxy.Server) proxy.Server {
-	addr, target := strings.TrimPrefix(p.From(), "tcp://"), "http://"+strings.TrimPrefix(p.To(), "tcp://")
-	p.Close()
-	for ctx.Err() == nil {
-		np, _, err := etcdtest.NewProxy(addr, target)
-		if err == nil {
-			return np
-		}
-		rest(ctx, 20*time.Millisecond)
-	}
-	return p
 }
