@@ -32,6 +32,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
@@ -51,7 +52,7 @@ func main() {
 // the same etcd transaction as the fence check of its request's token.
 type objectServer struct {
 	cli    *clientv3.Client
-	store  *fencehttp.EtcdStore
+	store  *fencestore.EtcdStore
 	prefix string
 }
 
@@ -163,7 +164,7 @@ type answer struct {
 // startServer serves the object store on loopback, its writes fenced by
 // the writer lock's tokens, recorded in etcd.
 func (sc *scene) startServer() error {
-	store, err := fencehttp.NewEtcdStore(sc.cli, sc.prefix+"fences/")
+	store, err := fencestore.NewEtcdStore(sc.cli, sc.prefix+"fences/")
 	if err != nil {
 		return err
 	}

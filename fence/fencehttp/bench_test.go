@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -22,7 +23,7 @@ import (
 func BenchmarkPUT(b *testing.B) {
 	cli := etcd.Client(b)
 	key := etcdtest.Name(b, "bench-object")
-	store, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(b, "bench-records")+"/")
+	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(b, "bench-records")+"/")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func BenchmarkPUT(b *testing.B) {
 			fencehttp.WriteError(w, c, err)
 		}
 	})
-	mw := func(s fencehttp.Store, h http.Handler, opts ...fencehttp.Option) http.Handler {
+	mw := func(s fencestore.Store, h http.Handler, opts ...fencehttp.Option) http.Handler {
 		m, err := fencehttp.NewMiddleware(s, append(opts, fencehttp.WithLockName("bench"))...)
 		if err != nil {
 			b.Fatal(err)
@@ -51,7 +52,7 @@ func BenchmarkPUT(b *testing.B) {
 		h    http.Handler
 	}{
 		{"plain", plain},
-		{"memorystore", mw(fencehttp.NewMemoryStore(), plain)},
+		{"memorystore", mw(fencestore.NewMemoryStore(), plain)},
 		{"etcdstore", mw(store, fenced)},
 		{"etcdstore-in-handler", mw(store, fenced, fencehttp.WithCheckInHandler())},
 	}
@@ -63,7 +64,7 @@ func BenchmarkPUT(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				req, _ := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("v"))
-				fencehttp.SetHeaders(req.Header, fencehttp.Claim{Name: "bench", Token: 7})
+				fencehttp.SetHeaders(req.Header, fencestore.Claim{Name: "bench", Token: 7})
 				resp, err := client.Do(req)
 				if err != nil {
 					b.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -124,19 +125,19 @@ func staleOf(t *testing.T, resp *http.Response) fence.StaleError {
 // fixture is a store of one kind, a resource beside it, and the store's
 // atomic step for the resource's writes.
 type fixture struct {
-	store fencehttp.Store
+	store fencestore.Store
 	// highest reads the store's record of name, 0 if none.
 	highest func(ctx context.Context, name string) (int64, error)
 	read    func(ctx context.Context) (string, error)
 	// write sets the resource through the store's atomic step: a stale
 	// claim gives a *fence.StaleError and the resource is unchanged.
-	write func(ctx context.Context, c fencehttp.Claim, v string) error
+	write func(ctx context.Context, c fencestore.Claim, v string) error
 }
 
 func fixtures() map[string]func(t *testing.T) fixture {
 	return map[string]func(t *testing.T) fixture{
 		"memory": func(t *testing.T) fixture {
-			s := fencehttp.NewMemoryStore()
+			s := fencestore.NewMemoryStore()
 			var mu sync.Mutex
 			var value string
 			return fixture{
@@ -147,7 +148,7 @@ func fixtures() map[string]func(t *testing.T) fixture {
 					defer mu.Unlock()
 					return value, nil
 				},
-				write: func(ctx context.Context, c fencehttp.Claim, v string) error {
+				write: func(ctx context.Context, c fencestore.Claim, v string) error {
 					return s.Do(ctx, c, func() error {
 						mu.Lock()
 						defer mu.Unlock()
@@ -159,7 +160,7 @@ func fixtures() map[string]func(t *testing.T) fixture {
 		},
 		"etcd": func(t *testing.T) fixture {
 			cli := etcd.Client(t)
-			s, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+			s, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +182,7 @@ func fixtures() map[string]func(t *testing.T) fixture {
 					return fence.DecodeToken(v)
 				},
 				read: func(ctx context.Context) (string, error) { return get(ctx, data) },
-				write: func(ctx context.Context, c fencehttp.Claim, v string) error {
+				write: func(ctx context.Context, c fencestore.Claim, v string) error {
 					_, err := fence.NewTxn(ctx, cli, s.Guard(c)).Then(clientv3.OpPut(data, v)).Commit()
 					return err
 				},
@@ -308,7 +309,7 @@ func TestClaimThroughTransport(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdtest.Name(t, "files")
-	store := fencehttp.NewMemoryStore()
+	store := fencestore.NewMemoryStore()
 	var reg register
 	srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
 	l, err := newSession(t, cli).Lock(testCtx(t), name)

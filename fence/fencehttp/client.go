@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
 // Transport is an http.RoundTripper that attaches Holder's name and token to
@@ -79,16 +80,10 @@ func AttachClaim(req *http.Request, h fence.Holder) error {
 	return nil
 }
 
-func claimOf(h fence.Holder) (Claim, error) {
-	if h == nil {
-		return Claim{}, fmt.Errorf("fencehttp: %w: nil Holder", fence.ErrInvalidArgument)
-	}
-	c := Claim{Name: h.Name(), Token: h.Token()}
-	if err := fence.Ended(h); err != nil {
-		return Claim{}, fmt.Errorf("fencehttp: %w", &fence.NotHeldError{Key: h.Key(), Token: c.Token, Cause: err})
-	}
-	if err := checkName(c.Name); err != nil || c.Token <= 0 {
-		return Claim{}, fmt.Errorf("fencehttp: %w: lock %q token %d cannot be sent", fence.ErrInvalidArgument, c.Name, c.Token)
+func claimOf(h fence.Holder) (fencestore.Claim, error) {
+	c, err := fencestore.ClaimOf(h)
+	if err != nil {
+		return fencestore.Claim{}, fmt.Errorf("fencehttp: %w", err)
 	}
 	return c, nil
 }

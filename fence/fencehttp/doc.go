@@ -6,54 +6,54 @@
 // # Wire format
 //
 // Two headers, each exactly once: Leasefence-Lock, the lock name, and
-// Leasefence-Token, the token in canonical decimal (1 to
-// 9223372036854775807, no sign, no leading zeros, no spaces). Anything else
-// (a missing header, a repeated one, "007", "-1", "0", " 5", a number that
-// overflows int64) is answered 400 with a message saying what is wrong; a
-// request is never let through on a header the middleware could not read.
-// A stale token is answered 409 with a JSON body naming the token offered
-// and the highest accepted, and the Leasefence-Highest header.
+// Leasefence-Token, the token in canonical decimal (1 to 9223372036854775807,
+// no sign, no leading zeros, no spaces). Anything else (a missing header, a
+// repeated one, "007", "-1", "0", " 5", a number that overflows int64) is
+// answered 400 with a message saying what is wrong; a request is never let
+// through on a header the middleware could not read. A stale token is answered
+// 409 with a JSON body naming the token offered and the highest accepted, and
+// the Leasefence-Highest header.
 //
-// A third header, Leasefence-Claim, makes a request a claim (AttachClaim).
-// Its only value is "1", given once, with the two fencing headers; any
-// other value ("true", "0"), a repeated header, a claim without the fencing
-// headers, or a claim on a request the server does not fence is answered
-// 400. A claim is always checked and its token recorded before the handler
-// runs, whatever the method (methods that pass unchecked included) and
-// even with WithCheckInHandler: a GET with a claim is "claim, then read" in
-// one round trip. A stale claim is answered 409 like any stale request. A
-// request without the header is checked, or not, by its method alone.
+// A third header, Leasefence-Claim, makes a request a claim (AttachClaim). Its
+// only value is "1", given once, with the two fencing headers; any other value
+// ("true", "0"), a repeated header, a claim without the fencing headers, or a
+// claim on a request the server does not fence is answered 400. A claim is
+// always checked and its token recorded before the handler runs, whatever the
+// method (methods that pass unchecked included) and even with
+// WithCheckInHandler: a GET with a claim is "claim, then read" in one round
+// trip. A stale claim is answered 409 like any stale request. A request
+// without the header is checked, or not, by its method alone.
 //
 // # What is guaranteed
 //
-// The middleware checks and records the token in one atomic step of its
-// Store: a Store never accepts a token lower than one it accepted before.
-// The lock name a request must carry is decided by the server
-// (WithLockName or WithLockNameFunc), never by the client, since a client
-// choosing a fresh name would pass any fence.
+// The middleware checks and records the token in one atomic step of its Store:
+// a Store never accepts a token lower than one it accepted before. The lock
+// name a request must carry is decided by the server (WithLockName or
+// WithLockNameFunc), never by the client, since a client choosing a fresh name
+// would pass any fence.
 //
 // Once a claim has passed the middleware (its handler runs only then), no
-// request with a lower token passes the middleware's check, and writes
-// made through the Store's atomic step with a lower token (MemoryStore.Do,
-// or a fence.Txn guarded by EtcdStore.Guard) are refused. A new holder
-// therefore claims before its first read. A plain read at the start of a
-// holding is not enough: reads write nothing, so until the new holder's
-// first write the Store's highest token is still the previous holder's, and
-// a write of that holder still in flight is accepted after the read. The
-// new holder then builds on a state that has changed under it, and its own
-// write undoes the late one.
+// request with a lower token passes the middleware's check, and writes made
+// through the Store's atomic step with a lower token
+// (fencestore.MemoryStore.Do, or a fence.Txn guarded by
+// fencestore.EtcdStore.Guard) are refused. A new holder therefore claims
+// before its first read. A plain read at the start of a holding is not enough:
+// reads write nothing, so until the new holder's first write the Store's
+// highest token is still the previous holder's, and a write of that holder
+// still in flight is accepted after the read. The new holder then builds on a
+// state that has changed under it, and its own write undoes the late one.
 //
 // # What is not
 //
-// A check before the handler runs is not atomic with the handler's write:
-// two requests can pass the check in token order and then write in the
-// other order. Handlers whose writes must be ordered make them through the
-// Store within the same atomic step: MemoryStore.Do, or a fence.Txn guarded
-// by EtcdStore.Guard; with WithCheckInHandler that write is the only check,
-// saving a round trip. A claim shares this limit: a request with a lower
-// token that passed the middleware's check before the claim may still be
-// running its handler's write when the claim is answered, and that write
-// is refused only if it goes through the Store's atomic step. The token
-// says which lock holding a request came from, not who sent it:
-// authenticate clients separately.
+// A check before the handler runs is not atomic with the handler's write: two
+// requests can pass the check in token order and then write in the other
+// order. Handlers whose writes must be ordered make them through the Store
+// within the same atomic step: fencestore.MemoryStore.Do, or a fence.Txn
+// guarded by fencestore.EtcdStore.Guard; with WithCheckInHandler that write is
+// the only check, saving a round trip. A claim shares this limit: a request
+// with a lower token that passed the middleware's check before the claim may
+// still be running its handler's write when the claim is answered, and that
+// write is refused only if it goes through the Store's atomic step. The token
+// says which lock holding a request came from, not who sent it: authenticate
+// clients separately.
 package fencehttp

@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -23,7 +24,7 @@ import (
 // write, in the same etcd transaction (WithCheckInHandler).
 func ExampleMiddleware() {
 	var cli *clientv3.Client // from clientv3.New
-	store, err := fencehttp.NewEtcdStore(cli, "fences/objects/")
+	store, err := fencestore.NewEtcdStore(cli, "fences/objects/")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func ExampleAttachClaim() {
 		body, _ := io.ReadAll(r.Body)
 		report = string(body)
 	})
-	mw, err := fencehttp.NewMiddleware(fencehttp.NewMemoryStore(), fencehttp.WithLockName("reports/writer"))
+	mw, err := fencehttp.NewMiddleware(fencestore.NewMemoryStore(), fencehttp.WithLockName("reports/writer"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -4,9 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
 // Header names of the wire format.
@@ -20,67 +19,43 @@ const (
 	HeaderClaim = "Leasefence-Claim"
 )
 
-// MaxNameLen bounds the lock name a request may carry.
-const MaxNameLen = 512
-
 // ErrBadHeader is wrapped by every error of ParseHeaders: a fencing header
 // is missing, repeated or malformed.
 var ErrBadHeader = errors.New("fencehttp: bad fencing header")
 
-// Claim is what a request says about itself: the lock it was sent under and
-// that holding's token.
-type Claim struct {
-	Name  string
-	Token int64
-}
-
 // SetHeaders sets the fencing headers for c on h, replacing any there.
-func SetHeaders(h http.Header, c Claim) {
+func SetHeaders(h http.Header, c fencestore.Claim) {
 	h.Set(HeaderLock, c.Name)
-	h.Set(HeaderToken, strconv.FormatInt(c.Token, 10))
+	h.Set(HeaderToken, fencestore.FormatToken(c.Token))
 }
 
 // ParseHeaders reads the fencing headers strictly. Every error wraps
 // ErrBadHeader and says which header is wrong and why.
-func ParseHeaders(h http.Header) (Claim, error) {
+func ParseHeaders(h http.Header) (fencestore.Claim, error) {
 	name, err := single(h, HeaderLock)
 	if err != nil {
-		return Claim{}, err
+		return fencestore.Claim{}, err
 	}
-	if err := checkName(name); err != nil {
-		return Claim{}, fmt.Errorf("%w: %s %w", ErrBadHeader, HeaderLock, err)
+	if err := fencestore.CheckName(name); err != nil {
+		return fencestore.Claim{}, fmt.Errorf("%w: %s %w", ErrBadHeader, HeaderLock, err)
 	}
 	raw, err := single(h, HeaderToken)
 	if err != nil {
-		return Claim{}, err
+		return fencestore.Claim{}, err
 	}
 	token, err := ParseToken(raw)
 	if err != nil {
-		return Claim{}, err
+		return fencestore.Claim{}, err
 	}
-	return Claim{Name: name, Token: token}, nil
+	return fencestore.Claim{Name: name, Token: token}, nil
 }
 
-// ParseToken parses a token in canonical decimal: digits only, no leading
-// zero, from 1 to math.MaxInt64. Errors wrap ErrBadHeader.
+// ParseToken parses a token in canonical decimal (fencestore.ParseToken).
+// Errors wrap ErrBadHeader.
 func ParseToken(s string) (int64, error) {
-	switch {
-	case s == "":
-		return 0, fmt.Errorf("%w: %s is empty", ErrBadHeader, HeaderToken)
-	case len(s) > 19:
-		return 0, fmt.Errorf("%w: %s %.30q is too long for a 63-bit token", ErrBadHeader, HeaderToken, s)
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, fmt.Errorf("%w: %s %q: only decimal digits are allowed", ErrBadHeader, HeaderToken, s)
-		}
-	}
-	if s[0] == '0' {
-		return 0, fmt.Errorf("%w: %s %q: tokens are positive and written without leading zeros", ErrBadHeader, HeaderToken, s)
-	}
-	t, err := strconv.ParseInt(s, 10, 64)
+	t, err := fencestore.ParseToken(s)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s %q overflows a 63-bit token", ErrBadHeader, HeaderToken, s)
+		return 0, fmt.Errorf("%w: %s %w", ErrBadHeader, HeaderToken, err)
 	}
 	return t, nil
 }
@@ -110,27 +85,4 @@ func single(h http.Header, key string) (string, error) {
 		return vs[0], nil
 	}
 	return "", fmt.Errorf("%w: %s given %d times", ErrBadHeader, key, len(vs))
-}
-
-// errName is the reason a lock name cannot be sent in a header; its text
-// follows the header's or the option's name.
-type errName string
-
-func (e errName) Error() string { return string(e) }
-
-func checkName(name string) error {
-	switch {
-	case name == "":
-		return errName("is empty")
-	case len(name) > MaxNameLen:
-		return errName(fmt.Sprintf("is longer than %d bytes", MaxNameLen))
-	case !utf8.ValidString(name):
-		return errName("is not UTF-8")
-	}
-	for _, r := range name {
-		if !unicode.IsPrint(r) {
-			return errName(fmt.Sprintf("%q has a non-printing character", name))
-		}
-	}
-	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
 func TestParseHeaders(t *testing.T) {
@@ -23,32 +24,32 @@ func TestParseHeaders(t *testing.T) {
 	cases := []struct {
 		name  string
 		h     http.Header
-		want  fencehttp.Claim
+		want  fencestore.Claim
 		inMsg string // part of the error message; empty for success
 	}{
-		{"valid", hdr(L, "jobs", T, "42"), fencehttp.Claim{Name: "jobs", Token: 42}, ""},
-		{"max int64", hdr(L, "jobs", T, "9223372036854775807"), fencehttp.Claim{Name: "jobs", Token: math.MaxInt64}, ""},
-		{"nested name", hdr(L, "jobs/7", T, "1"), fencehttp.Claim{Name: "jobs/7", Token: 1}, ""},
-		{"no headers", hdr(), fencehttp.Claim{}, L + " is missing"},
-		{"no token", hdr(L, "jobs"), fencehttp.Claim{}, T + " is missing"},
-		{"no lock", hdr(T, "5"), fencehttp.Claim{}, L + " is missing"},
-		{"empty token", hdr(L, "jobs", T, ""), fencehttp.Claim{}, "empty"},
-		{"empty lock", hdr(L, "", T, "5"), fencehttp.Claim{}, "empty"},
-		{"letters", hdr(L, "jobs", T, "abc"), fencehttp.Claim{}, "only decimal digits"},
-		{"negative", hdr(L, "jobs", T, "-5"), fencehttp.Claim{}, "only decimal digits"},
-		{"plus sign", hdr(L, "jobs", T, "+5"), fencehttp.Claim{}, "only decimal digits"},
-		{"zero", hdr(L, "jobs", T, "0"), fencehttp.Claim{}, "positive"},
-		{"leading zero", hdr(L, "jobs", T, "007"), fencehttp.Claim{}, "leading zeros"},
-		{"space", hdr(L, "jobs", T, " 5"), fencehttp.Claim{}, "only decimal digits"},
-		{"hex", hdr(L, "jobs", T, "0x10"), fencehttp.Claim{}, "only decimal digits"},
-		{"float", hdr(L, "jobs", T, "5.0"), fencehttp.Claim{}, "only decimal digits"},
-		{"overflow by one", hdr(L, "jobs", T, "9223372036854775808"), fencehttp.Claim{}, "overflows"},
-		{"far too long", hdr(L, "jobs", T, strings.Repeat("9", 40)), fencehttp.Claim{}, "too long"},
-		{"two tokens", hdr(L, "jobs", T, "5", T, "6"), fencehttp.Claim{}, "given 2 times"},
-		{"two locks", hdr(L, "a", L, "b", T, "5"), fencehttp.Claim{}, "given 2 times"},
-		{"control char in lock", hdr(L, "jo\x01bs", T, "5"), fencehttp.Claim{}, "non-printing"},
-		{"bad utf-8 in lock", hdr(L, "jo\xffbs", T, "5"), fencehttp.Claim{}, "not UTF-8"},
-		{"lock too long", hdr(L, strings.Repeat("x", fencehttp.MaxNameLen+1), T, "5"), fencehttp.Claim{}, "longer than"},
+		{"valid", hdr(L, "jobs", T, "42"), fencestore.Claim{Name: "jobs", Token: 42}, ""},
+		{"max int64", hdr(L, "jobs", T, "9223372036854775807"), fencestore.Claim{Name: "jobs", Token: math.MaxInt64}, ""},
+		{"nested name", hdr(L, "jobs/7", T, "1"), fencestore.Claim{Name: "jobs/7", Token: 1}, ""},
+		{"no headers", hdr(), fencestore.Claim{}, L + " is missing"},
+		{"no token", hdr(L, "jobs"), fencestore.Claim{}, T + " is missing"},
+		{"no lock", hdr(T, "5"), fencestore.Claim{}, L + " is missing"},
+		{"empty token", hdr(L, "jobs", T, ""), fencestore.Claim{}, "empty"},
+		{"empty lock", hdr(L, "", T, "5"), fencestore.Claim{}, "empty"},
+		{"letters", hdr(L, "jobs", T, "abc"), fencestore.Claim{}, "only decimal digits"},
+		{"negative", hdr(L, "jobs", T, "-5"), fencestore.Claim{}, "only decimal digits"},
+		{"plus sign", hdr(L, "jobs", T, "+5"), fencestore.Claim{}, "only decimal digits"},
+		{"zero", hdr(L, "jobs", T, "0"), fencestore.Claim{}, "positive"},
+		{"leading zero", hdr(L, "jobs", T, "007"), fencestore.Claim{}, "leading zeros"},
+		{"space", hdr(L, "jobs", T, " 5"), fencestore.Claim{}, "only decimal digits"},
+		{"hex", hdr(L, "jobs", T, "0x10"), fencestore.Claim{}, "only decimal digits"},
+		{"float", hdr(L, "jobs", T, "5.0"), fencestore.Claim{}, "only decimal digits"},
+		{"overflow by one", hdr(L, "jobs", T, "9223372036854775808"), fencestore.Claim{}, "overflows"},
+		{"far too long", hdr(L, "jobs", T, strings.Repeat("9", 40)), fencestore.Claim{}, "too long"},
+		{"two tokens", hdr(L, "jobs", T, "5", T, "6"), fencestore.Claim{}, "given 2 times"},
+		{"two locks", hdr(L, "a", L, "b", T, "5"), fencestore.Claim{}, "given 2 times"},
+		{"control char in lock", hdr(L, "jo\x01bs", T, "5"), fencestore.Claim{}, "non-printing"},
+		{"bad utf-8 in lock", hdr(L, "jo\xffbs", T, "5"), fencestore.Claim{}, "not UTF-8"},
+		{"lock too long", hdr(L, strings.Repeat("x", fencestore.MaxNameLen+1), T, "5"), fencestore.Claim{}, "longer than"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,7 +63,7 @@ func TestParseHeaders(t *testing.T) {
 			if !errors.Is(err, fencehttp.ErrBadHeader) || !strings.Contains(err.Error(), tc.inMsg) {
 				t.Fatalf("ParseHeaders = %+v, %v; want ErrBadHeader mentioning %q", got, err, tc.inMsg)
 			}
-			if got != (fencehttp.Claim{}) {
+			if got != (fencestore.Claim{}) {
 				t.Errorf("a failed parse returned %+v", got)
 			}
 		})
@@ -98,7 +99,7 @@ func FuzzTokenRoundTrip(f *testing.F) {
 	f.Add(int64(-1))
 	f.Fuzz(func(t *testing.T, v int64) {
 		h := http.Header{}
-		fencehttp.SetHeaders(h, fencehttp.Claim{Name: "n", Token: v})
+		fencehttp.SetHeaders(h, fencestore.Claim{Name: "n", Token: v})
 		c, err := fencehttp.ParseHeaders(h)
 		if v <= 0 {
 			if err == nil {

@@ -11,18 +11,19 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
 // Middleware checks the fencing headers of requests against a Store before
 // they reach the handler. It is safe for concurrent use.
 type Middleware struct {
-	store Store
+	store fencestore.Store
 	opts  options
 }
 
 // NewMiddleware returns a Middleware over store. A lock name option is
 // required: the server, not the client, decides which lock fences what.
-func NewMiddleware(store Store, opts ...Option) (*Middleware, error) {
+func NewMiddleware(store fencestore.Store, opts ...Option) (*Middleware, error) {
 	if store == nil {
 		return nil, fmt.Errorf("fencehttp: %w: nil Store", fence.ErrInvalidArgument)
 	}
@@ -37,8 +38,8 @@ type claimKey struct{}
 
 // ClaimFrom returns the claim the middleware accepted for the request whose
 // context ctx is.
-func ClaimFrom(ctx context.Context) (Claim, bool) {
-	c, ok := ctx.Value(claimKey{}).(Claim)
+func ClaimFrom(ctx context.Context) (fencestore.Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(fencestore.Claim)
 	return c, ok
 }
 
@@ -68,22 +69,22 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 // check decides whether r is fenced and, if it is, whether it may pass. The
 // claim header is read first: a malformed one must not turn a claim into
 // an unchecked read that the client believes protected.
-func (m *Middleware) check(r *http.Request) (c Claim, fenced bool, err error) {
+func (m *Middleware) check(r *http.Request) (c fencestore.Claim, fenced bool, err error) {
 	claim, err := claimed(r.Header)
 	if err != nil {
-		return Claim{}, false, err
+		return fencestore.Claim{}, false, err
 	}
 	if !claim && m.opts.unchecked[r.Method] {
-		return Claim{}, false, nil
+		return fencestore.Claim{}, false, nil
 	}
 	want := m.opts.lockName(r)
 	switch {
 	case want == "" && claim:
 		// Nothing would record the claim: answering 200 would promise a
 		// protection the server does not give.
-		return Claim{}, false, fmt.Errorf("%w: %s on a request this server does not fence", ErrBadHeader, HeaderClaim)
+		return fencestore.Claim{}, false, fmt.Errorf("%w: %s on a request this server does not fence", ErrBadHeader, HeaderClaim)
 	case want == "":
-		return Claim{}, false, nil
+		return fencestore.Claim{}, false, nil
 	}
 	c, err = ParseHeaders(r.Header)
 	if err == nil && c.Name != want {
@@ -97,7 +98,7 @@ func (m *Middleware) check(r *http.Request) (c Claim, fenced bool, err error) {
 	return c, err == nil, err
 }
 
-func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c Claim, err error) {
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c fencestore.Claim, err error) {
 	if _, stale := isStale(err); stale {
 		m.opts.hooks.Report("http", err)
 	}
@@ -122,7 +123,7 @@ type refusal struct {
 // middleware does, and returns the status written: 409 with both tokens for
 // a *fence.StaleError, 400 for ErrBadHeader or fence.ErrInvalidArgument,
 // 503 otherwise. Handlers use it when their own fenced write is refused.
-func WriteError(w http.ResponseWriter, c Claim, err error) int {
+func WriteError(w http.ResponseWriter, c fencestore.Claim, err error) int {
 	body := refusal{Error: err.Error(), Lock: c.Name, Token: c.Token}
 	status := http.StatusServiceUnavailable
 	if se, ok := isStale(err); ok {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
+	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -48,7 +49,7 @@ func (g *register) get() (string, int) {
 	return g.value, g.writes
 }
 
-func serve(t *testing.T, store fencehttp.Store, h http.Handler, opts ...fencehttp.Option) *httptest.Server {
+func serve(t *testing.T, store fencestore.Store, h http.Handler, opts ...fencehttp.Option) *httptest.Server {
 	t.Helper()
 	mw, err := fencehttp.NewMiddleware(store, opts...)
 	if err != nil {
@@ -59,7 +60,7 @@ func serve(t *testing.T, store fencehttp.Store, h http.Handler, opts ...fencehtt
 	return srv
 }
 
-func put(t *testing.T, url string, c *fencehttp.Claim, body string) *http.Response {
+func put(t *testing.T, url string, c *fencestore.Claim, body string) *http.Response {
 	t.Helper()
 	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPut, url, strings.NewReader(body))
 	if err != nil {
@@ -88,15 +89,15 @@ func newSession(t *testing.T, cli *clientv3.Client) *lease.Session {
 
 // stores returns a fresh store of each kind, with a way to read the
 // highest token recorded for a name.
-func stores(t *testing.T) map[string]func(t *testing.T) (fencehttp.Store, func(name string) int64) {
-	return map[string]func(t *testing.T) (fencehttp.Store, func(string) int64){
-		"memory": func(t *testing.T) (fencehttp.Store, func(string) int64) {
-			s := fencehttp.NewMemoryStore()
+func stores(t *testing.T) map[string]func(t *testing.T) (fencestore.Store, func(name string) int64) {
+	return map[string]func(t *testing.T) (fencestore.Store, func(string) int64){
+		"memory": func(t *testing.T) (fencestore.Store, func(string) int64) {
+			s := fencestore.NewMemoryStore()
 			return s, s.Highest
 		},
-		"etcd": func(t *testing.T) (fencehttp.Store, func(string) int64) {
+		"etcd": func(t *testing.T) (fencestore.Store, func(string) int64) {
 			cli := etcd.Client(t)
-			s, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+			s, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -165,7 +166,7 @@ func TestStaleRequestRefused(t *testing.T) {
 			resp.Body.Close()
 
 			// A's request, delayed in the network, arrives now.
-			late := put(t, srv.URL, &fencehttp.Claim{Name: la.Name(), Token: la.Token()}, "late A")
+			late := put(t, srv.URL, &fencestore.Claim{Name: la.Name(), Token: la.Token()}, "late A")
 			if late.StatusCode != http.StatusConflict {
 				t.Fatalf("late write: status %d, want 409", late.StatusCode)
 			}
@@ -203,7 +204,7 @@ func TestBadRequestsNeverPass(t *testing.T) {
 			store, highest := mk(t)
 			var reg register
 			srv := serve(t, store, reg.handler(), fencehttp.WithLockName("files"))
-			if resp := put(t, srv.URL, &fencehttp.Claim{Name: "files", Token: 100}, "ok"); resp.StatusCode != http.StatusOK {
+			if resp := put(t, srv.URL, &fencestore.Claim{Name: "files", Token: 100}, "ok"); resp.StatusCode != http.StatusOK {
 				t.Fatalf("valid write: %d", resp.StatusCode)
 			}
 			cases := []struct {
@@ -247,7 +248,7 @@ func TestBadRequestsNeverPass(t *testing.T) {
 func TestUncheckedMethods(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	var reg register
-	store := fencehttp.NewMemoryStore()
+	store := fencestore.NewMemoryStore()
 	reads := serve(t, store, reg.handler(), fencehttp.WithLockName("files"))
 	if resp, err := http.Get(reads.URL); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET without a token, default options: %v %v", resp, err)
@@ -268,7 +269,7 @@ func TestUncheckedMethods(t *testing.T) {
 func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
-	store, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +295,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 	slow := make(chan *http.Response, 1)
 	go func() {
 		req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("token 5"))
-		fencehttp.SetHeaders(req.Header, fencehttp.Claim{Name: "obj", Token: 5})
+		fencehttp.SetHeaders(req.Header, fencestore.Claim{Name: "obj", Token: 5})
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Error(err)
@@ -302,7 +303,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 		slow <- resp
 	}()
 	<-passed
-	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "obj", Token: 6}, "token 6"); resp.StatusCode != http.StatusOK {
+	if resp := put(t, srv.URL, &fencestore.Claim{Name: "obj", Token: 6}, "token 6"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("token 6: %d", resp.StatusCode)
 	}
 	close(release)
@@ -317,37 +318,6 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 	got, err := cli.Get(testCtx(t), data)
 	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != "token 6" {
 		t.Fatalf("object = %v %v, want token 6's", got.Kvs, err)
-	}
-}
-
-func TestMemoryStoreDo(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	s := fencehttp.NewMemoryStore()
-	ctx := testCtx(t)
-	var log []int64
-	write := func(tok int64) func() error { return func() error { log = append(log, tok); return nil } }
-	for _, tok := range []int64{3, 3, 7} {
-		if err := s.Do(ctx, fencehttp.Claim{Name: "n", Token: tok}, write(tok)); err != nil {
-			t.Fatalf("Do(%d): %v", tok, err)
-		}
-	}
-	err := s.Do(ctx, fencehttp.Claim{Name: "n", Token: 5}, write(5))
-	var se *fence.StaleError
-	if !errors.As(err, &se) || se.Highest != 7 || se.Token != 5 {
-		t.Fatalf("Do(5) after 7: %v", err)
-	}
-	failing := errors.New("disk full")
-	if err := s.Do(ctx, fencehttp.Claim{Name: "n", Token: 9}, func() error { return failing }); !errors.Is(err, failing) {
-		t.Fatalf("Do with a failing write: %v", err)
-	}
-	if h := s.Highest("n"); h != 7 {
-		t.Errorf("highest = %d after a failed write, want 7", h)
-	}
-	if fmt.Sprint(log) != "[3 3 7]" {
-		t.Errorf("writes run: %v", log)
-	}
-	if err := s.Do(ctx, fencehttp.Claim{Name: "", Token: 1}, nil); !errors.Is(err, fence.ErrInvalidArgument) {
-		t.Errorf("Do with an empty name: %v", err)
 	}
 }
 
@@ -366,7 +336,7 @@ func TestStoreFailureIs503(t *testing.T) {
 		return fmt.Errorf("fence: commit: %w", fence.ErrOutcomeUnknown)
 	})
 	srv := serve(t, down, reg.handler(), fencehttp.WithLockName("files"))
-	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "files", Token: 1}, "x"); resp.StatusCode != http.StatusServiceUnavailable {
+	if resp := put(t, srv.URL, &fencestore.Claim{Name: "files", Token: 1}, "x"); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("status %d, want 503", resp.StatusCode)
 	}
 	if _, n := reg.get(); n != 0 {
@@ -376,10 +346,10 @@ func TestStoreFailureIs503(t *testing.T) {
 
 func TestNewMiddlewareBadInput(t *testing.T) {
 	etcdtest.LeakCheck(t)
-	store := fencehttp.NewMemoryStore()
+	store := fencestore.NewMemoryStore()
 	cases := []struct {
 		name  string
-		store fencehttp.Store
+		store fencestore.Store
 		opts  []fencehttp.Option
 	}{
 		{"nil store", nil, []fencehttp.Option{fencehttp.WithLockName("x")}},
@@ -400,10 +370,10 @@ func TestNewMiddlewareBadInput(t *testing.T) {
 			t.Errorf("%s: %q names a package more than once", tc.name, err)
 		}
 	}
-	if _, err := fencehttp.NewEtcdStore(nil, "p/"); !errors.Is(err, fence.ErrInvalidArgument) {
+	if _, err := fencestore.NewEtcdStore(nil, "p/"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("NewEtcdStore(nil): %v", err)
 	}
-	if _, err := fencehttp.NewEtcdStore(etcd.Client(t), ""); !errors.Is(err, fence.ErrInvalidArgument) {
+	if _, err := fencestore.NewEtcdStore(etcd.Client(t), ""); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("NewEtcdStore with no prefix: %v", err)
 	}
 }
@@ -414,7 +384,7 @@ func TestNewMiddlewareBadInput(t *testing.T) {
 func TestCheckInHandler(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
-	store, err := fencehttp.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,10 +397,10 @@ func TestCheckInHandler(t *testing.T) {
 		}
 	})
 	srv := serve(t, store, h, fencehttp.WithLockName("obj"), fencehttp.WithCheckInHandler())
-	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "obj", Token: 9}, "nine"); resp.StatusCode != http.StatusOK {
+	if resp := put(t, srv.URL, &fencestore.Claim{Name: "obj", Token: 9}, "nine"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("token 9: %d", resp.StatusCode)
 	}
-	if resp := put(t, srv.URL, &fencehttp.Claim{Name: "obj", Token: 8}, "eight"); resp.StatusCode != http.StatusConflict {
+	if resp := put(t, srv.URL, &fencestore.Claim{Name: "obj", Token: 8}, "eight"); resp.StatusCode != http.StatusConflict {
 		t.Errorf("token 8 after 9: %d, want 409", resp.StatusCode)
 	}
 	if resp := put(t, srv.URL, nil, "none"); resp.StatusCode != http.StatusBadRequest {

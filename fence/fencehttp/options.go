@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
 // Option configures a Middleware.
@@ -24,16 +25,16 @@ type options struct {
 // WithLockName makes every checked request carry tokens of the lock name.
 func WithLockName(name string) Option {
 	return func(o *options) error {
-		if err := checkName(name); err != nil {
+		if err := fencestore.CheckName(name); err != nil {
 			return fmt.Errorf("lock name %w", err)
 		}
 		return WithLockNameFunc(func(*http.Request) string { return name })(o)
 	}
 }
 
-// WithLockNameFunc decides per request which lock's tokens it must carry,
-// for services with a lock per object. An empty name means the request is
-// not fenced. f must be safe for concurrent use.
+// WithLockNameFunc decides per request which lock's tokens it must carry, for
+// services with a lock per object. An empty name means the request is not
+// fenced. f must be safe for concurrent use.
 func WithLockNameFunc(f func(*http.Request) string) Option {
 	return func(o *options) error {
 		if f == nil {
@@ -65,14 +66,14 @@ func WithUncheckedMethods(methods ...string) Option {
 }
 
 // WithCheckInHandler leaves the token check to the handler: the middleware
-// still refuses bad headers and the wrong lock name, and puts the claim in
-// the request's context, but does not consult the Store. The handler must
-// make its write through the Store's atomic check (a fence.Txn guarded by
-// EtcdStore.Guard, or MemoryStore.Do) and answer a refusal with WriteError.
-// It saves the separate check's round trip; a handler that writes any
-// other way writes unfenced. A request carrying HeaderClaim is still
-// recorded by the middleware before the handler runs, since a read made by
-// the handler does not go through the Store and would record nothing.
+// still refuses bad headers and the wrong lock name, and puts the claim in the
+// request's context, but does not consult the Store. The handler must make its
+// write through the Store's atomic check (a fence.Txn guarded by
+// fencestore.EtcdStore.Guard, or fencestore.MemoryStore.Do) and answer a
+// refusal with WriteError. It saves the separate check's round trip; a handler
+// that writes any other way writes unfenced. A request carrying HeaderClaim is
+// still recorded by the middleware before the handler runs, since a read made
+// by the handler does not go through the Store and would record nothing.
 func WithCheckInHandler() Option {
 	return func(o *options) error {
 		o.inHandler = true
@@ -80,8 +81,8 @@ func WithCheckInHandler() Option {
 	}
 }
 
-// WithLogger logs refused requests at debug level and store failures at
-// warn level. nil means no logging.
+// WithLogger logs refused requests at debug level and store failures at warn
+// level. nil means no logging.
 func WithLogger(lg *zap.Logger) Option {
 	return func(o *options) error {
 		o.lg = lg

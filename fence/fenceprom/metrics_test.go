@@ -20,6 +20,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fenceprom"
+	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
@@ -188,7 +189,7 @@ func TestMetricsFromRealEvents(t *testing.T) {
 	if err := f.Upsert(ctx, db, "r", 4, sqlfence.Set("v", "four")); !errors.Is(err, fence.ErrStale) {
 		t.Fatalf("stale SQL write: %v", err)
 	}
-	store := fencehttp.NewMemoryStore()
+	store := fencestore.NewMemoryStore()
 	mw, err := fencehttp.NewMiddleware(store, fencehttp.WithLockName("files"), fencehttp.WithHooks(m.FenceHooks()))
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package fencehttp
+package fencestore
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/leasefence/leasefence/fence"
 )
 
-// Store keeps the highest token accepted per lock name. The middleware
-// needs only this; MemoryStore and EtcdStore implement it.
+// Store keeps the highest token accepted per lock name. The transports'
+// server side needs only this; MemoryStore and EtcdStore implement it.
 type Store interface {
 	// Accept records token for name if it is at least the highest token
 	// accepted for name so far, in one atomic step. A lower token changes
@@ -58,7 +58,7 @@ func (s *MemoryStore) Accept(ctx context.Context, name string, token int64) erro
 // stop write when ctx ends; it only refuses to start once ctx has ended.
 func (s *MemoryStore) Do(ctx context.Context, c Claim, write func() error) error {
 	if c.Name == "" || c.Token <= 0 {
-		return fmt.Errorf("fencehttp: %w: lock %q token %d", fence.ErrInvalidArgument, c.Name, c.Token)
+		return fmt.Errorf("fencestore: %w: lock %q token %d", fence.ErrInvalidArgument, c.Name, c.Token)
 	}
 	r := s.record(c.Name)
 	r.mu.Lock()
@@ -99,9 +99,9 @@ type EtcdStore struct {
 func NewEtcdStore(kv clientv3.KV, prefix string) (*EtcdStore, error) {
 	switch {
 	case kv == nil:
-		return nil, fmt.Errorf("fencehttp: %w: nil kv", fence.ErrInvalidArgument)
+		return nil, fmt.Errorf("fencestore: %w: nil kv", fence.ErrInvalidArgument)
 	case prefix == "":
-		return nil, fmt.Errorf("fencehttp: %w: empty record prefix", fence.ErrInvalidArgument)
+		return nil, fmt.Errorf("fencestore: %w: empty record prefix", fence.ErrInvalidArgument)
 	}
 	return &EtcdStore{kv: kv, prefix: prefix}, nil
 }
