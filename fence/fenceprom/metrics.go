@@ -119,8 +119,8 @@ func (m *Metrics) LeaseHooks() *lease.Hooks {
 	}
 }
 
-// FenceHooks returns hooks for fence.Txn.WithHooks, sqlfence.WithHooks and
-// fencehttp.WithHooks.
+// FenceHooks returns hooks for fence.Txn.WithHooks, sqlfence.WithHooks,
+// fencehttp.WithHooks and fencegrpc.WithHooks.
 func (m *Metrics) FenceHooks() *fence.Hooks {
 	return &fence.Hooks{
 		Refused:        func(guard string) { m.refused.WithLabelValues(guard).Inc() },

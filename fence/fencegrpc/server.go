@@ -1,0 +1,143 @@
+package fencegrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencestore"
+)
+
+// Checker checks the fencing metadata of calls against a Store before they
+// reach the handler. Its interceptors go on the server with
+// grpc.ChainUnaryInterceptor and grpc.ChainStreamInterceptor. It is safe
+// for concurrent use.
+type Checker struct {
+	store fencestore.Store
+	opts  options
+}
+
+// NewChecker returns a Checker over store. A lock name option is required:
+// the server, not the client, decides which lock fences what.
+func NewChecker(store fencestore.Store, opts ...Option) (*Checker, error) {
+	if store == nil {
+		return nil, fmt.Errorf("fencegrpc: %w: nil Store", fence.ErrInvalidArgument)
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Checker{store: store, opts: o}, nil
+}
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim the Checker accepted for the call whose
+// context ctx is.
+func ClaimFrom(ctx context.Context) (fencestore.Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(fencestore.Claim)
+	return c, ok
+}
+
+// UnaryServerInterceptor checks each unary call before its handler runs. A
+// checked call reaches the handler only with both metadata keys well
+// formed, the lock name the server expects, and a token the Store accepted
+// (which it then records; with WithCheckInHandler the handler's write does
+// this). A call carrying MetadataClaim is always checked, and its token
+// recorded before the handler runs, whatever its method and even with
+// WithCheckInHandler; a claim on a call the server does not fence is
+// refused. Otherwise the call fails as Error says, and the handler does
+// not run.
+func (c *Checker) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, err := c.check(ctx, info.FullMethod, req)
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor checks each stream once, when it opens, as
+// UnaryServerInterceptor checks a unary call; the lock name function sees a
+// nil request. Messages on a stream that passed are not checked again: a
+// handler whose writes must stop once a higher token is accepted makes
+// them through the Store's atomic step (fencestore.MemoryStore.Do, or a
+// fence.Txn guarded by fencestore.EtcdStore.Guard) with the claim from
+// ClaimFrom.
+func (c *Checker) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, err := c.check(ss.Context(), info.FullMethod, nil)
+		if err != nil {
+			return err
+		}
+		return handler(srv, &serverStream{ServerStream: ss, ctx: ctx})
+	}
+}
+
+// serverStream carries the context with the accepted claim to the handler.
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *serverStream) Context() context.Context { return s.ctx }
+
+// check decides whether a call is fenced and, if it is, whether it may
+// pass, returning the context the handler gets. The claim key is read
+// first: a malformed one must not turn a claim into an unchecked read that
+// the client believes protected.
+func (c *Checker) check(ctx context.Context, method string, req any) (context.Context, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	claim, err := claimed(md)
+	if err != nil {
+		return nil, c.refuse(ctx, method, fencestore.Claim{}, err)
+	}
+	if !claim && c.opts.unchecked[method] {
+		return ctx, nil
+	}
+	want := c.opts.lockName(ctx, method, req)
+	switch {
+	case want == "" && claim:
+		// Nothing would record the claim: passing the call would promise a
+		// protection the server does not give.
+		return nil, c.refuse(ctx, method, fencestore.Claim{}, fmt.Errorf("%w: %s on a call this server does not fence", ErrBadMetadata, MetadataClaim))
+	case want == "":
+		return ctx, nil
+	}
+	cl, err := ParseMetadata(md)
+	if err == nil && cl.Name != want {
+		err = fmt.Errorf("%w: token is for lock %q, this method is fenced by %q", ErrBadMetadata, cl.Name, want)
+	}
+	// A claim is recorded here even when the handler checks: its read does
+	// not go through the Store, so nothing else would raise the record.
+	if err == nil && (claim || !c.opts.inHandler) {
+		err = c.store.Accept(ctx, cl.Name, cl.Token)
+	}
+	if err != nil {
+		return nil, c.refuse(ctx, method, cl, err)
+	}
+	return context.WithValue(ctx, claimKey{}, cl), nil
+}
+
+func (c *Checker) refuse(ctx context.Context, method string, cl fencestore.Claim, err error) error {
+	var se *fence.StaleError
+	if errors.As(err, &se) {
+		c.opts.hooks.Report("grpc", err)
+	}
+	st := Error(cl, err)
+	lg := c.opts.lg.With(zap.String("method", method), zap.Stringer("code", status.Code(st)), zap.Error(err))
+	if status.Code(st) == codes.Unavailable && ctx.Err() == nil {
+		lg.Warn("fence store failed")
+	} else {
+		lg.Debug("call refused")
+	}
+	return st
+}

@@ -1,0 +1,109 @@
+package fencegrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencestore"
+)
+
+// The ErrorInfo detail of a stale refusal: its Domain and Reason, and the
+// keys of its Metadata.
+const (
+	ErrorDomain = "leasefence"
+	ReasonStale = "STALE_FENCING_TOKEN"
+	InfoLock    = "lock"
+	InfoToken   = "token"
+	InfoHighest = "highest"
+)
+
+// Error is the status error answering a call under claim c that failed
+// with err, as the server interceptors answer: Aborted for a
+// *fence.StaleError, with an errdetails.ErrorInfo naming the lock, the
+// token offered and the highest accepted; InvalidArgument for
+// ErrBadMetadata or fence.ErrInvalidArgument; Canceled or DeadlineExceeded
+// for the call's own context; Unavailable otherwise (the Store could not
+// answer). Handlers return it when their own fenced write is refused.
+func Error(c fencestore.Claim, err error) error {
+	var se *fence.StaleError
+	switch {
+	case errors.As(err, &se):
+		return staleStatus(c, se.Highest).Err()
+	case errors.Is(err, ErrBadMetadata) || errors.Is(err, fence.ErrInvalidArgument):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+func staleStatus(c fencestore.Claim, highest int64) *status.Status {
+	st := status.New(codes.Aborted, fmt.Sprintf("stale fencing token %d for lock %q: token %d already accepted", c.Token, c.Name, highest))
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{
+		Domain: ErrorDomain,
+		Reason: ReasonStale,
+		Metadata: map[string]string{
+			InfoLock:    c.Name,
+			InfoToken:   fencestore.FormatToken(c.Token),
+			InfoHighest: fencestore.FormatToken(highest),
+		},
+	})
+	if err != nil {
+		return st // only a detail that cannot be marshalled fails, and this one can
+	}
+	return withInfo
+}
+
+// StaleFrom returns the *fence.StaleError that a stale refusal from a
+// fencegrpc server carries, and false for any other error. The client
+// interceptors already return errors that errors.As turns into one; this
+// is for clients that call without them.
+func StaleFrom(err error) (*fence.StaleError, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Aborted {
+		return nil, false
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok || info.GetDomain() != ErrorDomain || info.GetReason() != ReasonStale {
+			continue
+		}
+		md := info.GetMetadata()
+		token, err1 := fencestore.ParseToken(md[InfoToken])
+		highest, err2 := fencestore.ParseToken(md[InfoHighest])
+		if err1 != nil || err2 != nil {
+			return nil, false
+		}
+		return &fence.StaleError{Key: md[InfoLock], Token: token, Highest: highest}, true
+	}
+	return nil, false
+}
+
+// callError is a client-side error that is both a fence error (errors.Is
+// and errors.As reach err) and a gRPC status (status.FromError and
+// status.Code read st).
+type callError struct {
+	err error
+	st  *status.Status
+}
+
+func (e *callError) Error() string              { return e.err.Error() }
+func (e *callError) Unwrap() error              { return e.err }
+func (e *callError) GRPCStatus() *status.Status { return e.st }
+
+// clientError maps a call's error: a stale refusal becomes a callError
+// wrapping its *fence.StaleError, anything else is returned as it is.
+func clientError(err error) error {
+	se, ok := StaleFrom(err)
+	if !ok {
+		return err
+	}
+	st, _ := status.FromError(err)
+	return &callError{err: fmt.Errorf("fencegrpc: %w", se), st: st}
+}
