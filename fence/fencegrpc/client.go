@@ -14,10 +14,10 @@ import (
 	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
-// CallOption says which holding a call is made under. It is a
-// grpc.CallOption: give it per call to a client stub, or to a client
-// interceptor's constructor as the default for every call of the
-// connection. Other interceptors and gRPC itself ignore it.
+// CallOption says which holding a call is made under. It is a grpc.CallOption:
+// give it per call to a client stub, or to a client interceptor's constructor
+// as the default for every call of the connection. Other interceptors and gRPC
+// itself ignore it.
 type CallOption struct {
 	grpc.EmptyCallOption
 	apply func(*call)
@@ -27,40 +27,42 @@ type call struct {
 	holder fence.Holder
 	set    bool // holder given, possibly nil (refused then)
 	claim  bool
+	strip  bool // WithoutHolder: send no fencing metadata at all
 }
 
-// WithHolder makes the call carry h's lock name and token. A call for a
-// holder already known to have ended (fence.Ended) fails with an error
-// wrapping fence.ErrNotHeld and its Err, with code FailedPrecondition, and
-// nothing is sent: an early warning, since the server's check is what
-// protects the resource. A nil holder, or one whose name or token cannot
-// be sent, fails with code InvalidArgument (fence.ErrInvalidArgument).
+// WithHolder makes the call carry h's lock name and token. A call for a holder
+// already known to have ended (fence.Ended) fails with an error wrapping
+// fence.ErrNotHeld and its Err, with code FailedPrecondition, and nothing is
+// sent: an early warning, since the server's check is what protects the
+// resource. A nil holder, or one whose name or token cannot be sent, fails
+// with code InvalidArgument (fence.ErrInvalidArgument).
 func WithHolder(h fence.Holder) CallOption {
-	return CallOption{apply: func(c *call) { c.holder, c.set = h, true }}
+	return CallOption{apply: func(c *call) { c.holder, c.set, c.strip = h, true, false }}
 }
 
-// WithClaim makes the call a claim: the server records its token before
-// the handler runs, whatever the method. A new holder claims before it
-// first reads what the lock protects; a read with a claim is "claim, then
-// read" in one round trip (the package documentation says what a claim
-// guarantees). It needs a holder, from WithHolder here or as the
-// interceptor's default.
+// WithClaim makes the call a claim: the server records its token before the
+// handler runs, whatever the method. A new holder claims before it first reads
+// what the lock protects; a read with a claim is "claim, then read" in one
+// round trip (the package documentation says what a claim guarantees). It
+// needs a holder, from WithHolder here or as the interceptor's default.
 func WithClaim() CallOption {
 	return CallOption{apply: func(c *call) { c.claim = true }}
 }
 
 // WithoutHolder sends the call with no fencing metadata, overriding the
-// interceptor's default holder: for the methods the server does not fence.
+// interceptor's default holder and removing fencing keys the context's
+// outgoing metadata has: for the methods the server does not fence.
 func WithoutHolder() CallOption {
-	return CallOption{apply: func(c *call) { c.holder, c.set, c.claim = nil, false, false }}
+	return CallOption{apply: func(c *call) { c.holder, c.set, c.claim, c.strip = nil, false, false, true }}
 }
 
 // UnaryClientInterceptor attaches fencing metadata to unary calls, from the
 // CallOptions given here (defaults for every call) and per call (which
-// override them). A call with no holder is sent without fencing metadata. A
-// stale refusal comes back as an error that errors.As turns into a
-// *fence.StaleError (errors.Is fence.ErrStale) naming both tokens, and that
-// is still the server's status for status.FromError and status.Code.
+// override them). A call with a holder carries its metadata, replacing any
+// fencing keys the context's outgoing metadata has; a call with no holder is
+// sent as it is. A stale refusal comes back as an error that errors.As turns
+// into a *fence.StaleError (errors.Is fence.ErrStale) naming both tokens, and
+// that is still the server's status for status.FromError and status.Code.
 func UnaryClientInterceptor(defaults ...CallOption) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx, rest, err := outgoing(ctx, defaults, opts)
@@ -71,9 +73,9 @@ func UnaryClientInterceptor(defaults ...CallOption) grpc.UnaryClientInterceptor 
 	}
 }
 
-// StreamClientInterceptor attaches fencing metadata to streams when they
-// open, as UnaryClientInterceptor does to unary calls, and maps a stale
-// refusal the same way wherever the stream returns it.
+// StreamClientInterceptor attaches fencing metadata to streams when they open,
+// as UnaryClientInterceptor does to unary calls, and maps a stale refusal the
+// same way wherever the stream returns it.
 func StreamClientInterceptor(defaults ...CallOption) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		ctx, rest, err := outgoing(ctx, defaults, opts)
@@ -88,8 +90,8 @@ func StreamClientInterceptor(defaults ...CallOption) grpc.StreamClientIntercepto
 	}
 }
 
-// clientStream maps the errors a stream returns: the server's refusal
-// comes back from RecvMsg (or Header), not from opening the stream.
+// clientStream maps the errors a stream returns: the server's refusal comes
+// back from RecvMsg (or Header), not from opening the stream.
 type clientStream struct{ grpc.ClientStream }
 
 func (s *clientStream) RecvMsg(m any) error { return clientError(s.ClientStream.RecvMsg(m)) }
@@ -99,8 +101,8 @@ func (s *clientStream) Header() (metadata.MD, error) {
 	return md, clientError(err)
 }
 
-// outgoing applies the call options and returns the context to send with,
-// and the options that are not this package's.
+// outgoing applies the call options and returns the context to send with, and
+// the options that are not this package's.
 func outgoing(ctx context.Context, defaults []CallOption, opts []grpc.CallOption) (context.Context, []grpc.CallOption, error) {
 	var c call
 	for _, o := range defaults {
@@ -118,15 +120,18 @@ func outgoing(ctx context.Context, defaults []CallOption, opts []grpc.CallOption
 		}
 		rest = append(rest, o)
 	}
+	switch {
+	case !c.set && c.claim:
+		return nil, nil, localError(codes.InvalidArgument, fmt.Errorf("fencegrpc: %w: a claim with no holder: give WithHolder", fence.ErrInvalidArgument))
+	case !c.set && !c.strip:
+		return ctx, rest, nil
+	}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()
 	for _, k := range []string{MetadataLock, MetadataToken, MetadataClaim} {
 		delete(md, k)
 	}
-	switch {
-	case !c.set && c.claim:
-		return nil, nil, localError(codes.InvalidArgument, fmt.Errorf("fencegrpc: %w: a claim with no holder: give WithHolder", fence.ErrInvalidArgument))
-	case !c.set:
+	if !c.set {
 		return metadata.NewOutgoingContext(ctx, md), rest, nil
 	}
 	cl, err := claimOf(c.holder)
@@ -156,8 +161,8 @@ func claimOf(h fence.Holder) (fencestore.Claim, error) {
 	return cl, localError(codes.InvalidArgument, fmt.Errorf("fencegrpc: %w", err))
 }
 
-// localError is a refusal made before sending: a fence error that is also
-// a status with code.
+// localError is a refusal made before sending: a fence error that is also a
+// status with code.
 func localError(code codes.Code, err error) error {
 	return &callError{err: err, st: status.New(code, err.Error())}
 }

@@ -37,7 +37,11 @@
 // Store: a Store never accepts a token lower than one it accepted before.
 // The lock name a call must carry is decided by the server (WithLockName or
 // WithLockNameFunc), never by the client, since a client choosing a fresh
-// name would pass any fence.
+// name would pass any fence. Which methods are fenced is the Checker's
+// choice too (WithUncheckedMethods, or a WithLockNameFunc that returns ""):
+// wrapping its interceptors in an outside selector that skips methods would
+// also let a claim on a skipped method through unrecorded, which the
+// Checker refuses.
 //
 // Once a claim has passed the interceptor (its handler runs only then), no
 // call with a lower token passes the check, and writes made through the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,9 +16,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fenceprom"
 	"github.com/leasefence/leasefence/fence/fencestore"
@@ -206,7 +212,8 @@ func TestMetricsFromRealEvents(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	for guard, want := range map[string]float64{"held": 1, "resource": 1, "sql": 1, "http": 1} {
+	refuseGRPC(t, m)
+	for guard, want := range map[string]float64{"held": 1, "resource": 1, "sql": 1, "http": 1, "grpc": 1} {
 		if v := value(t, reg, "leasefence_fence_refused_total", "guard", guard); v != want {
 			t.Errorf("refused{%s} = %v, want %v", guard, v, want)
 		}
@@ -274,3 +281,49 @@ func TestUnansweredGrantCounted(t *testing.T) {
 		t.Errorf("unanswered grants = %v, want 1", v)
 	}
 }
+
+// refuseGRPC has a real gRPC server refuse one stale call, reported through
+// m's fence hooks.
+func refuseGRPC(t *testing.T, m *fenceprom.Metrics) {
+	t.Helper()
+	ck, err := fencegrpc.NewChecker(fencestore.NewMemoryStore(), fencegrpc.WithLockName("jobs"), fencegrpc.WithHooks(m.FenceHooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ck.UnaryServerInterceptor()))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(lis)
+	}()
+	defer func() {
+		srv.Stop()
+		<-served
+	}()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for _, tok := range []int64{8, 3} {
+		_, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}, fencegrpc.WithHolder(fixed{"jobs", tok}))
+		if (tok == 3) != errors.Is(err, fence.ErrStale) {
+			t.Fatalf("token %d: %v", tok, err)
+		}
+	}
+}
+
+type fixed struct {
+	name  string
+	token int64
+}
+
+func (f fixed) Name() string { return f.name }
+func (f fixed) Key() string  { return f.name }
+func (f fixed) Token() int64 { return f.token }
