@@ -100,29 +100,20 @@ func (c *Checker) check(ctx context.Context, method string, req any) (context.Co
 	if err != nil {
 		return nil, c.refuse(ctx, method, fencestore.Claim{}, err)
 	}
-	if !claim && c.opts.unchecked[method] {
-		return ctx, nil
-	}
-	want := c.opts.lockName(ctx, method, req)
+	cl, fenced, err := fencestore.Check(ctx, c.store, fencestore.Request{
+		Claim:     claim,
+		Unchecked: c.opts.unchecked[method],
+		Lock:      func() string { return c.opts.lockName(ctx, method, req) },
+		Read:      func() (fencestore.Claim, error) { return ParseMetadata(md) },
+		InHandler: c.opts.inHandler,
+		ClaimKey:  MetadataClaim,
+		Bad:       func(reason string) error { return fmt.Errorf("%w: %s", ErrBadMetadata, reason) },
+	})
 	switch {
-	case want == "" && claim:
-		// Nothing would record the claim: passing the call would promise a
-		// protection the server does not give.
-		return nil, c.refuse(ctx, method, fencestore.Claim{}, fmt.Errorf("%w: %s on a call this server does not fence", ErrBadMetadata, MetadataClaim))
-	case want == "":
-		return ctx, nil
-	}
-	cl, err := ParseMetadata(md)
-	if err == nil && cl.Name != want {
-		err = fmt.Errorf("%w: token is for lock %q, this method is fenced by %q", ErrBadMetadata, cl.Name, want)
-	}
-	// A claim is recorded here even when the handler checks: its read does
-	// not go through the Store, so nothing else would raise the record.
-	if err == nil && (claim || !c.opts.inHandler) {
-		err = c.store.Accept(ctx, cl.Name, cl.Token)
-	}
-	if err != nil {
+	case err != nil:
 		return nil, c.refuse(ctx, method, cl, err)
+	case !fenced:
+		return ctx, nil
 	}
 	return context.WithValue(ctx, claimKey{}, cl), nil
 }

@@ -66,36 +66,23 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// check decides whether r is fenced and, if it is, whether it may pass. The
-// claim header is read first: a malformed one must not turn a claim into
-// an unchecked read that the client believes protected.
-func (m *Middleware) check(r *http.Request) (c fencestore.Claim, fenced bool, err error) {
+// check decides whether r is fenced and, if it is, whether it may pass.
+// The claim header is read first: a malformed one must not turn a claim
+// into an unchecked read that the client believes protected.
+func (m *Middleware) check(r *http.Request) (fencestore.Claim, bool, error) {
 	claim, err := claimed(r.Header)
 	if err != nil {
 		return fencestore.Claim{}, false, err
 	}
-	if !claim && m.opts.unchecked[r.Method] {
-		return fencestore.Claim{}, false, nil
-	}
-	want := m.opts.lockName(r)
-	switch {
-	case want == "" && claim:
-		// Nothing would record the claim: answering 200 would promise a
-		// protection the server does not give.
-		return fencestore.Claim{}, false, fmt.Errorf("%w: %s on a request this server does not fence", ErrBadHeader, HeaderClaim)
-	case want == "":
-		return fencestore.Claim{}, false, nil
-	}
-	c, err = ParseHeaders(r.Header)
-	if err == nil && c.Name != want {
-		err = fmt.Errorf("%w: token is for lock %q, this resource is fenced by %q", ErrBadHeader, c.Name, want)
-	}
-	// A claim is recorded here even when the handler checks: its read does
-	// not go through the Store, so nothing else would raise the record.
-	if err == nil && (claim || !m.opts.inHandler) {
-		err = m.store.Accept(r.Context(), c.Name, c.Token)
-	}
-	return c, err == nil, err
+	return fencestore.Check(r.Context(), m.store, fencestore.Request{
+		Claim:     claim,
+		Unchecked: m.opts.unchecked[r.Method],
+		Lock:      func() string { return m.opts.lockName(r) },
+		Read:      func() (fencestore.Claim, error) { return ParseHeaders(r.Header) },
+		InHandler: m.opts.inHandler,
+		ClaimKey:  HeaderClaim,
+		Bad:       func(reason string) error { return fmt.Errorf("%w: %s", ErrBadHeader, reason) },
+	})
 }
 
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c fencestore.Claim, err error) {
