@@ -68,7 +68,7 @@ func (e *NotHeldError) Unwrap() error { return e.Cause }
 
 // StaleError is the error of a failed Resource guard.
 type StaleError struct {
-	Key     string // the fence record key
+	Key     string // the fence record key; the lock name for fencehttp and fencegrpc
 	Token   int64  // the token offered
 	Highest int64  // the highest token the record had accepted
 }

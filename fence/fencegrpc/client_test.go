@@ -135,7 +135,8 @@ func TestStaleFrom(t *testing.T) {
 	for err, want := range map[error]codes.Code{
 		fencegrpc.Error(fencestore.Claim{}, fencegrpc.ErrBadMetadata):                        codes.InvalidArgument,
 		fencegrpc.Error(fencestore.Claim{}, context.DeadlineExceeded):                        codes.DeadlineExceeded,
-		fencegrpc.Error(fencestore.Claim{}, errors.Join(fence.ErrOutcomeUnknown, netErr(t))): codes.Unavailable,
+		fencegrpc.Error(fencestore.Claim{}, errors.Join(fence.ErrOutcomeUnknown, netErr(t))): codes.Unknown,
+		fencegrpc.Error(fencestore.Claim{}, netErr(t)):                                       codes.Unavailable,
 	} {
 		if status.Code(err) != want {
 			t.Errorf("%v: code %v, want %v", err, status.Code(err), want)

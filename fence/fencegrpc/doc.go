@@ -20,8 +20,11 @@
 // with Domain "leasefence", Reason "STALE_FENCING_TOKEN" and the lock, the
 // token offered and the highest accepted in its Metadata. The client
 // interceptors turn it into a *fence.StaleError (errors.As), and StaleFrom
-// does for clients without them. A Store that cannot answer gives
-// Unavailable.
+// does for clients without them; its Key is the lock name. A Store that
+// cannot answer the check gives Unavailable: the handler has not run. A
+// holder that already knows it has lost its lock sends nothing and gets
+// FailedPrecondition wrapping fence.ErrNotHeld instead, so a client that
+// handles a lost holding checks for both errors.
 //
 // A third key, leasefence-claim, makes a call a claim (WithClaim). Its only
 // value is "1", given once, with the two fencing keys; any other value, a

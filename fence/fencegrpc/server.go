@@ -124,6 +124,11 @@ func (c *Checker) refuse(ctx context.Context, method string, cl fencestore.Claim
 		c.opts.hooks.Report("grpc", err)
 	}
 	st := Error(cl, err)
+	if errors.Is(err, fence.ErrOutcomeUnknown) {
+		// Before the handler: a check whose outcome is unknown wrote
+		// nothing but the record, which a retry may raise again.
+		st = status.Error(codes.Unavailable, err.Error())
+	}
 	lg := c.opts.lg.With(zap.String("method", method), zap.Stringer("code", status.Code(st)), zap.Error(err))
 	if status.Code(st) == codes.Unavailable && ctx.Err() == nil {
 		lg.Warn("fence store failed")

@@ -308,3 +308,36 @@ func TestConcurrentCalls(t *testing.T) {
 		})
 	}
 }
+
+// storeFunc adapts a function to a Store: here, one that cannot answer,
+// which a live etcd does not do on demand.
+type storeFunc func(ctx context.Context, name string, token int64) error
+
+func (f storeFunc) Accept(ctx context.Context, name string, token int64) error {
+	return f(ctx, name, token)
+}
+
+// A check whose outcome is unknown fails with Unavailable, which a retry
+// policy may retry: the handler has not run. The same error from the
+// handler's own write is Unknown, which it must not.
+func TestStoreFailure(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	down := storeFunc(func(context.Context, string, int64) error {
+		return fmt.Errorf("fence: commit: %w", fence.ErrOutcomeUnknown)
+	})
+	l := &ledger{}
+	cl := serve(t, l, down, []fencegrpc.Option{fencegrpc.WithLockName("ledger")})
+	_, err := cl.UnaryCall(testCtx(t), request("x"), fencegrpc.WithHolder(holder{"ledger", 1}))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("err = %v, want Unavailable", err)
+	}
+	if _, calls := l.snapshot(); calls != 0 {
+		t.Fatal("the handler ran although the store failed")
+	}
+	l = &ledger{write: func(ctx context.Context, c fencestore.Claim, _ func() error) error { return down(ctx, c.Name, c.Token) }}
+	cl = serve(t, l, down, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler()})
+	_, err = cl.UnaryCall(testCtx(t), request("x"), fencegrpc.WithHolder(holder{"ledger", 1}))
+	if status.Code(err) != codes.Unknown || !strings.Contains(err.Error(), "outcome unknown") {
+		t.Fatalf("handler's unknown outcome: %v, want Unknown", err)
+	}
+}

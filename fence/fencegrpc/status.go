@@ -27,8 +27,10 @@ const (
 // with err, as the server interceptors answer: Aborted for a
 // *fence.StaleError, with an errdetails.ErrorInfo naming the lock, the
 // token offered and the highest accepted; InvalidArgument for
-// ErrBadMetadata or fence.ErrInvalidArgument; Canceled or DeadlineExceeded
-// for the call's own context; Unavailable otherwise (the Store could not
+// ErrBadMetadata or fence.ErrInvalidArgument; Unknown for
+// fence.ErrOutcomeUnknown, since the write may have been applied and a
+// retry policy must not send it again; Canceled or DeadlineExceeded for
+// the call's own context; Unavailable otherwise (the Store could not
 // answer). Handlers return it when their own fenced write is refused.
 func Error(c fencestore.Claim, err error) error {
 	var se *fence.StaleError
@@ -37,6 +39,8 @@ func Error(c fencestore.Claim, err error) error {
 		return staleStatus(c, se.Highest).Err()
 	case errors.Is(err, ErrBadMetadata) || errors.Is(err, fence.ErrInvalidArgument):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, fence.ErrOutcomeUnknown):
+		return status.Error(codes.Unknown, err.Error())
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}
