@@ -3,9 +3,11 @@
 // concurrency.Mutex and the commit bound; fsync off and on; one shared
 // client and a client each) and the distribution of acquire latency. It
 // keeps the raw `go test -bench` output beside the pictures, for benchstat.
+// It belongs to the bench module (bench/go.mod), so that the library's users
+// do not inherit its plotting dependencies; run it from bench/:
 //
-//	go run ./bench/plot -out bench/results            # run, then draw
-//	go run ./bench/plot -out bench/results -from raw  # draw from earlier output
+//	go run ./plot -out results                          # run, then draw
+//	go run ./plot -out results -from results/raw.txt    # draw from earlier output
 package main
 
 import (
@@ -31,7 +33,7 @@ import (
 )
 
 func main() {
-	out := flag.String("out", "bench/results", "directory for raw output, latency samples and pictures")
+	out := flag.String("out", "results", "directory for raw output, latency samples and pictures")
 	from := flag.String("from", "", "draw from this raw benchmark output instead of running the benchmarks")
 	bench := flag.String("bench", ".", "benchmarks to run")
 	count := flag.Int("count", 6, "runs of each benchmark")
@@ -82,6 +84,10 @@ func run(out, from, bench string, count int, benchtime string) error {
 	return nil
 }
 
+// benchPackage is the package of the benchmarks, named by its import path
+// so that the command works from any directory of the bench module.
+const benchPackage = "github.com/leasefence/leasefence/bench"
+
 // runBenchmarks runs the benchmarks, teeing their output to raw.
 func runBenchmarks(raw, latencyDir, bench string, count int, benchtime string) error {
 	f, err := os.Create(raw)
@@ -90,7 +96,7 @@ func runBenchmarks(raw, latencyDir, bench string, count int, benchtime string) e
 	}
 	defer f.Close()
 	cmd := exec.Command("go", "test", "-run", "^$", "-bench", bench, "-benchtime", benchtime,
-		"-count", strconv.Itoa(count), "-timeout", "3h", "./bench/", "-args", "-latency-dir", latencyDir)
+		"-count", strconv.Itoa(count), "-timeout", "3h", benchPackage, "-args", "-latency-dir", latencyDir)
 	cmd.Stdout = io.MultiWriter(os.Stdout, f)
 	cmd.Stderr = os.Stderr
 	return cmd.Run()
