@@ -50,8 +50,9 @@ func WithClaim() CallOption {
 }
 
 // WithoutHolder sends the call with no fencing metadata, overriding the
-// interceptor's default holder and removing fencing keys the context's
-// outgoing metadata has: for the methods the server does not fence.
+// interceptor's default holder and removing the fencing keys (and any
+// MetadataClaim) the context's outgoing metadata has: for the methods the
+// server does not fence.
 func WithoutHolder() CallOption {
 	return CallOption{apply: func(c *call) { c.holder, c.set, c.claim, c.strip = nil, false, false, true }}
 }
@@ -59,8 +60,10 @@ func WithoutHolder() CallOption {
 // UnaryClientInterceptor attaches fencing metadata to unary calls, from the
 // CallOptions given here (defaults for every call) and per call (which
 // override them). A call with a holder carries its metadata, replacing any
-// fencing keys the context's outgoing metadata has; a call with no holder is
-// sent as it is. A stale refusal comes back as an error that errors.As turns
+// MetadataLock and MetadataToken the context's outgoing metadata has; a
+// MetadataClaim there is sent as it is, so that "1" makes the call a claim
+// as WithClaim does (and anything else is refused by the server). A call
+// with no holder is sent as it is. A stale refusal comes back as an error that errors.As turns
 // into a *fence.StaleError (errors.Is fence.ErrStale) naming both tokens, and
 // that is still the server's status for status.FromError and status.Code.
 func UnaryClientInterceptor(defaults ...CallOption) grpc.UnaryClientInterceptor {
@@ -128,12 +131,15 @@ func outgoing(ctx context.Context, defaults []CallOption, opts []grpc.CallOption
 	}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()
-	for _, k := range []string{MetadataLock, MetadataToken, MetadataClaim} {
-		delete(md, k)
-	}
+	delete(md, MetadataLock)
+	delete(md, MetadataToken)
 	if !c.set {
+		delete(md, MetadataClaim)
 		return metadata.NewOutgoingContext(ctx, md), rest, nil
 	}
+	// A claim marker the caller put in the metadata is kept, as the
+	// server reads it (strictly): dropped, it would turn a claim into a
+	// plain read that the caller believes protected.
 	cl, err := claimOf(c.holder)
 	if err != nil {
 		return nil, nil, err
