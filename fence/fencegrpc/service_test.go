@@ -198,6 +198,7 @@ type storeKind struct {
 	highest func(name string) int64
 	write   func(ctx context.Context, c fencestore.Claim, apply func() error) error
 	applied func(l *ledger) []int64
+	dataKey string // etcd: the key the atomic write puts tokens to
 }
 
 func stores() map[string]func(t *testing.T) storeKind {
@@ -260,6 +261,7 @@ func etcdStore(t *testing.T) storeKind {
 			return apply()
 		},
 		applied: func(*ledger) []int64 { return history(t, cli, data, start.Header.Revision+1) },
+		dataKey: data,
 	}
 }
 
