@@ -16,11 +16,29 @@ import (
 
 // CallOption says which holding a call is made under. It is a grpc.CallOption:
 // give it per call to a client stub, or to a client interceptor's constructor
-// as the default for every call of the connection. Other interceptors and gRPC
-// itself ignore it.
+// as the default for every call of the connection. The client interceptors
+// consume it. A call that reaches the transport still carrying one (the
+// connection has no fencegrpc interceptor for its kind, unary or stream) fails
+// with Internal before anything is sent: sent bare, a claim on a method the
+// server does not check would pass unrecorded.
 type CallOption struct {
-	grpc.EmptyCallOption
+	// The per-RPC credentials are how a call without the interceptor
+	// fails: gRPC asks them for metadata before sending, and they refuse.
+	grpc.PerRPCCredsCallOption
 	apply func(*call)
+}
+
+// noInterceptor is the credentials of a CallOption that reached gRPC.
+type noInterceptor struct{}
+
+func (noInterceptor) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return nil, status.Error(codes.Internal, "fencegrpc: a fencing call option reached gRPC: the connection has no fencegrpc client interceptor for this kind of call")
+}
+
+func (noInterceptor) RequireTransportSecurity() bool { return false }
+
+func option(apply func(*call)) CallOption {
+	return CallOption{PerRPCCredsCallOption: grpc.PerRPCCredsCallOption{Creds: noInterceptor{}}, apply: apply}
 }
 
 type call struct {
@@ -37,7 +55,7 @@ type call struct {
 // resource. A nil holder, or one whose name or token cannot be sent, fails
 // with code InvalidArgument (fence.ErrInvalidArgument).
 func WithHolder(h fence.Holder) CallOption {
-	return CallOption{apply: func(c *call) { c.holder, c.set, c.strip = h, true, false }}
+	return option(func(c *call) { c.holder, c.set, c.strip = h, true, false })
 }
 
 // WithClaim makes the call a claim: the server records its token before the
@@ -46,7 +64,7 @@ func WithHolder(h fence.Holder) CallOption {
 // round trip (the package documentation says what a claim guarantees). It
 // needs a holder, from WithHolder here or as the interceptor's default.
 func WithClaim() CallOption {
-	return CallOption{apply: func(c *call) { c.claim = true }}
+	return option(func(c *call) { c.claim = true })
 }
 
 // WithoutHolder sends the call with no fencing metadata, overriding the
@@ -54,18 +72,19 @@ func WithClaim() CallOption {
 // MetadataClaim) the context's outgoing metadata has: for the methods the
 // server does not fence.
 func WithoutHolder() CallOption {
-	return CallOption{apply: func(c *call) { c.holder, c.set, c.claim, c.strip = nil, false, false, true }}
+	return option(func(c *call) { c.holder, c.set, c.claim, c.strip = nil, false, false, true })
 }
 
 // UnaryClientInterceptor attaches fencing metadata to unary calls, from the
 // CallOptions given here (defaults for every call) and per call (which
 // override them). A call with a holder carries its metadata, replacing any
 // MetadataLock and MetadataToken the context's outgoing metadata has; a
-// MetadataClaim there is sent as it is, so that "1" makes the call a claim
-// as WithClaim does (and anything else is refused by the server). A call
-// with no holder is sent as it is. A stale refusal comes back as an error that errors.As turns
-// into a *fence.StaleError (errors.Is fence.ErrStale) naming both tokens, and
-// that is still the server's status for status.FromError and status.Code.
+// MetadataClaim there is sent as it is, so that "1" makes the call a claim as
+// WithClaim does (and anything else is refused by the server). A call with no
+// holder is sent as it is. A stale refusal comes back as an error that
+// errors.As turns into a *fence.StaleError (errors.Is fence.ErrStale) naming
+// both tokens, and that is still the server's status for status.FromError and
+// status.Code.
 func UnaryClientInterceptor(defaults ...CallOption) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx, rest, err := outgoing(ctx, defaults, opts)
@@ -104,9 +123,18 @@ func (s *clientStream) Header() (metadata.MD, error) {
 	return md, clientError(err)
 }
 
+// appliedKey marks a call whose fencing options an interceptor applied.
+type appliedKey struct{}
+
 // outgoing applies the call options and returns the context to send with, and
 // the options that are not this package's.
 func outgoing(ctx context.Context, defaults []CallOption, opts []grpc.CallOption) (context.Context, []grpc.CallOption, error) {
+	if ctx.Value(appliedKey{}) != nil {
+		// An outer fencegrpc interceptor has applied the call options
+		// (and consumed them): its holder, not this one's default.
+		return ctx, opts, nil
+	}
+	ctx = context.WithValue(ctx, appliedKey{}, true)
 	var c call
 	for _, o := range defaults {
 		if o.apply != nil {
@@ -137,9 +165,9 @@ func outgoing(ctx context.Context, defaults []CallOption, opts []grpc.CallOption
 		delete(md, MetadataClaim)
 		return metadata.NewOutgoingContext(ctx, md), rest, nil
 	}
-	// A claim marker the caller put in the metadata is kept, as the
-	// server reads it (strictly): dropped, it would turn a claim into a
-	// plain read that the caller believes protected.
+	// A claim marker the caller put in the metadata is kept, as the server
+	// reads it (strictly): dropped, it would turn a claim into a plain
+	// read that the caller believes protected.
 	cl, err := claimOf(c.holder)
 	if err != nil {
 		return nil, nil, err

@@ -3,11 +3,13 @@ package fencegrpc_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -162,10 +164,120 @@ func TestNewCheckerBadInput(t *testing.T) {
 		{"nil lock name func", store, []fencegrpc.Option{fencegrpc.WithLockNameFunc(nil)}},
 		{"short method", store, []fencegrpc.Option{fencegrpc.WithLockName("n"), fencegrpc.WithUncheckedMethods("EmptyCall")}},
 		{"method without service", store, []fencegrpc.Option{fencegrpc.WithLockName("n"), fencegrpc.WithUncheckedMethods("/EmptyCall")}},
+		{"empty service", store, []fencegrpc.Option{fencegrpc.WithLockName("n"), fencegrpc.WithUncheckedMethods("//EmptyCall")}},
+		{"empty method", store, []fencegrpc.Option{fencegrpc.WithLockName("n"), fencegrpc.WithUncheckedMethods("/grpc.testing.TestService/")}},
 	}
 	for _, tc := range cases {
 		if _, err := fencegrpc.NewChecker(tc.store, tc.opts...); !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want fence.ErrInvalidArgument", tc.name, err)
 		}
+	}
+}
+
+// A fencing call option on a connection without the client interceptor
+// for its kind fails before sending: sent bare, a claim on an unchecked
+// method would pass unrecorded.
+func TestCallOptionWithoutInterceptor(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	store := fencestore.NewMemoryStore()
+	l := &ledger{}
+	ck, err := fencegrpc.NewChecker(store, fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty, methodOutput))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := dial(t, l, ck, grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor())) // no stream interceptor
+	cl := testpb.NewTestServiceClient(conn)
+	ctx := testCtx(t)
+	s, err := cl.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{}, fencegrpc.WithHolder(holder{"ledger", 4}), fencegrpc.WithClaim())
+	if err == nil {
+		_, err = s.Recv()
+	}
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "no fencegrpc client interceptor") {
+		t.Fatalf("stream with a claim and no stream interceptor: %v, want Internal", err)
+	}
+	if h := store.Highest("ledger"); h != 0 {
+		t.Fatalf("highest = %d: the claim reached the server", h)
+	}
+	// The unary interceptor consumes its options: the call goes out.
+	if _, err := cl.EmptyCall(ctx, &testpb.Empty{}, fencegrpc.WithHolder(holder{"ledger", 4}), fencegrpc.WithClaim()); err != nil {
+		t.Fatal(err)
+	}
+	if h := store.Highest("ledger"); h != 4 {
+		t.Fatalf("highest = %d, want 4", h)
+	}
+}
+
+// Two fencegrpc interceptors in one chain: the outer one applies the
+// call's options, and the inner one's default holder does not override the
+// per-call holder.
+func TestChainedClientInterceptors(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	store := fencestore.NewMemoryStore()
+	l := &ledger{}
+	ck, err := fencegrpc.NewChecker(store, fencegrpc.WithLockName("ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := dial(t, l, ck, grpc.WithChainUnaryInterceptor(
+		fencegrpc.UnaryClientInterceptor(),
+		fencegrpc.UnaryClientInterceptor(fencegrpc.WithHolder(holder{"ledger", 3}))))
+	cl := testpb.NewTestServiceClient(conn)
+	if _, err := cl.UnaryCall(testCtx(t), request("x"), fencegrpc.WithHolder(holder{"ledger", 9})); err != nil {
+		t.Fatal(err)
+	}
+	if h := store.Highest("ledger"); h != 9 {
+		t.Fatalf("highest = %d, want the per-call holder's 9", h)
+	}
+}
+
+// dial serves l behind ck's interceptors on loopback and returns a
+// connection with the given dial options.
+func dial(t *testing.T, l *ledger, ck *fencegrpc.Checker, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ck.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(ck.StreamServerInterceptor()))
+	testpb.RegisterTestServiceServer(srv, l)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(lis)
+	}()
+	conn, err := grpc.NewClient(lis.Addr().String(), append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+		<-done
+	})
+	return conn
+}
+
+// Fencing keys sent as binary are refused, on unchecked methods too.
+func TestBinaryKeysRefused(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	l := &ledger{}
+	cl := serve(t, l, fencestore.NewMemoryStore(), []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)})
+	for _, k := range []string{"leasefence-claim-bin", "leasefence-lock-bin", "leasefence-token-bin"} {
+		ctx := metadata.AppendToOutgoingContext(testCtx(t), k, "1")
+		if _, err := cl.EmptyCall(ctx, &testpb.Empty{}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", k, err)
+		}
+	}
+}
+
+// Error with no claim names the stale error's own lock and token.
+func TestErrorWithoutClaim(t *testing.T) {
+	err := fencegrpc.Error(fencestore.Claim{}, &fence.StaleError{Key: "ledger", Token: 4, Highest: 6})
+	se, ok := fencegrpc.StaleFrom(err)
+	if !ok || *se != (fence.StaleError{Key: "ledger", Token: 4, Highest: 6}) {
+		t.Fatalf("StaleFrom = %+v, %v", se, ok)
+	}
+	if c := status.Code(fencegrpc.Error(fencestore.Claim{}, fence.ErrBadRecord)); c != codes.Internal {
+		t.Errorf("bad record: %v, want Internal", c)
 	}
 }

@@ -56,6 +56,13 @@ func ParseMetadata(md metadata.MD) (fencestore.Claim, error) {
 // Anything else is refused rather than read as no claim, since a client
 // that meant to claim would then read unprotected without knowing it.
 func claimed(md metadata.MD) (bool, error) {
+	for _, k := range []string{MetadataLock, MetadataToken, MetadataClaim} {
+		// gRPC decodes a "-bin" key as binary: a client sending one meant
+		// the fencing key, and reading it as absent would drop a claim.
+		if len(md.Get(k+"-bin")) > 0 {
+			return false, fmt.Errorf("%w: %s-bin: fencing keys are sent as text, without the -bin suffix", ErrBadMetadata, k)
+		}
+	}
 	vs := md.Get(MetadataClaim)
 	switch {
 	case len(vs) == 0:

@@ -61,7 +61,8 @@ func WithUncheckedMethods(fullMethods ...string) Option {
 	return func(o *options) error {
 		o.unchecked = make(map[string]bool, len(fullMethods))
 		for _, m := range fullMethods {
-			if !strings.HasPrefix(m, "/") || strings.Count(m, "/") != 2 || strings.HasSuffix(m, "/") {
+			service, method, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+			if !strings.HasPrefix(m, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
 				return fmt.Errorf("method %q is not a full method name like \"/package.Service/Method\"", m)
 			}
 			o.unchecked[m] = true

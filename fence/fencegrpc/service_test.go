@@ -27,6 +27,7 @@ const (
 	methodInput       = "/grpc.testing.TestService/StreamingInputCall"
 	methodFullDuplex  = "/grpc.testing.TestService/FullDuplexCall"
 	methodUnfencedRPC = "/grpc.testing.TestService/CacheableUnaryCall"
+	methodOutput      = "/grpc.testing.TestService/StreamingOutputCall"
 )
 
 // ledger is the protected resource: every write that reached it, in the

@@ -26,7 +26,8 @@ const (
 // Error is the status error answering a call under claim c that failed
 // with err, as the server interceptors answer: Aborted for a
 // *fence.StaleError, with an errdetails.ErrorInfo naming the lock, the
-// token offered and the highest accepted; InvalidArgument for
+// token offered and the highest accepted (c's, or the error's if c is
+// zero); Internal for fence.ErrBadRecord; InvalidArgument for
 // ErrBadMetadata or fence.ErrInvalidArgument; Unknown for
 // fence.ErrOutcomeUnknown, since the write may have been applied and a
 // retry policy must not send it again; Canceled or DeadlineExceeded for
@@ -36,7 +37,13 @@ func Error(c fencestore.Claim, err error) error {
 	var se *fence.StaleError
 	switch {
 	case errors.As(err, &se):
+		if c == (fencestore.Claim{}) {
+			c = fencestore.Claim{Name: se.Key, Token: se.Token}
+		}
 		return staleStatus(c, se.Highest).Err()
+	case errors.Is(err, fence.ErrBadRecord):
+		// A record something else wrote: no retry will fix it.
+		return status.Error(codes.Internal, err.Error())
 	case errors.Is(err, ErrBadMetadata) || errors.Is(err, fence.ErrInvalidArgument):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, fence.ErrOutcomeUnknown):

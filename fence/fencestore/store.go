@@ -87,7 +87,7 @@ func (s *MemoryStore) Highest(name string) int64 {
 }
 
 // EtcdStore is a Store of fence.Resource records in etcd, one per lock
-// name, at Prefix + name. It survives restarts and is shared by every
+// name, at the prefix given to NewEtcdStore followed by the name. It survives restarts and is shared by every
 // replica of a service. It is safe for concurrent use.
 type EtcdStore struct {
 	kv     clientv3.KV
