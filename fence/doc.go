@@ -14,8 +14,8 @@
 //     fence record in etcd keeps the highest token accepted; a write passes
 //     only with a token at least that high, and raises it. A writer that
 //     writes many times through one record keeps a Recorder for it: its
-//     guards are Resource guards, sent after the first write as one flat
-//     comparison (the record already holds the token), as cheap as Held.
+//     guards are Resource guards that, after its first write, cost about
+//     what Held does.
 //   - A new holder about to read what a record fences: Claim, in the
 //     transaction of its first read. It raises the record to the holder's
 //     token in the same atomic step as the read, so no earlier holder's
@@ -33,12 +33,10 @@
 // with etcd's own concurrency package, FromMutex and FromElection.
 //
 // Guards combine: NewTxn(ctx, kv, Held(l), Resource(k1, t), Resource(k2, t))
-// checks them all, with the caller's own If/Then/Else, in one etcd
-// transaction and one round trip (two for the write that finds a record
-// missing, its first, and for a check with no writes that finds a record
-// below its token; the first of the two writes nothing). A failed guard is
-// an error (*NotHeldError or *StaleError) and runs neither branch; a
-// failed caller If is not, and runs Else, as etcd would.
+// checks them all, with the caller's own If/Then/Else, in the same atomic
+// step as the caller's writes. A failed guard is an error (*NotHeldError
+// or *StaleError) and runs neither branch; a failed caller If is not, and
+// runs Else, as etcd would.
 //
 // # What is guaranteed
 //
@@ -54,8 +52,8 @@
 // bytes. An answer that did not arrive is reported as ErrOutcomeUnknown, never
 // as a failure, and such a transaction is never re-sent by this package; a
 // transaction on a context that had already ended is not sent at all, and
-// says so. A transaction larger than etcd accepts at the depth the guards
-// put the caller's operations is refused before sending, with
+// says so. A transaction larger than etcd accepts, once the guards' own
+// operations are counted, is refused before sending, with
 // ErrInvalidArgument. Every error matches a sentinel of this package or is
 // one of its typed errors.
 //

@@ -78,12 +78,11 @@ func Held(h Holder) Guard {
 
 // Resource is the resource-side check: token must be at least the highest
 // token recorded at key, a fence record that this package keeps. On success
-// the record is set to token in the same transaction (written again with
-// the same value when it holds token already and the transaction writes
-// anyway; see Txn); a missing record is the first write, and takes a
-// second round trip. An equal token passes (one holder writes many
-// times); a lower one fails with a *StaleError and changes nothing. A
-// Recorder's guards leave a record that holds their token alone.
+// the record is set to token in the same transaction (see Txn for when it
+// is written); a missing record passes any token and is created. An equal
+// token passes (one holder writes many times); a lower one fails with a
+// *StaleError and changes nothing. A Recorder's guards leave a record that
+// holds their token alone.
 //
 // Unlike Held, a Resource guard keeps working after the lock is gone and
 // for writers that reached the resource by other paths: what it protects

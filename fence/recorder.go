@@ -3,19 +3,15 @@ package fence
 import "sync"
 
 // Recorder is a fence record that a process writes through again and
-// again: it remembers the token last recorded through it, so that a
-// holder's writes after its first are sent as one flat transaction (the
-// record equals the token, then the caller's part) that neither writes
-// the record again nor costs more than a Held guard's. Its guards are
-// Resource guards with that one difference: the first write with a new
-// token, and any write after the record was found changed, use Resource's
-// shapes, so every write is still one round trip (two when the record was
-// found missing) and still refused if the record is above the token.
+// again. Its guards are Resource guards, with the same guarantees, made
+// cheaper for a holder's writes after its first: those do not write the
+// record again, which already holds their token, and cost etcd about what
+// a Held guard's writes do.
 //
 // A Recorder is safe for concurrent use. Keep one per record key for the
-// life of the process; what it remembers is only a guess about which shape
-// to send, never trusted for safety (etcd compares the record in every
-// transaction).
+// life of the process. What it remembers of the record is never trusted
+// for safety: etcd checks the record in every transaction, so a write is
+// still refused if anyone raised the record above its token.
 type Recorder struct {
 	key string
 
@@ -30,8 +26,8 @@ func NewRecorder(key string) *Recorder { return &Recorder{key: key} }
 // Key is the record's key.
 func (r *Recorder) Key() string { return r.key }
 
-// Guard is Resource(r.Key(), token), sent in its steady shape when the
-// record is known to hold token already.
+// Guard is Resource(r.Key(), token), made cheaper once a write through the
+// Recorder has recorded token.
 func (r *Recorder) Guard(token int64) Guard {
 	return Guard{kind: resourceGuard, key: r.key, token: token, rec: r}
 }

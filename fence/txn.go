@@ -11,49 +11,39 @@ import (
 )
 
 // MaxTxnOps is etcd's default limit on the operations (and comparisons) in
-// one list of a transaction (--max-txn-ops). etcd gives a nested
-// transaction what its enclosing level leaves of that allowance, and Commit
-// checks the whole shape it builds against it before sending: how many
-// operations fit depends on the guards (see Txn).
+// one list of a transaction (--max-txn-ops). The guards take part of it,
+// and Commit refuses a transaction that would exceed it before sending:
+// how many operations of the caller's fit depends on the guards (see Txn).
 const MaxTxnOps = 128
 
-// MaxResourceGuards is the most Resource guards one Txn takes. Each record
-// adds one level of nesting to the transaction.
+// MaxResourceGuards is the most Resource guards (Claims included) one Txn
+// takes.
 const MaxResourceGuards = 16
 
 // Txn is an etcd transaction whose writes happen only if every guard holds,
 // checked by etcd in the same atomic step. It is built like clientv3.Txn and
-// sent by Commit as one etcd transaction, in one round trip, with two
-// exceptions that take two (the first of them refused, having written
-// nothing): the first write to a fence record that does not exist yet,
-// and a check alone that finds a record below its token.
+// sent by Commit. The caller's part runs at most once, in the same atomic
+// step as the checks of every guard, even when Commit needs a second
+// request to decide (the first then wrote nothing).
 //
-// Commit first sends a shape with no nesting of its own:
-// every guard and every record compared at one level, then each record
-// set to its token with the caller's writes. In the steady state (a record
-// already at the token) that writes the record again with the same value,
-// in the revision the caller's writes make anyway: on etcd 3.5 and 3.7
-// that costs the server less than the nesting that would skip it. A
-// transaction whose caller's part writes nothing (a check alone) is sent
-// as comparisons alone instead, which etcd serves as a linearizable read,
-// with no raft entry. When a one-level shape cannot decide (a record
-// missing; below its token, for a check alone), Commit sends the full
-// shape: the Held guards (and a check that no record key is attached to a
-// lease) form the outer transaction, each Resource record a nested one,
-// and the caller's If, Then and Else the innermost. A Claim is never sent
-// as comparisons alone: it raises its record even when the caller's part
-// writes nothing.
+// Besides the caller's part, a transaction writes only its fence records,
+// each to its guard's token, and only if every guard holds: a Claim's
+// always; a Resource guard's when the record was missing or below the
+// token, or when the caller's part writes, then possibly with the value
+// the record already holds (watch a record's value, not its revision). A
+// Recorder's guards, after their first write with a token, leave the
+// record alone. A transaction whose caller's part writes nothing, with
+// every record at its token and no Claim, writes nothing.
 //
 // The guards use part of etcd's allowance of MaxTxnOps operations. With h
 // Held and r > 0 Resource guards, and no If or Else of the caller's, Then
 // takes up to MaxTxnOps - (2h + r) - 2r operations (123 for one Held and
-// one Resource guard); with Held guards alone, MaxTxnOps. Commit
-// computes the exact allowance of the full shape, the caller's own
-// nested transactions included, and refuses a larger transaction before
-// sending it. (A Recorder's steady shape compares its records without
-// writing them and allows more: a write that fits only that shape goes
-// through while its records hold its tokens, and is refused as too large,
-// having changed nothing, once one does not.)
+// one Resource guard); with Held guards alone, MaxTxnOps. Commit refuses a
+// larger transaction, the caller's own nested transactions counted, with
+// ErrInvalidArgument before sending it. Keep within that allowance with a
+// Recorder too: a write larger than it may go through while the
+// Recorder's records hold its tokens, and is refused as too large, having
+// changed nothing, once one does not.
 //
 // A Txn is not safe for concurrent use; build one per commit.
 type Txn struct {

@@ -27,8 +27,8 @@ type QueueEntry struct {
 // Inspect reads the queue of the lock or election name: the holder first,
 // then the waiters in the order they will be granted; other keys under the
 // name are left out. The queue is one snapshot; TTLs and owners are read
-// just after, for all entries at once (three round trips in all). It is
-// safe for concurrent use and writes nothing.
+// just after it, so an entry whose lease ended meanwhile has TTL 0 and no
+// Owner. It is safe for concurrent use and writes nothing.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
 	op := fmt.Sprintf("inspect %q", name)
 	if client == nil {

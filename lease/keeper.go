@@ -14,12 +14,14 @@ import (
 // close together share a wake-up. Renewing early is always safe.
 const keeperBatch = 100 * time.Millisecond
 
-// Keeper renews the leases of many sessions of one client over one
-// keep-alive stream, and shares each lock name's queue watch among them.
-// A service with many sessions on one client (one per tenant, shard or
-// worker, say) makes one Keeper and passes it to each with WithKeeper.
-// Each session still loses its lease exactly as it would on its own. Its
-// methods are safe for concurrent use.
+// Keeper renews the leases of many sessions of one client together, and
+// lets their locks of one name share what they hear from etcd, so that a
+// change in a queue reaches the process once, however many of its sessions
+// wait there. A service with many sessions on one client (one per tenant,
+// shard or worker, say) makes one Keeper and passes it to each with
+// WithKeeper. Each session still loses its lease exactly as it would on its
+// own, and its locks give the same guarantees. Its methods are safe for
+// concurrent use.
 type Keeper struct {
 	client *clientv3.Client
 	cancel context.CancelFunc

@@ -141,10 +141,10 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // Lock takes the lock name, waiting until it is held or ctx ends. Locks of
 // the same name taken through the same session exclude each other.
 //
-// A failed Lock removes its key before it returns, even if ctx has ended:
-// it waits for the put's outcome, then retries the delete until it is done
-// or the session ends (within its TTL if etcd is unreachable). If etcd
-// refuses the delete outright, the key stays until the lease ends. A
+// A failed Lock removes its key before it returns, even if ctx has ended,
+// so it may return after ctx's end: at the latest when the session ends
+// (within its TTL if etcd is unreachable). If etcd refuses the delete
+// outright, the key stays until the lease ends. A
 // waiter whose own key or session vanishes returns at once, with an error
 // wrapping ErrLost or ErrSessionClosed. A waiter whose ctx ends gets an
 // error that matches ctx's error (context.DeadlineExceeded or
@@ -160,8 +160,9 @@ func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 // TryLock takes the lock name if nobody holds it, and returns an error
 // wrapping ErrLocked at once otherwise, naming a key ahead of it and its
 // token (or saying that this same session holds or awaits it). A failed
-// TryLock leaves no key behind; it writes nothing at all when the holder's
-// key is among the 16 oldest keys under the name.
+// TryLock leaves no key behind. It writes nothing at all while the name
+// has no keys under it but its queue's; with many other keys there (data,
+// nested locks' keys) it may put its key and remove it again.
 func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Write, "", true)
 	if err != nil {

@@ -55,8 +55,9 @@ func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
 
 // TryRLock takes name for reading if no writer holds it or waits for it,
 // else returns at once an error wrapping ErrLocked that names the writer.
-// It writes nothing if the writer is among the 16 oldest keys under the
-// name; one further back is found after queueing, and the key removed.
+// A failed TryRLock leaves no key behind. It writes nothing when the writer
+// is near the head of the queue; behind many keys it may put its key and
+// remove it again.
 func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
 	l, err := s.acquire(ctx, name, Read, "", true)
 	if err != nil {

@@ -114,10 +114,9 @@ func (s *EtcdStore) Key(name string) string { return s.prefix + name }
 // stale, in the same etcd transaction that raises the record.
 func (s *EtcdStore) Guard(c Claim) fence.Guard { return fence.Resource(s.Key(c.Name), c.Token) }
 
-// Accept implements Store in one etcd transaction when the record holds
-// token already (a holder's every request after its first): a comparison
-// alone, which etcd serves as a linearizable read. A record below token,
-// or missing, takes a second transaction, which raises or creates it.
+// Accept implements Store with a fence.Txn guarded by Guard and no writes
+// of its own: it writes the record only when it is missing or below
+// token, so a holder's requests after its first write nothing to etcd.
 // Errors are those of fence.Txn.Commit: a *fence.StaleError, or one
 // wrapping fence.ErrOutcomeUnknown when etcd did not answer.
 func (s *EtcdStore) Accept(ctx context.Context, name string, token int64) error {
