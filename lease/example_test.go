@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -193,4 +194,155 @@ func ExampleWithLockDelay() {
 	}
 	defer l.Unlock(ctx)
 	fmt.Println("sending as token", l.Token())
+}
+
+// exampleClient is a client of the etcd the package's tests run (an
+// embedded member, or ETCD_ENDPOINTS), with the examples' keys cleared.
+// In your own tests, lease/leasetest gives a server and its clients.
+func exampleClient() *clientv3.Client {
+	cli, err := etcdtest.NewClient(etcd.Endpoints())
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := cli.Delete(context.Background(), "examples/", clientv3.WithPrefix()); err != nil {
+		log.Fatal(err)
+	}
+	return cli
+}
+
+// A worker held by Run resumes each holding with a claim: the claim and
+// the read of the checkpoint are one transaction, so no write of an
+// earlier holder can land after the read. This one does its work once and
+// returns, and Run releases the lock.
+func ExampleRun_claim() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := exampleClient()
+	defer cli.Close()
+
+	err := lease.Run(ctx, cli, "examples/run", func(ctx context.Context, l *lease.Lock) error {
+		wctx, cancel := l.WriteContext(ctx)
+		defer cancel()
+		resp, err := fence.NewTxn(wctx, cli, fence.Claim("examples/run-fence", l.Token())).
+			Then(clientv3.OpGet("examples/run-checkpoint")).
+			Commit()
+		if err != nil {
+			return err
+		}
+		fmt.Println("checkpoints found:", resp.Responses[0].GetResponseRange().Count)
+		_, err = fence.NewTxn(wctx, cli, fence.Resource("examples/run-fence", l.Token())).
+			Then(clientv3.OpPut("examples/run-checkpoint", "offset 1")).
+			Commit()
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, "examples/run-checkpoint")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("checkpoint: %s\n", resp.Kvs[0].Value)
+	// Output:
+	// checkpoints found: 0
+	// checkpoint: offset 1
+}
+
+// Leader election: a candidate campaigns, an observer sees it lead with
+// its value, and the leadership's token fences its work as a lock's does.
+func ExampleSession_Campaign_observe() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := exampleClient()
+	defer cli.Close()
+	s, err := lease.NewSession(ctx, cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	lead, err := s.Campaign(ctx, "examples/leader", "10.0.0.7:8080")
+	if err != nil {
+		log.Fatal(err)
+	}
+	o, err := lease.Observe(ctx, cli, "examples/leader")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer o.Close()
+	ld := <-o.Leaders()
+	fmt.Println("leader:", ld.Value, "same token:", ld.Token == lead.Token())
+
+	if err := lead.Proclaim(ctx, "10.0.0.7:9090"); err != nil {
+		log.Fatal(err)
+	}
+	ld = <-o.Leaders()
+	fmt.Println("leader:", ld.Value, "same token:", ld.Token == lead.Token())
+
+	if err := lead.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	_, err = lease.CurrentLeader(ctx, cli, "examples/leader")
+	fmt.Println("after Resign:", errors.Is(err, lease.ErrNoLeader))
+	// Output:
+	// leader: 10.0.0.7:8080 same token: true
+	// leader: 10.0.0.7:9090 same token: true
+	// after Resign: true
+}
+
+// Inspect shows a lock's queue: the holder first, then the waiters in the
+// order they will be granted, with the owner each session recorded.
+func ExampleInspect() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := exampleClient()
+	defer cli.Close()
+	a, err := lease.NewSession(ctx, cli, lease.WithOwner("worker-a"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+	b, err := lease.NewSession(ctx, cli, lease.WithOwner("worker-b"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+
+	held, err := a.Lock(ctx, "examples/inspect")
+	if err != nil {
+		log.Fatal(err)
+	}
+	waited := make(chan *lease.Lock)
+	go func() {
+		l, err := b.Lock(ctx, "examples/inspect") // waits behind worker-a
+		if err != nil {
+			log.Fatal(err)
+		}
+		waited <- l
+	}()
+
+	var q []lease.QueueEntry
+	for len(q) < 2 { // until worker-b has queued
+		if q, err = lease.Inspect(ctx, cli, "examples/inspect"); err != nil {
+			log.Fatal(err)
+		}
+	}
+	for _, e := range q {
+		fmt.Println(e.Owner, e.Mode)
+	}
+	fmt.Println("holding:", lease.Holding(q), "holder's token first:", q[0].Token == held.Token() && q[0].Token < q[1].Token)
+
+	if err := held.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	next := <-waited
+	fmt.Println("next holder's token is larger:", next.Token() > held.Token())
+	if err := next.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// worker-a write
+	// worker-b write
+	// holding: 1 holder's token first: true
+	// next holder's token is larger: true
 }
