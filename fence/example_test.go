@@ -68,8 +68,8 @@ func ExampleClaim() {
 }
 
 // A writer that writes many times through one fence record keeps a
-// Recorder: after its first write with a token, each write is one flat
-// comparison, as cheap as a Held guard.
+// Recorder: after its first write with a token, each write leaves the
+// record alone and costs about what a Held guard's does.
 func ExampleRecorder() {
 	ctx := context.Background()
 	var cli *clientv3.Client

@@ -129,9 +129,8 @@ func ExampleObserve() {
 	}
 }
 
-// A process with a session per shard renews them all through one Keeper:
-// one keep-alive stream, and one watch of each lock name's queue for all of
-// them.
+// A process with a session per shard renews them all through one Keeper,
+// and their locks of one name share what the process hears from etcd.
 func ExampleKeeper() {
 	ctx := context.Background()
 	var cli *clientv3.Client // connected elsewhere
