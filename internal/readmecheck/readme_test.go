@@ -140,3 +140,14 @@ func TestCheckCanFail(t *testing.T) {
 		t.Errorf("samples in a text without code: %q", got)
 	}
 }
+
+// The README says what a user needs to start; the rest lives in docs/.
+func TestReadmeIsShort(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > 250 {
+		t.Fatalf("README.md has %d lines, at most 250: move details to docs/", n)
+	}
+}
