@@ -37,7 +37,7 @@ type fault string
 
 const (
 	faultPause     fault = "pause"          // the victim's traffic is held in the proxy, then released
-	faultPartition fault = "partition"      // the victim's traffic is dropped (blackhole)
+	faultPartition fault = "partition"      // the victim's traffic is dropped (blackhole), its connections broken at the heal
 	faultSlowClock fault = "clock-slow"     // as pause, with every session's clock at half speed
 	faultFastClock fault = "clock-fast"     // as pause, with every session's clock at double speed
 	faultLatency   fault = "latency"        // as pause, with 0-500 ms of latency on every client
@@ -220,10 +220,12 @@ type chaosClient struct {
 	ev      *events
 	host    *netlab.Host // the client's host, for faultNet
 	proxies []proxy.Server
-	cli     *clientv3.Client
-	rng     *rand.Rand
-	seq     int
-	oracle  *Oracle // told every grant
+	// breakers are in front of the proxies, one each: see pause.
+	breakers []*etcdtest.Breaker
+	cli      *clientv3.Client
+	rng      *rand.Rand
+	seq      int
+	oracle   *Oracle // told every grant
 }
 
 // hooks is the context the suite's own code sees: the run's mutant and
@@ -618,10 +620,17 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	if c.cfg.net != nil {
 		c.cfg.net.lc.lab.HealAll(ctx)
 	}
-	for _, p := range c.proxies {
+	for i, p := range c.proxies {
 		if c.cfg.fault == faultPartition {
-			p.UnblackholeTx()
-			p.UnblackholeRx()
+			// The connections that lived through the partition break (as
+			// a real network's timeouts break them) before the blackholes
+			// lift: no byte crosses a connection that lost some, and the
+			// client dials again and resumes each watch from its last
+			// revision. See etcdtest.Breaker.
+			c.breakers[i].Break(func() {
+				p.UnblackholeTx()
+				p.UnblackholeRx()
+			})
 		} else {
 			p.UnpauseTx()
 			p.UnpauseRx()
@@ -742,8 +751,17 @@ func run(t testing.TB, cfg runConfig) runResult {
 				p.DelayTx(latency/2, latency/4)
 				p.DelayRx(latency/2, latency/4)
 			}
+			// The client reaches the proxy through a Breaker, which a
+			// partition's heal uses to break its connections. Closed
+			// first: the proxy's copy loops then end with them.
+			b, addr, err := etcdtest.NewBreaker(strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
 			c.proxies = append(c.proxies, p)
-			urls = append(urls, url)
+			c.breakers = append(c.breakers, b)
+			urls = append(urls, "http://"+addr)
 		}
 		cli, err := etcdtest.NewClient(urls)
 		if err != nil {
