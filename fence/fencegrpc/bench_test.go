@@ -2,12 +2,10 @@ package fencegrpc_test
 
 import (
 	"context"
-	"net"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/leasefence/leasefence/fence"
@@ -89,24 +87,6 @@ func benchClient(b *testing.B, p putter, store fencestore.Store, opts []fencegrp
 	}
 	srv := grpc.NewServer(sopts...)
 	testpb.RegisterTestServiceServer(srv, p)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(lis)
-	}()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-		<-done
-	})
+	conn := connect(b, srv, grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor()))
 	return testpb.NewTestServiceClient(conn)
 }

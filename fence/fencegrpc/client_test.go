@@ -3,13 +3,11 @@ package fencegrpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -228,33 +226,6 @@ func TestChainedClientInterceptors(t *testing.T) {
 	if h := store.Highest("ledger"); h != 9 {
 		t.Fatalf("highest = %d, want the per-call holder's 9", h)
 	}
-}
-
-// dial serves l behind ck's interceptors on loopback and returns a
-// connection with the given dial options.
-func dial(t *testing.T, l *ledger, ck *fencegrpc.Checker, opts ...grpc.DialOption) *grpc.ClientConn {
-	t.Helper()
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ck.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(ck.StreamServerInterceptor()))
-	testpb.RegisterTestServiceServer(srv, l)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(lis)
-	}()
-	conn, err := grpc.NewClient(lis.Addr().String(), append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-		<-done
-	})
-	return conn
 }
 
 // Fencing keys sent as binary are refused, on unchecked methods too.

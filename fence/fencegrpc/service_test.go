@@ -149,8 +149,26 @@ func serve(t *testing.T, l *ledger, store fencestore.Store, opts []fencegrpc.Opt
 	if err != nil {
 		t.Fatal(err)
 	}
+	conn := dial(t, l, ck,
+		grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor(defaults...)),
+		grpc.WithChainStreamInterceptor(fencegrpc.StreamClientInterceptor(defaults...)))
+	return testpb.NewTestServiceClient(conn)
+}
+
+// dial serves l behind ck's interceptors on loopback and returns a
+// connection with the given dial options.
+func dial(t *testing.T, l *ledger, ck *fencegrpc.Checker, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ck.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(ck.StreamServerInterceptor()))
 	testpb.RegisterTestServiceServer(srv, l)
+	return connect(t, srv, opts...)
+}
+
+// connect serves srv on a loopback port and returns a connection to it
+// with the given dial options; the test's cleanup closes the connection,
+// stops the server and waits for it.
+func connect(t testing.TB, srv *grpc.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -160,11 +178,10 @@ func serve(t *testing.T, l *ledger, store fencestore.Store, opts []fencegrpc.Opt
 		defer close(done)
 		srv.Serve(lis)
 	}()
-	conn, err := grpc.NewClient(lis.Addr().String(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor(defaults...)),
-		grpc.WithChainStreamInterceptor(fencegrpc.StreamClientInterceptor(defaults...)))
+	conn, err := grpc.NewClient(lis.Addr().String(), append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
+		srv.Stop()
+		<-done
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -172,7 +189,7 @@ func serve(t *testing.T, l *ledger, store fencestore.Store, opts []fencegrpc.Opt
 		srv.Stop()
 		<-done
 	})
-	return testpb.NewTestServiceClient(conn)
+	return conn
 }
 
 func request(body string) *testpb.SimpleRequest {
