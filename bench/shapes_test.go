@@ -46,7 +46,7 @@ func BenchmarkTxnShapes(b *testing.B) {
 	}
 	turns := []turn{
 		shape("held", func(put clientv3.Op) clientv3.Txn {
-			return cli.Txn(ctx).If(fence.Cmp(l)).Then(put).Else(clientv3.OpGet(l.Key(), clientv3.WithKeysOnly()))
+			return cli.Txn(ctx).If(fence.HeldCmps(l)...).Then(put).Else(clientv3.OpGet(l.Key(), clientv3.WithKeysOnly()))
 		}),
 		// A Recorder's steady shape: compare only.
 		shape("equal", func(put clientv3.Op) clientv3.Txn {

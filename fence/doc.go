@@ -6,8 +6,9 @@
 //
 //   - State in the same etcd as the lock: Held. The write commits only if
 //     the lock key still exists with the holder's token (its creation
-//     revision), checked by etcd when it applies the transaction, not when
-//     the client sent it.
+//     revision) and on a lease, checked by etcd when it applies the
+//     transaction, not when the client sent it. HeldCmps are the same
+//     comparisons, for a transaction built with clientv3's own Txn.
 //   - A resource that may see tokens from writers that reached it by other
 //     paths, or whose protection must outlive the lock (the lock key is
 //     gone once released, so Held can no longer say anything): Resource. A

@@ -33,6 +33,21 @@ func ExampleHeld() {
 	}
 }
 
+// Held's comparisons in a transaction built with clientv3's own Txn: the
+// Else runs, instead of an error, when the lock is no longer held.
+func ExampleHeldCmps() {
+	ctx := context.Background()
+	var cli *clientv3.Client
+	var l *lease.Lock
+	resp, err := cli.Txn(ctx).
+		If(fence.HeldCmps(l)...).
+		Then(clientv3.OpPut("jobs/7/checkpoint", "offset=4096")).
+		Commit()
+	if err == nil && !resp.Succeeded {
+		log.Print("lost the lock; the write did not happen")
+	}
+}
+
 // A manifest that must never go back to an older writer's version, even
 // after the lock is gone.
 func ExampleResource() {

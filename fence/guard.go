@@ -33,10 +33,29 @@ func Ended(h Holder) error {
 	return nil
 }
 
-// Cmp is the comparison that holds while h's key still exists with the
-// creation revision h.Token(): for transactions built by hand.
-func Cmp(h Holder) clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(h.Key()), "=", h.Token())
+// HeldCmps are the comparisons a Held guard makes, for transactions built
+// by hand with clientv3's own Txn: they all hold while h's key exists with
+// the creation revision h.Token() and is attached to a lease, and fail,
+// as Held does, for a key that someone else's put moved off its lease.
+// Put every one of them in the transaction's If:
+//
+//	cli.Txn(ctx).If(fence.HeldCmps(l)...).Then(ops...)
+//
+// Unlike a Held guard they do not check the holder's Err before sending,
+// and a failure is not an error: the transaction runs its Else. A token
+// that is not positive never passes (a missing key has no lease). h must
+// not be nil.
+func HeldCmps(h Holder) []clientv3.Cmp { return heldCmps(h.Key(), h.Token()) }
+
+// heldCmps is what Held checks of a lock key, for HeldCmps and Txn alike.
+// A lock key that someone else's put moved off its lease keeps its
+// creation revision, but no longer goes with the holder's session: the
+// lease comparison refuses it.
+func heldCmps(key string, token int64) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(key), "=", token),
+		clientv3.Compare(clientv3.LeaseValue(key), "!=", 0),
+	}
 }
 
 type guardKind int

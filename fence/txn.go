@@ -193,12 +193,9 @@ func (t *Txn) build() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
 func (t *Txn) heldChecks() (cmps []clientv3.Cmp, reads []clientv3.Op) {
 	for _, g := range t.guards {
 		if g.kind == heldGuard {
-			// A lock key that someone else's put moved off its lease keeps
-			// its creation revision, but no longer goes with the holder's
-			// session: the lease comparison refuses it. The read is not
-			// keys-only, which on etcd 3.7 leaves the lease out.
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.token),
-				clientv3.Compare(clientv3.LeaseValue(g.key), "!=", 0))
+			// The read is not keys-only, which on etcd 3.7 leaves the
+			// lease out.
+			cmps = append(cmps, heldCmps(g.key, g.token)...)
 			reads = append(reads, clientv3.OpGet(g.key))
 		}
 	}
