@@ -17,8 +17,14 @@ type Leadership struct{ l *Lock }
 // on the same session; to etcd a lock and an election of one name are the
 // same thing. On failure its key is removed before it returns, as for
 // Lock; a candidate whose key or session vanishes while waiting returns at
-// once with an error wrapping ErrLost or ErrSessionClosed.
+// once with an error wrapping ErrLost or ErrSessionClosed. ReaderValue is
+// no leader's value (its key would read as a reader's, and readers would
+// share the name with the leader): it is refused with an error wrapping
+// ErrInvalidArgument before anything is sent.
 func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership, error) {
+	if err := leaderValue(value); err != nil {
+		return nil, failed(fmt.Sprintf("campaign %q", name), err)
+	}
 	l, err := s.acquire(ctx, name, Write, value, false)
 	if err != nil {
 		return nil, failed(fmt.Sprintf("campaign %q", name), err)
@@ -64,7 +70,13 @@ func (e *Leadership) Lock() *Lock { return e.l }
 // creates a key or touches a successor's. After the leadership ended it
 // sends nothing and says how; a key found gone ends the leadership with
 // ErrKeyDeleted. If etcd did not answer, the value may or may not be set.
+// ReaderValue is refused, as by Campaign, with an error wrapping
+// ErrInvalidArgument: nothing is sent, and the leadership keeps its value
+// and its lead.
 func (e *Leadership) Proclaim(ctx context.Context, value string) error {
+	if err := leaderValue(value); err != nil {
+		return failed(fmt.Sprintf("proclaim %q", e.l.name), err)
+	}
 	if err := e.l.put(ctx, value); err != nil {
 		return failed(fmt.Sprintf("proclaim %q", e.l.name), err)
 	}
@@ -76,6 +88,16 @@ func (e *Leadership) Proclaim(ctx context.Context, value string) error {
 func (e *Leadership) Resign(ctx context.Context) error {
 	if err := e.l.unlock(ctx); err != nil {
 		return failed(fmt.Sprintf("resign %q", e.l.name), err)
+	}
+	return nil
+}
+
+// leaderValue refuses ReaderValue as a leader's value: a key with that
+// value is a reader's to every lock of the name, so a read lock would be
+// granted beside the leader.
+func leaderValue(value string) error {
+	if value == ReaderValue {
+		return fmt.Errorf("%w: %q is the value of a reader's key, not a leader's", ErrInvalidArgument, value)
 	}
 	return nil
 }

@@ -415,3 +415,80 @@ func TestElectionBadInput(t *testing.T) {
 		t.Errorf("CurrentLeader with an empty name: %v", err)
 	}
 }
+
+// ReaderValue is no leader's value: a leader's key with it would read as
+// a reader's, and a read lock would be granted beside the leader.
+// Campaign refuses it before sending anything, so no key is left.
+func TestCampaignRefusesReaderValue(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "campaign-reader-value")
+	s := newSession(t, cli)
+	e, err := s.Campaign(testCtx(t), name, lease.ReaderValue)
+	if !errors.Is(err, lease.ErrInvalidArgument) || e != nil {
+		t.Fatalf("Campaign with ReaderValue: won %v, %v, want ErrInvalidArgument", e != nil, err)
+	}
+	if n := strings.Count(err.Error(), "lease:"); n != 1 {
+		t.Errorf("error %q names the package %d times", err, n)
+	}
+	resp, err := cli.Get(testCtx(t), name, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 0 {
+		t.Fatalf("%d keys under %q after a refused Campaign", resp.Count, name)
+	}
+	// Lead campaigns with the same value: refused for good, fn never run.
+	err = lease.Lead(testCtx(t), cli, name, lease.ReaderValue, func(context.Context, *lease.Leadership) error {
+		t.Error("Lead ran fn with ReaderValue")
+		return nil
+	})
+	if !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Fatalf("Lead with ReaderValue: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// A Proclaim of ReaderValue is refused and changes nothing: the key keeps
+// its value (read from etcd), the leadership stays held with its value,
+// and readers of another session still wait.
+func TestProclaimRefusesReaderValue(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "proclaim-reader-value")
+	e := mustCampaign(t, newSession(t, cli), name, "a:1")
+	before, err := cli.Get(testCtx(t), e.Key())
+	if err != nil || len(before.Kvs) != 1 {
+		t.Fatalf("leader key: %v %v", before.Kvs, err)
+	}
+
+	if err := e.Proclaim(testCtx(t), lease.ReaderValue); !errors.Is(err, lease.ErrInvalidArgument) {
+		t.Fatalf("Proclaim(ReaderValue): %v, want ErrInvalidArgument", err)
+	}
+	after, err := cli.Get(testCtx(t), e.Key())
+	if err != nil || len(after.Kvs) != 1 {
+		t.Fatalf("leader key after the refused Proclaim: %v %v", after.Kvs, err)
+	}
+	if kv := after.Kvs[0]; string(kv.Value) != "a:1" || kv.ModRevision != before.Kvs[0].ModRevision {
+		t.Fatalf("leader key after the refused Proclaim: value %q mod revision %d, want a:1 at %d",
+			kv.Value, kv.ModRevision, before.Kvs[0].ModRevision)
+	}
+	if e.Err() != nil || e.Value() != "a:1" {
+		t.Fatalf("after the refused Proclaim: Err %v, Value %q, want held with a:1", e.Err(), e.Value())
+	}
+
+	// Neither check can pass by chance: TryRLock answers at once, and a
+	// granted RLock returns before its deadline.
+	r := newSession(t, cli)
+	if l, err := r.TryRLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		t.Fatalf("TryRLock beside the leader: granted %v, %v, want ErrLocked", l != nil, err)
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	defer cancel()
+	if l, err := r.RLock(ctx, name); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("RLock beside the leader: granted %v, %v, want DeadlineExceeded", l != nil, err)
+	}
+
+	if err := e.Proclaim(testCtx(t), "a:2"); err != nil || e.Value() != "a:2" {
+		t.Fatalf("Proclaim after the refused one: %v, value %q", err, e.Value())
+	}
+}
