@@ -99,12 +99,25 @@ func waitQueued(t *testing.T, cli *clientv3.Client, name string, n int) {
 	}
 }
 
+// expectPending fails if a result arrives on ch within d, or is ready
+// when d is over. A zero d only checks that no result is ready: a select
+// between a ready result and an expired timer picks at random, so the
+// last look never races one.
 func expectPending(t *testing.T, ch <-chan lockResult, d time.Duration) {
 	t.Helper()
+	if d > 0 {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case r := <-ch:
+			t.Fatalf("Lock returned while the lock was held: lock=%v err=%v", r.l, r.err)
+		case <-timer.C:
+		}
+	}
 	select {
 	case r := <-ch:
 		t.Fatalf("Lock returned while the lock was held: lock=%v err=%v", r.l, r.err)
-	case <-time.After(d):
+	default:
 	}
 }
 
