@@ -156,11 +156,11 @@ func (f *follows) stop() {
 	}
 }
 
-// startFollowWatch starts a watch of the deletions of key, a queue key
-// ahead of one of the session's locks. Puts are left out: only the
-// own-key and queue watches need them (see keyWatch).
+// startFollowWatch starts a watch of key, a queue key ahead of one of the
+// session's locks. It keeps puts: one that moves the key off its lease
+// makes it no lock, which the waiter must hear as it hears a deletion.
 func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
-	return s.startWatch(key, false, clientv3.WithFilterPut())
+	return s.startWatch(key, false)
 }
 
 // newestAhead is the n newest keys ahead, newest first. l.mu is held.
@@ -219,7 +219,6 @@ func (l *Lock) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, k := range keys {
@@ -229,12 +228,10 @@ func (l *Lock) follow(ctx context.Context) error {
 		}
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		switch {
-		case len(kvs) == 0 || kvs[0].CreateRevision != a.created:
+		case len(kvs) == 0 || kvs[0].CreateRevision != a.created || !l.blocksKV(kvs[0]):
+			// Gone, made again, or changed by a put since it was listed so
+			// that it no longer blocks (moved off its lease, say).
 			l.q.know.goneBy(k, resp.Header.Revision)
-		case !isQueueKey(pfx, kvs[0]) || !l.blocks(kvs[0]):
-			// A put changed it since it was listed (moved it off its
-			// lease, say).
-			l.q.know.clear(k, a.created)
 		default:
 			l.q.know.confirm(kvs[0], resp.Header.Revision)
 			if l.q.followEpochs == nil {

@@ -17,8 +17,10 @@ import (
 //   - a snapshot at revision R showed its own key as this holding and
 //     listed every blocking key older than it (no older key can appear
 //     after the own put, so only deletions matter after R);
-//   - every listed key has been seen deleted, by any source, at revisions
-//     up to G, the highest of them (or R if none was listed);
+//   - every listed key has been seen gone, by any source, at revisions up
+//     to G, the highest of them (or R if none was listed): deleted, or
+//     left in place by a put that makes it no lock that blocks (moved off
+//     its lease, say);
 //   - the own key is known unchanged through G: by a snapshot at G or
 //     later, or by a source covering the own key that has delivered
 //     everything up to G, with no gap since what was known before.
@@ -28,25 +30,27 @@ import (
 // revision order, but two watches are in no order relative to each other:
 // a deletion seen on one says nothing of what another has not delivered.
 type knowledge struct {
-	key   string
-	token int64                          // the own key's creation revision; 0 until the put returns
-	owns  func(kv *mvccpb.KeyValue) bool // kv shows this holding: its token, the session's lease
+	key    string
+	token  int64                          // the own key's creation revision; 0 until the put returns
+	owns   func(kv *mvccpb.KeyValue) bool // kv shows this holding: its token, the session's lease
+	blocks func(kv *mvccpb.KeyValue) bool // kv, a key older than the own, is a queue key that blocks it
 
 	base     int64                // revision of the snapshot the view rests on; 0 before the first
 	complete bool                 // ... which listed every blocking key older than the own key
-	ahead    map[string]*keyAhead // blocking keys listed by it, not yet seen deleted
+	ahead    map[string]*keyAhead // blocking keys listed by it, not yet seen gone
 	removed  map[string]int64     // listed keys seen gone, with the lowest revision known gone
 	// gone is, by key, each revision it was seen gone at, ascending: a name
 	// may go more than once, and events may come before the snapshot.
-	gone    map[string][]int64
-	ownTo   int64 // the own key is known unchanged from the token through this revision
+	gone  map[string][]int64
+	ownTo int64 // the own key is known unchanged from the token through this revision
+	// sources are the lock's subscriptions, by serial: exactly the watches
+	// (or copies) it listens to. A subscription the lock ends is removed
+	// in the same step (unlisten), and nothing it sends after counts.
 	sources map[source]*coverage
-	// over: each source's generations below this are over. News of a
-	// generation's up may come after its down, and must not revive it.
-	over  map[source]uint64
-	lost  bool            // the own key was deleted or taken over: never granted
-	early []*mvccpb.Event // own-key events seen before the token (a watch may beat the put's answer)
-	seam  grantSeam
+	serial  source          // the last serial handed out
+	lost    bool            // the own key was deleted or taken over: never granted
+	early   []*mvccpb.Event // own-key events seen before the token (a watch may beat the put's answer)
+	seam    grantSeam
 }
 
 // keyAhead is a blocking key the snapshot listed.
@@ -56,13 +60,17 @@ type keyAhead struct {
 	through int64            // highest revision it is known still there at: the snapshot's or confirm's
 }
 
-// source names where a fact came from: a watch, or a copy of the queue.
-type source string
+// source is one subscription of the lock: to a watch, or to a Keeper's
+// copy of the queue. Serials are never reused within a lock, so news of a
+// subscription that ended can never be taken for a later one's.
+type source uint64
 
-// coverage is what one source delivers: every event of its range from
-// start on, in revision order, up to progress.
+// coverage is what one subscription delivers while up: every event of its
+// range from start on, in revision order, up to progress.
 type coverage struct {
-	gen       uint64
+	up        bool
+	gen       uint64 // the generation it is up in (a watch's epoch)
+	over      uint64 // generations below this are over: news of their up may come after their down
 	start     int64
 	progress  int64
 	coversOwn bool            // its range holds the own key
@@ -87,9 +95,9 @@ const (
 	decideLost                        // the own key is gone: never held
 )
 
-func newKnowledge(key string, owns func(*mvccpb.KeyValue) bool) *knowledge {
-	return &knowledge{key: key, owns: owns,
-		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[source]*coverage{}, over: map[source]uint64{}}
+func newKnowledge(key string, owns, blocks func(*mvccpb.KeyValue) bool) *knowledge {
+	return &knowledge{key: key, owns: owns, blocks: blocks,
+		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[source]*coverage{}}
 }
 
 // setToken records the own key's creation revision, at which it is this
@@ -165,16 +173,6 @@ func (k *knowledge) goneAfter(key string, rev int64) (int64, bool) {
 	return ds[i], true
 }
 
-// clear drops key from the keys ahead: a read showed it, with the
-// creation revision the snapshot listed, no longer blocking the lock (a
-// put moved it off its lease, say). The rule does not follow puts of keys
-// ahead, so one that makes it block again is not seen.
-func (k *knowledge) clear(key string, created int64) {
-	if a := k.ahead[key]; a != nil && a.created == created {
-		delete(k.ahead, key)
-	}
-}
-
 // confirm takes a read at rev that showed key ahead kv still there: a
 // watch of it started by rev+1 delivers its deletion.
 func (k *knowledge) confirm(kv *mvccpb.KeyValue, rev int64) {
@@ -193,8 +191,8 @@ func (k *knowledge) keysAhead() []*mvccpb.KeyValue {
 	return kvs
 }
 
-// goneBy takes a read at rev that showed a key ahead gone (or made again,
-// newer than the own key): it counts as a deletion at rev.
+// goneBy takes a read at rev that showed a key ahead gone (made again,
+// newer than the own key, or no longer blocking): it counts as gone at rev.
 func (k *knowledge) goneBy(key string, rev int64) { k.sawGone(key, rev) }
 
 // sawGone records that key is gone by rev. The first deletion after the
@@ -226,31 +224,48 @@ func (k *knowledge) deleted() int64 {
 	return d
 }
 
-// up records that src, in generation gen, delivers every event of its
-// range (keys, nil for the whole queue) from start on. A newer generation
-// starts over; an older one, or a second up of the current, is dropped.
-func (k *knowledge) up(src source, gen uint64, start int64, keys []string, coversOwn bool) {
-	if c := k.sources[src]; gen < k.over[src] || (c != nil && c.gen >= gen) {
-		return
-	}
-	c := &coverage{gen: gen, start: start, progress: start - 1, coversOwn: coversOwn}
+// listen starts a subscription to a source of keys (nil for the whole
+// queue) and returns its serial. It vouches for nothing until up.
+func (k *knowledge) listen(keys []string, coversOwn bool) source {
+	k.serial++
+	c := &coverage{coversOwn: coversOwn}
 	if keys != nil {
 		c.keys = make(map[string]bool, len(keys))
 		for _, key := range keys {
 			c.keys[key] = true
 		}
 	}
-	k.sources[src] = c
+	k.sources[k.serial] = c
+	return k.serial
+}
+
+// unlisten ends subscription src: from now on it vouches for nothing.
+func (k *knowledge) unlisten(src source) { delete(k.sources, src) }
+
+// up records that src, in generation gen, delivers every event of its
+// range from start on. A newer generation starts over; an older one, one
+// already over, a second up of the current, or an ended subscription's is
+// dropped.
+func (k *knowledge) up(src source, gen uint64, start int64) {
+	c := k.sources[src]
+	if c == nil || gen < c.over || (c.up && c.gen >= gen) {
+		return
+	}
+	c.up, c.gen, c.start, c.progress = true, gen, start, start-1
 	k.extend()
 }
 
 // down records that src stopped in generation gen (and all before it):
 // it vouches for nothing after what it delivered.
 func (k *knowledge) down(src source, gen uint64) {
-	if c := k.sources[src]; c != nil && c.gen <= gen {
-		delete(k.sources, src)
+	c := k.sources[src]
+	if c == nil {
+		return
 	}
-	k.over[src] = max(k.over[src], gen+1)
+	if c.up && c.gen <= gen {
+		c.up = false
+	}
+	c.over = max(c.over, gen+1)
 }
 
 // events takes one response of src in generation gen: every event of its
@@ -261,7 +276,7 @@ func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress
 		k.event(ev)
 		progress = max(progress, ev.Kv.ModRevision)
 	}
-	if c, ok := k.sources[src]; ok && c.gen == gen {
+	if c := k.sources[src]; c != nil && c.up && c.gen == gen {
 		c.progress = max(c.progress, progress)
 		k.extend()
 	}
@@ -273,7 +288,13 @@ func (k *knowledge) event(ev *mvccpb.Event) {
 		k.ownEvent(ev)
 		return
 	}
-	if ev.Type == mvccpb.DELETE {
+	switch {
+	case ev.Type == mvccpb.DELETE:
+		k.sawGone(key, rev)
+	case ev.Kv.CreateRevision < k.token && !k.blocks(ev.Kv):
+		// A put left an older key in place but no longer blocking (moved
+		// off its lease, say): it is no lock from now on, as if gone. A
+		// key made again is newer than the own and never blocks.
 		k.sawGone(key, rev)
 	}
 }
@@ -303,7 +324,7 @@ func (k *knowledge) extend() {
 	for moved := true; moved; {
 		moved = false
 		for _, c := range k.sources {
-			if c.coversOwn && k.contiguous(c.start, k.ownTo) && c.progress > k.ownTo {
+			if c.up && c.coversOwn && k.contiguous(c.start, k.ownTo) && c.progress > k.ownTo {
 				k.ownTo, moved = c.progress, true
 			}
 		}
@@ -357,7 +378,9 @@ func (k *knowledge) readFloor() int64 {
 		floor = max(floor, ds[len(ds)-1])
 	}
 	for _, c := range k.sources {
-		floor = max(floor, c.start-1)
+		if c.up {
+			floor = max(floor, c.start-1)
+		}
 	}
 	return floor
 }
@@ -367,7 +390,7 @@ func (k *knowledge) readFloor() int64 {
 func (k *knowledge) watched() bool {
 	for key, a := range k.ahead {
 		for _, c := range k.sources {
-			if c.covers(key) && k.contiguous(c.start, a.through) {
+			if c.up && c.covers(key) && k.contiguous(c.start, a.through) {
 				return true
 			}
 		}
@@ -379,7 +402,7 @@ func (k *knowledge) watched() bool {
 // since ownTo: a change of it will be delivered.
 func (k *knowledge) ownWatched() bool {
 	for _, c := range k.sources {
-		if c.coversOwn && k.contiguous(c.start, k.ownTo) {
+		if c.up && c.coversOwn && k.contiguous(c.start, k.ownTo) {
 			return true
 		}
 	}
@@ -391,7 +414,7 @@ func (k *knowledge) ownWatched() bool {
 // key change before it, so waiting carries ownTo to the grant.
 func (k *knowledge) ownWillReach() bool {
 	for _, c := range k.sources {
-		if c.coversOwn && c.keys == nil && k.contiguous(c.start, k.ownTo) {
+		if c.up && c.coversOwn && c.keys == nil && k.contiguous(c.start, k.ownTo) {
 			return true
 		}
 	}

@@ -81,6 +81,12 @@ func genHistory(r *rand.Rand) history {
 			if live[h.own] && r.IntN(3) == 0 {
 				put(h.own, "x", 0, h.token) // a foreign put that drops the lease
 			}
+		case 3:
+			// Someone else's put moves a key ahead off its lease: it
+			// stays, but is no lock from then on.
+			if key := h.older[r.IntN(len(h.older))]; live[key] && r.IntN(2) == 0 {
+				put(key, "x", 0, h.at(rev)[key].CreateRevision)
+			}
 		case 2:
 			// The session of a key ahead that went queues again: a key
 			// of the same name, newer than the own one.
@@ -162,7 +168,8 @@ func (h history) lostBy(rev int64) bool {
 // whole queue) that delivers the history's events of its range from its
 // start on, in order.
 type watch struct {
-	name      source
+	name      string
+	src       source // its subscription, as the rule names it
 	keys      []string
 	coversOwn bool
 	// filterPut: the watch delivers deletions only, as a session's queue
@@ -208,9 +215,10 @@ func newWorldShaped(seed uint64, mutate func(*knowledge), shape worldShape) *wor
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	h := genHistory(r)
 	reader := r.IntN(3) == 0
-	blocks := func(kv *mvccpb.KeyValue) bool { return !reader || string(kv.Value) != readerVal }
+	// A key off its lease (lease 0) is no lock, and blocks nobody.
+	blocks := func(kv *mvccpb.KeyValue) bool { return kv.Lease != 0 && (!reader || string(kv.Value) != readerVal) }
 	w := &world{r: r, h: h, head: h.token, blocks: blocks}
-	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) })
+	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
 	// Now and then the put's answer comes late: the watches may deliver
 	// before the rule knows the token.
 	w.tokenLate = r.IntN(4) == 0
@@ -227,6 +235,9 @@ func newWorldShaped(seed uint64, mutate func(*knowledge), shape worldShape) *wor
 	}
 	if r.IntN(2) == 0 {
 		w.watches = slices.Delete(w.watches, 1, 2) // no queue watch: a far waiter's shape
+	}
+	for _, wt := range w.watches {
+		wt.src = w.k.listen(wt.keys, wt.coversOwn)
 	}
 	// A watch the lock subscribed to before its put (kept by its session
 	// across locks) delivers from a revision before the token.
@@ -283,7 +294,7 @@ func (w *world) toggle(wt *watch) {
 	if wt.up {
 		wt.gen++
 		wt.up = false
-		w.k.down(wt.name, wt.gen)
+		w.k.down(wt.src, wt.gen)
 		w.logf("%s down", wt.name)
 		return
 	}
@@ -299,7 +310,7 @@ func (w *world) upAt(wt *watch, start int64) {
 		wt.next = len(w.h.evs)
 	}
 	wt.lastStart = start
-	w.k.up(wt.name, wt.gen, start, wt.keys, wt.coversOwn)
+	w.k.up(wt.src, wt.gen, start)
 	w.logf("%s up at %d", wt.name, start)
 }
 
@@ -311,7 +322,7 @@ func (w *world) lateUp(wt *watch) {
 	if wt.up || wt.gen == 0 {
 		return
 	}
-	w.k.up(wt.name, wt.gen-1, wt.lastStart, wt.keys, wt.coversOwn)
+	w.k.up(wt.src, wt.gen-1, wt.lastStart)
 	w.logf("%s late news: up in generation %d", wt.name, wt.gen-1)
 }
 
@@ -339,7 +350,7 @@ func (w *world) deliver(wt *watch, all bool) {
 		}
 	}
 	if len(evs) > 0 {
-		w.k.events(wt.name, wt.gen, evs, 0)
+		w.k.events(wt.src, wt.gen, evs, 0)
 		w.logf("%s delivers %d events through %d", wt.name, len(evs), evs[len(evs)-1].Kv.ModRevision)
 	}
 }
@@ -379,7 +390,7 @@ func (w *world) readFollowed(rev int64) {
 	kvs := w.h.at(rev)
 	n := len(w.h.older)
 	for _, key := range w.h.older[max(0, n-2):] {
-		if kv := kvs[key]; kv != nil && kv.CreateRevision < w.h.token {
+		if kv := kvs[key]; kv != nil && kv.CreateRevision < w.h.token && w.blocks(kv) {
 			w.k.confirm(kv, rev)
 		} else {
 			w.k.goneBy(key, rev)
@@ -533,9 +544,10 @@ func TestGrantRuleOwnKeyBeforeToken(t *testing.T) {
 	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
 	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
-	})
-	k.up("own", 1, token, []string{"q/own"}, true)
-	k.events("own", 1, []*mvccpb.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/own"), ModRevision: token + 2}}}, token+3)
+	}, func(*mvccpb.KeyValue) bool { return true })
+	src := k.listen([]string{"q/own"}, true)
+	k.up(src, 1, token)
+	k.events(src, 1, []*mvccpb.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/own"), ModRevision: token + 2}}}, token+3)
 	k.setToken(token)
 	k.snapshot(token, own, nil, true)
 	if d := k.decide(); d.kind != decideLost {
@@ -573,13 +585,14 @@ func TestGrantRuleNameGoneTwiceBeforeSnapshot(t *testing.T) {
 	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
 	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
-	})
-	k.up("queue", 1, 1, nil, true)
+	}, func(*mvccpb.KeyValue) bool { return true })
+	src := k.listen(nil, true)
+	k.up(src, 1, 1)
 	del := func(rev int64) *mvccpb.Event {
 		return &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/a"), ModRevision: rev}}
 	}
-	k.events("queue", 1, []*mvccpb.Event{del(3)}, 0)
-	k.events("queue", 1, []*mvccpb.Event{del(7)}, 0)
+	k.events(src, 1, []*mvccpb.Event{del(3)}, 0)
+	k.events(src, 1, []*mvccpb.Event{del(7)}, 0)
 	k.setToken(token)
 	k.snapshot(token, own, []*mvccpb.KeyValue{{Key: []byte("q/a"), CreateRevision: 4}}, true)
 	if d := k.decide(); d.kind != decideGranted || d.rev != 7 {

@@ -189,7 +189,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 	}
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w}
 	l.hold.value, l.hold.gate = value, release
-	l.q.know = newKnowledge(l.key, l.owns)
+	l.q.know = newKnowledge(l.key, l.owns, l.blocksKV)
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -342,7 +342,6 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 
 // enqueue is create's work: its writes use wctx, its waits ctx.
 func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
-	cli, pfx := l.s.client, l.name+"/"
 	put := clientv3.OpPut(l.key, l.hold.value, clientv3.WithLease(l.s.id))
 	if try {
 		if done, err := l.tryEmpty(wctx, put); done || err != nil {
@@ -354,27 +353,67 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	mirrored := !try && l.w.queue.mirror != nil && !l.w.queue.isPaused()
 	then := []clientv3.Op{put}
 	if !mirrored {
-		then = append(then, newestFirst(pfx, 0, l.page()+1))
+		then = append(then, newestFirst(l.name+"/", 0, l.page()+1))
 	}
-	resp, err := cli.Txn(wctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(then...).
-		Commit()
-	if err != nil {
-		// The put may have been applied: remove it by lease.
-		if !rpcerr.Definite(err) {
-			l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+	for tries := 0; ; tries++ {
+		resp, err := l.s.client.Txn(wctx).
+			If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
+			Then(then...).
+			Else(clientv3.OpGet(l.key)).
+			Commit()
+		if err != nil {
+			l.unanswered(err)
+			return err
 		}
-		return err
+		if resp.Succeeded {
+			l.setToken(resp.Header.Revision)
+			l.s.probeKey.Store(l.key)
+			l.s.sawRevision(resp.Header.Revision)
+			l.queued(ctx, resp, mirrored)
+			return nil
+		}
+		left := firstKV(resp.Responses[0].GetResponseRange().Kvs)
+		if tries == leftoverTries || !l.leftover(left) {
+			return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
+		}
+		if err := l.removeLeftover(wctx, left); err != nil {
+			return err
+		}
 	}
-	if !resp.Succeeded {
-		return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
+}
+
+// leftoverTries is how many keys found at the lock's path enqueue removes
+// before it gives up with ErrKeyInUse: one is expected, two are a race.
+const leftoverTries = 2
+
+// leftover tells whether kv, found at the lock's own path as it is about
+// to put its key, is owned by no lock. The lock holds the name's gate, so
+// no lock of the session owns it: it is a key that someone else's put
+// moved off its lease, which is no lock, or an orphan of one of the
+// session's unanswered puts. A key on the lease with no such put behind
+// it may be another client's that shares the lease: not a leftover.
+func (l *Lock) leftover(kv *mvccpb.KeyValue) bool {
+	return kv != nil && (!isQueueKey(l.name+"/", kv) || l.s.suspected(l.key))
+}
+
+// removeLeftover deletes a leftover key at the lock's own path, guarded by
+// its creation revision.
+func (l *Lock) removeLeftover(wctx context.Context, kv *mvccpb.KeyValue) error {
+	err := l.s.removeOrphan(wctx, kv)
+	if err != nil && !rpcerr.Definite(err) {
+		l.s.suspectOrphan(l.key)
 	}
-	l.setToken(resp.Header.Revision)
-	l.s.probeKey.Store(l.key)
-	l.s.sawRevision(resp.Header.Revision)
-	l.queued(ctx, resp, mirrored)
-	return nil
+	return err
+}
+
+// unanswered handles a failed put of the lock key: if it may have been
+// applied, it removes the key by lease, and has the session sweep for it
+// in case the put is applied after that (orphans.go).
+func (l *Lock) unanswered(err error) {
+	if !rpcerr.Definite(err) {
+		l.s.suspectOrphan(l.key)
+		l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+	}
 }
 
 // queued takes the view from the put's answer or from the Keeper's copy.
@@ -398,9 +437,7 @@ func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err e
 		Else(oldestFirst(pfx)).
 		Commit()
 	if err != nil {
-		if !rpcerr.Definite(err) {
-			l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
-		}
+		l.unanswered(err)
 		return true, err
 	}
 	if resp.Succeeded {
@@ -409,7 +446,8 @@ func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err e
 		return true, nil
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		if isQueueKey(pfx, kv) && l.blocks(kv) {
+		// A key at the own path is no other holder: enqueue sees to it.
+		if string(kv.Key) != l.key && l.blocksKV(kv) {
 			return true, lockedBy(kv)
 		}
 	}
@@ -425,10 +463,10 @@ func (l *Lock) setToken(token int64) {
 	l.mu.Unlock()
 }
 
-// viewFromMirror makes the lock wait on its Keeper's copy once the copy
-// has applied the lock's put, in the lock's watch epoch. The copy wakes
-// only the waiters a deletion may grant, so the lock leaves the queue
-// watch.
+// viewFromMirror makes the lock wait on its Keeper's copy of the queue
+// once the copy has applied the lock's put, in the lock's watch epoch. The
+// copy wakes only the waiters a deletion may grant, so the lock hears the
+// queue watch's events through the copy alone (joinCopy).
 func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.mu.Lock()
 	epoch := l.q.epoch
@@ -436,23 +474,49 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	if !l.w.queue.mirror.join(ctx, l.ctx.Done(), epoch, l) {
 		return
 	}
-	l.w.queue.unsubscribe(l)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.q.mirrored = true
+	if !l.joinCopy(epoch) {
+		l.leaveCopyLocked()
+	}
 }
 
-// leaveMirror puts a lock that waited on the copy back on the queue watch,
-// as it reads its view: the copy is gone or the own-key watch restarted.
-func (l *Lock) leaveMirror() {
-	l.mu.Lock()
-	was, token := l.q.mirrored, l.token
-	l.q.mirrored = false
-	l.mu.Unlock()
-	if was {
-		l.w.queue.mirror.leave(l, token)
-		l.subscribeTo(l.w.queue)
+// joinCopy moves the lock's queue subscription onto the copy: one step
+// ends the subscription to the watch's events and starts one to the
+// copy, up in epoch only, covering what the copy holds. It reports false
+// if the watch has left epoch meanwhile. l.mu is held.
+func (l *Lock) joinCopy(epoch uint64) bool {
+	w := l.w.queue
+	l.unsubscribeLocked(w)
+	l.q.mirrored = true
+	cur, src := l.subscribeLocked(w, true)
+	mv := w.mirror.snapshot(epoch, l)
+	if cur != epoch || src == 0 || !mv.ok {
+		return false
 	}
+	l.q.know.up(src, epoch, mv.base+1)
+	return true
+}
+
+// leaveCopy puts a lock that waited on the copy back on the queue watch's
+// events, as it reads its view: the copy is gone or the own-key watch
+// restarted. What it missed meanwhile, the new subscription does not
+// cover: the rule reads.
+func (l *Lock) leaveCopy() {
+	l.mu.Lock()
+	l.leaveCopyLocked()
+	l.mu.Unlock()
+}
+
+// leaveCopyLocked is leaveCopy with l.mu held.
+func (l *Lock) leaveCopyLocked() {
+	if !l.q.mirrored {
+		return
+	}
+	l.q.mirrored = false
+	l.w.queue.mirror.leave(l, l.token)
+	l.unsubscribeLocked(l.w.queue)
+	l.subscribeLocked(l.w.queue, false)
 }
 
 // oldestFirst reads the first page of keys under pfx, oldest first. Not
@@ -491,7 +555,7 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 			}
 			older++
 			switch {
-			case isQueueKey(pfx, kv) && l.blocks(kv):
+			case l.blocksKV(kv):
 				listed = append(listed, kv)
 			case isQueueKey(pfx, kv):
 				l.q.sharing++
@@ -507,11 +571,11 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 // deleted feeds one watch response's events, in revision order and epoch,
 // to the rule, and wakes the waiter. A change of the own key after the
 // token that takes it from this holding ends the lock, waiting or held.
-func (l *Lock) deleted(w *keyWatch, events []*clientv3.Event, epoch uint64) {
+func (l *Lock) deleted(w *keyWatch, src source, events []*clientv3.Event, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.feed(w, events, epoch)
-	defer l.poke()
+	l.feed(src, events, epoch)
+	defer l.wake()
 	if l.token == 0 {
 		return // the rule keeps the own key's events until the token is known
 	}
@@ -536,6 +600,14 @@ func ownAfter(ev *clientv3.Event) *mvccpb.KeyValue {
 		return nil
 	}
 	return ev.Kv
+}
+
+// wake is poke for news of the queue: a watch's events, or the copy's
+// word that a deletion may grant the lock (a fault-suite mutant drops it).
+func (l *Lock) wake() {
+	if !l.dropsWake() {
+		l.poke()
+	}
 }
 
 // poke wakes the waiter, if any, to look at the lock's view again.
@@ -591,6 +663,8 @@ func (l *Lock) look() view {
 		if v, ok := l.lookInMirror(); ok {
 			return v
 		}
+		// The copy of the lock's epoch is gone: back to the watch's events.
+		l.leaveCopyLocked()
 	}
 	v := view{
 		d:        l.q.know.decide(),
@@ -670,21 +744,16 @@ func (l *Lock) grant() {
 }
 
 // lookInMirror is look on the Keeper's copy, which holds every key under
-// the name: a snapshot for the rule when it shows the lock not blocked or
-// its key not its own. ok is false once the copy is gone. l.mu is held.
+// the name: the rule takes the copy as a read of the queue at its
+// revision, and decides. ok is false once the copy of the lock's epoch is
+// gone. l.mu is held.
 func (l *Lock) lookInMirror() (v view, ok bool) {
-	mv := l.w.queue.mirror.blocked(l.q.epoch, l)
+	mv := l.w.queue.mirror.snapshot(l.q.epoch, l)
 	if !mv.ok {
 		return view{}, false
 	}
-	if !mv.blocked || !l.owns(mv.own) {
-		l.q.know.snapshot(mv.rev, mv.own, nil, true)
-	}
-	v = view{d: l.q.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: mv.pred}
-	if v.d.kind == decideRead && mv.blocked {
-		// The copy wakes the lock when a deletion may grant it.
-		v.d = decision{kind: decideWait}
-	}
+	l.q.know.snapshot(mv.rev, mv.own, mv.older, true)
+	v = view{d: l.q.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
 	l.decided(&v)
 	if v.held() {
 		l.q.onlyKey = l.w.queue.mirror.only(l)
@@ -867,7 +936,7 @@ func (l *Lock) rereadNear(ctx context.Context) error {
 // readView reads the view under the given watch epochs, reading older
 // pages past a page of keys that do not block the lock.
 func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
-	l.leaveMirror()
+	l.leaveCopy()
 	pfx := l.name + "/"
 	maxRev := l.token - 1
 	for {

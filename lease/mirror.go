@@ -29,7 +29,10 @@ const compactSlack = 64
 // A lock joins only once the copy has applied its own put, in the epoch
 // it subscribed in: the watch was up before the put and delivers every
 // event in order, so the copy is then exactly what a read at its revision
-// would give. When the watch goes down the copy is dropped.
+// would give, and the lock's rule takes it as such (snapshot). The copy
+// decides nothing: it wakes the waiters a deletion may grant, and their
+// rules decide. When the watch goes down the copy is dropped, and each
+// waiter's subscription hears of it.
 type queueMirror struct {
 	mu       sync.Mutex
 	valid    bool   // the copy is complete for epoch
@@ -284,7 +287,7 @@ func (m *queueMirror) wakeHeads() {
 	}
 	head := m.oldest(&m.queue, false)
 	if l := m.waiters[head]; l != nil {
-		l.poke()
+		l.wake()
 	}
 	if m.readers == 0 {
 		return
@@ -292,7 +295,7 @@ func (m *queueMirror) wakeHeads() {
 	writer := m.oldest(&m.writers, true)
 	for token, l := range m.waiters {
 		if l.mode == Read && (writer == 0 || token < writer) {
-			l.poke()
+			l.wake()
 		}
 	}
 }
@@ -315,42 +318,37 @@ func (m *queueMirror) oldest(o *order, writers bool) int64 {
 	return 0
 }
 
-// mirrorView is what the copy says of one lock.
+// mirrorView is the copy's snapshot for one lock: what a read of the
+// queue at rev would have shown it.
 type mirrorView struct {
-	ok      bool             // there is a copy of the lock's epoch; the rest is unset if not
-	blocked bool             // a key ahead blocks the lock, or its own key is not in the copy as its own
-	pred    *mvccpb.KeyValue // the nearest key ahead, if one blocks
-	own     *mvccpb.KeyValue // the lock's own key in the copy; nil if absent
-	rev     int64            // the revision the copy is the state of
+	ok    bool               // there is a copy of the lock's epoch; the rest is unset if not
+	rev   int64              // the revision the copy is the state of
+	base  int64              // the revision the copy was read at: it holds every event after
+	own   *mvccpb.KeyValue   // the lock's own key in the copy; nil if absent
+	older []*mvccpb.KeyValue // the queue keys older than the lock's token that block it, oldest first
 }
 
-// blocked tells what the copy of epoch says of l; ok is false if there is
-// no such copy. A lock whose own key is gone or made again stays blocked.
-func (m *queueMirror) blocked(epoch uint64, l *Lock) mirrorView {
+// snapshot is the copy of epoch as l's rule takes a read: its own key and
+// the keys older than its token that block it. ok is false if there is no
+// copy of epoch. It costs the keys ahead, and the dead entries before them.
+func (m *queueMirror) snapshot(epoch uint64, l *Lock) mirrorView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.valid || m.epoch != epoch {
 		return mirrorView{}
 	}
-	v := mirrorView{ok: true, own: m.keys[l.key], rev: m.rev}
-	if v.own == nil || v.own.CreateRevision != l.token {
-		v.blocked = true
-		return v
-	}
+	v := mirrorView{ok: true, own: m.keys[l.key], rev: m.rev, base: m.base}
 	o, writers := &m.queue, false
 	if l.mode == Read {
 		o, writers = &m.writers, true
 	}
-	if head := m.oldest(o, writers); head == 0 || head >= l.token {
-		return v
-	}
-	v.blocked = true
-	// The nearest key ahead, for errors that name it.
-	i, _ := slices.BinarySearchFunc(o.entries[o.front:], l.token, func(e orderEntry, t int64) int { return int(e.rev - t) })
-	for j := o.front + i - 1; j >= o.front; j-- {
-		if e := o.entries[j]; m.live(e, false) {
-			v.pred = &mvccpb.KeyValue{Key: []byte(e.key), CreateRevision: e.rev}
+	m.oldest(o, writers) // moves o.front past dead entries
+	for _, e := range o.entries[o.front:] {
+		if e.rev >= l.token {
 			break
+		}
+		if m.live(e, writers) {
+			v.older = append(v.older, m.keys[e.key])
 		}
 	}
 	return v

@@ -74,3 +74,11 @@ func (l *Lock) Mode() Mode { return l.mode }
 func (l *Lock) blocks(kv *mvccpb.KeyValue) bool {
 	return l.mode == Write || modeOf(kv) == Write
 }
+
+// blocksKV tells whether kv, a key under the name older than the lock's
+// own, is a queue key that blocks it. A key that is not a queue key (data,
+// a nested lock's key, a key moved off its lease) is no lock and never
+// blocks.
+func (l *Lock) blocksKV(kv *mvccpb.KeyValue) bool {
+	return isQueueKey(l.name+"/", kv) && l.blocks(kv)
+}

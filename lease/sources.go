@@ -2,54 +2,76 @@ package lease
 
 import (
 	"context"
-	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The lock's watches feed its knowledge, each as a source whose
-// generations are the watch's epochs.
+// The lock's watches feed its rule (knowledge), each subscription as a
+// source of its own, named by a serial the rule hands out. A lock starts
+// and ends a subscription only here, telling the rule in the same step
+// under l.mu, so the rule never trusts a watch the lock no longer hears.
 
-// sourceOf names watch w as a source of l's knowledge, with the keys it
-// covers (nil: the whole queue) and whether it covers the own key (the
-// queue watch keeps puts). A new watch of a key ahead is a new source.
-func (l *Lock) sourceOf(w *keyWatch) (src source, keys []string, coversOwn bool) {
-	switch {
-	case w == l.w.own:
-		return "own", []string{l.key}, true
-	case w == l.w.queue:
-		return "queue", nil, true
+// rangeOf is what watch w covers: its keys (nil for the whole queue) and
+// whether the own key is among them.
+func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
+	switch w {
+	case l.w.own:
+		return []string{l.key}, true
+	case l.w.queue:
+		return nil, true
 	}
-	return source(fmt.Sprintf("follow %s %p", w.key, w)), []string{w.key}, false
+	return []string{w.key}, false
 }
 
-// subscribeTo makes l a subscriber of w and returns w's epoch. If w is
-// up, it covers l from the revision after the last response it handed on
-// (loaded after subscribing, so never below what l missed).
+// subscribeTo makes l a subscriber of w, unless it is one, and returns w's
+// epoch. A new subscription to a watch that is up covers l from the
+// revision after the last response it handed on.
 func (l *Lock) subscribeTo(w *keyWatch) uint64 {
-	epoch := w.subscribe(l)
-	if epoch%2 == 0 {
-		return epoch
-	}
-	src, keys, own := l.sourceOf(w)
 	l.mu.Lock()
-	// Loaded under l.mu: a response handed on after the load waits for
-	// l.mu, so it reaches the rule after the source is up.
-	l.q.know.up(src, epoch, w.seenRev.Load()+1, keys, own)
+	epoch, _ := l.subscribeLocked(w, false)
 	l.mu.Unlock()
 	l.poke()
 	return epoch
 }
 
-// sourceUp records that w came up in epoch, delivering every change of
-// its range from start on, and wakes the waiter. As the own-key watch
-// comes up a holder reads its key again (recheck), as a deletion while
-// the watch was down went unseen; an error means that read failed.
-func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, epoch uint64, start int64) error {
-	src, keys, own := l.sourceOf(w)
+// subscribeLocked is subscribeTo with l.mu held, returning also the new
+// subscription's serial (0 if l was subscribed already or has ended).
+// viaCopy subscribes to w's downs only (joinCopy), and leaves up to the
+// caller. A response handed on after the subscription waits for l.mu, so
+// it reaches the rule after the source is up.
+func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (uint64, source) {
+	keys, own := l.rangeOf(w)
+	epoch, seen, src := w.subscribe(l, viaCopy, func() source { return l.q.know.listen(keys, own) })
+	if src != 0 && epoch%2 == 1 && !viaCopy {
+		l.q.know.up(src, epoch, seen+1)
+	}
+	return epoch, src
+}
+
+// unsubscribeFrom ends l's subscription to w, and the rule's trust in it.
+func (l *Lock) unsubscribeFrom(w *keyWatch) {
 	l.mu.Lock()
-	l.q.know.up(src, epoch, start, keys, own)
+	l.unsubscribeLocked(w)
+	l.mu.Unlock()
+	l.poke()
+}
+
+// unsubscribeLocked is unsubscribeFrom with l.mu held.
+func (l *Lock) unsubscribeLocked(w *keyWatch) {
+	if src, ok := w.unsubscribe(l); ok {
+		l.q.know.unlisten(src)
+	}
+}
+
+// sourceUp records that subscription src came up in epoch, delivering
+// every change of w's range from start on, and wakes the waiter. As the
+// own-key watch comes up a holder reads its key again (recheck), as a
+// deletion while the watch was down went unseen; an error means that
+// read failed.
+func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src source, epoch uint64, start int64) error {
+	l.mu.Lock()
+	l.q.know.up(src, epoch, start)
 	l.mu.Unlock()
 	l.poke()
 	if w == l.w.own {
@@ -58,9 +80,9 @@ func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, epoch uint64, start in
 	return nil
 }
 
-// sourceDown records that w went down, ending epoch-1, and wakes the waiter.
-func (l *Lock) sourceDown(w *keyWatch, epoch uint64) {
-	src, _, _ := l.sourceOf(w)
+// sourceDown records that subscription src went down, ending epoch-1,
+// and wakes the waiter.
+func (l *Lock) sourceDown(src source, epoch uint64) {
 	l.mu.Lock()
 	l.q.know.down(src, epoch)
 	l.mu.Unlock()
@@ -73,8 +95,8 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 	return &mvccpb.KeyValue{Key: []byte(l.key), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
 }
 
-// feed hands the knowledge one watch response's events. l.mu is held.
-func (l *Lock) feed(w *keyWatch, events []*clientv3.Event, epoch uint64) {
-	src, _, _ := l.sourceOf(w)
+// feed hands the knowledge one response's events of subscription src.
+// l.mu is held.
+func (l *Lock) feed(src source, events []*clientv3.Event, epoch uint64) {
 	l.q.know.events(src, epoch, events, 0)
 }

@@ -12,9 +12,11 @@ func TestEndedLockNotSubscribedAgain(t *testing.T) {
 	live, ended := &Lock{ctx: context.Background()}, &Lock{ctx: ctx}
 	cancel()
 	w := &keyWatch{}
-	w.subscribe(live)
-	w.subscribe(ended)
-	if subs := w.subscribers(); len(subs) != 1 || subs[0] != live {
+	serial := source(0)
+	listen := func() source { serial++; return serial }
+	w.subscribe(live, false, listen)
+	w.subscribe(ended, false, listen)
+	if subs := w.subscribers(); len(subs) != 1 || subs[0].l != live {
 		t.Fatalf("subscribers = %v, want only the live lock", subs)
 	}
 }

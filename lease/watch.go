@@ -56,7 +56,7 @@ type keyWatch struct {
 	up       chan struct{} // closed while the watch is up; replaced when it goes down
 	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
 	refusal  error
-	subs     []*Lock            // locks of this name waiting or held (a map cost 0.1 KB more per lock)
+	subs     []subscriber       // locks of this name waiting or held (a map cost 0.1 KB more per lock)
 	paused   bool               // the watch is off until resume
 	resumed  chan struct{}      // poked by resume
 	endServe context.CancelFunc // ends the current watch, for pause
@@ -188,7 +188,9 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			w.mirror.apply(w.key, wr.Events, epoch)
 		}
 		for _, sub := range w.subscribers() {
-			sub.deleted(w, wr.Events, epoch)
+			if !sub.viaCopy {
+				sub.l.deleted(w, sub.src, wr.Events, epoch)
+			}
 		}
 	}
 	return cameUp
@@ -205,8 +207,10 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	epoch := w.epoch.Load()
 	w.mu.Unlock()
 	for _, sub := range w.subscribers() {
-		// With no start revision, it reports every change after upRev.
-		if sub.sourceUp(ctx, w, epoch, w.upRev.Load()+1) != nil {
+		// With no start revision, it reports every change after upRev. A
+		// lock that listens through the copy does so in one epoch only
+		// (Lock.joinCopy).
+		if !sub.viaCopy && sub.l.sourceUp(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
 			return false
 		}
 	}
@@ -236,8 +240,15 @@ func (w *keyWatch) down() {
 	if w.mirror != nil {
 		w.mirror.drop()
 	}
+	// Stopped for good, the watch ends its subscriptions: each lock's
+	// rule forgets it in the same step, and it sends nothing more.
+	ended := w.ctx.Err() != nil
 	for _, sub := range w.subscribers() {
-		sub.sourceDown(w, epoch)
+		if ended {
+			sub.l.unsubscribeFrom(w)
+		} else {
+			sub.l.sourceDown(sub.src, epoch)
+		}
 	}
 }
 
@@ -300,24 +311,37 @@ func (w *keyWatch) isPaused() bool {
 	return w.paused
 }
 
-func (w *keyWatch) subscribers() []*Lock {
+// subscriber is one lock's subscription to the watch: src names it to
+// the lock's rule. viaCopy: the lock hears the watch's ups and downs but
+// not its events, which reach it through the watch's copy of the queue.
+type subscriber struct {
+	l       *Lock
+	src     source
+	viaCopy bool
+}
+
+func (w *keyWatch) subscribers() []subscriber {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.subs)
 }
 
-// subscribe sends the watch's events to l too, and returns the epoch l's
-// view starts in: an even one if the watch is not up.
-func (w *keyWatch) subscribe(l *Lock) uint64 {
+// subscribe makes l a subscriber under a serial that listen hands out, if
+// it is not one already and has not ended. It returns the watch's epoch
+// (even if the watch is not up), the revision of the last response
+// handed on (read after l joined, so l misses nothing after it), and the
+// new subscription's serial (0 if none was made).
+func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() source) (epoch uint64, seen int64, src source) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// An ended lock is not added back: finish unsubscribes only after the
 	// lock's context ends, so a late subscribe (a lock re-reading as it
 	// ends) would otherwise stay on a Keeper's shared watch for good.
-	if l.ctx.Err() == nil && !slices.Contains(w.subs, l) {
-		w.subs = append(w.subs, l)
+	if l.ctx.Err() == nil && !slices.ContainsFunc(w.subs, func(s subscriber) bool { return s.l == l }) {
+		src = listen()
+		w.subs = append(w.subs, subscriber{l: l, src: src, viaCopy: viaCopy})
 	}
-	return w.epoch.Load()
+	return w.epoch.Load(), w.seenRev.Load(), src
 }
 
 // upEpoch opens the watch if paused and returns its epoch once it is up;
@@ -343,9 +367,15 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 	}
 }
 
-// unsubscribe stops the watch's events going to l.
-func (w *keyWatch) unsubscribe(l *Lock) {
+// unsubscribe ends l's subscription, if any, and returns its serial.
+func (w *keyWatch) unsubscribe(l *Lock) (src source, ok bool) {
 	w.mu.Lock()
-	w.subs = slices.DeleteFunc(w.subs, func(s *Lock) bool { return s == l }) // zeroes the tail: l is not kept alive
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	i := slices.IndexFunc(w.subs, func(s subscriber) bool { return s.l == l })
+	if i < 0 {
+		return 0, false
+	}
+	src = w.subs[i].src
+	w.subs = slices.Delete(w.subs, i, i+1) // zeroes the tail: l is not kept alive
+	return src, true
 }
