@@ -54,7 +54,15 @@
 //     name with this package, keep data under another prefix.
 //   - A put by someone else that moves the lock key off the session's
 //     lease ends the holding with ErrKeyDeleted, and fence.Held refuses
-//     the key from then on.
+//     the key from then on. Such a key, left under the name, is no lock:
+//     the waiters behind it are granted, Inspect and TryLock do not see
+//     it, and the session's next lock of the name removes it.
+//   - A waiter whose turn has come (no key that blocks it is left ahead,
+//     and any lock-delay has passed) is granted, or its call returns,
+//     within a few round trips once etcd answers; the fault suite checks
+//     it against etcd's history. A put of a lock key that had no answer
+//     and is applied after the lock gave up leaves a key no lock owns: the
+//     session removes it within a second and a few round trips.
 //   - Holding a lock sends nothing beyond the session's keep-alives, and a
 //     handoff sends a few messages, not one per waiter in the queue.
 //   - An Observer delivers leaders in the order etcd committed them, and
@@ -65,8 +73,9 @@
 //     granted no sooner than the delay after the new holder learned of
 //     the loss, measured by an etcd lease.
 //   - Bad input (an empty name, one ending in "/", with an empty segment
-//     or a control character; a nil client or option) is refused with an
-//     error wrapping ErrInvalidArgument before anything is sent. Every
+//     or a control character; a nil client or option; ReaderValue as a
+//     leader's value) is refused with an error wrapping ErrInvalidArgument
+//     before anything is sent. Every
 //     error matches one of the package's sentinels or the error of the
 //     context or etcd request that ended the call.
 //   - Release builds contain no test hook.

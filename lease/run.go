@@ -54,6 +54,9 @@ func Lead(ctx context.Context, client *clientv3.Client, name, value string,
 	if fn == nil {
 		return failed(fmt.Sprintf("lead %q", name), fmt.Errorf("%w: nil func", ErrInvalidArgument))
 	}
+	if err := leaderValue(value); err != nil {
+		return failed(fmt.Sprintf("lead %q", name), err)
+	}
 	take := func(ctx context.Context, s *Session) (*Leadership, error) { return s.Campaign(ctx, name, value) }
 	if err := supervise(ctx, client, name, opts, take, fn); err != nil {
 		return failed(fmt.Sprintf("lead %q", name), err)

@@ -231,7 +231,7 @@ func (c *ctl) show(ctx context.Context, name string) error {
 	}
 	if len(entries) == 0 {
 		fmt.Fprintf(c.out, "%s: not held\n", name)
-		return nil
+		return c.showStray(rctx, name)
 	}
 	header := []string{"POS", "MODE", "TOKEN", "LEASE", "TTL", "KEY", "OWNER"}
 	withValue := slices.ContainsFunc(entries, func(e entry) bool { return e.shownValue() != "" })
@@ -251,7 +251,33 @@ func (c *ctl) show(ctx context.Context, name string) error {
 		}
 		rows = append(rows, row)
 	}
-	return writeTable(c.out, header, rows)
+	if err := writeTable(c.out, header, rows); err != nil {
+		return err
+	}
+	return c.showStray(rctx, name)
+}
+
+// showStray prints a note for each key under name that is named like a
+// lock key but is not attached to the lease it is named after: someone's
+// put moved it off its lease. It is no lock to this library, which grants
+// past it, but etcd's own lock code (concurrency.Mutex, etcdctl lock)
+// still waits behind it.
+func (c *ctl) showStray(ctx context.Context, name string) error {
+	pfx := name + "/"
+	resp, err := c.cli.Get(ctx, pfx, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("show %s: %w", name, err)
+	}
+	for _, kv := range resp.Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), pfx)
+		id, perr := strconv.ParseInt(rest, 16, 64)
+		if perr != nil || rest != strconv.FormatInt(id, 16) || kv.Lease == id {
+			continue
+		}
+		fmt.Fprintf(c.out, "note: %s (created at %d) is not attached to lease %s but to %x: no lock, though etcd's own lock code waits behind it; delete it if nothing uses it\n",
+			kv.Key, kv.CreateRevision, rest, kv.Lease)
+	}
+	return nil
 }
 
 // writeTable writes header and rows in aligned columns, at least two

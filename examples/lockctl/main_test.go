@@ -391,3 +391,36 @@ func checkReadersShown(t *testing.T, name string) {
 		t.Fatalf("list -json: %v %q", err, out)
 	}
 }
+
+// A holder's key moved off its lease by someone else's put is no lock:
+// show leaves it out of the queue, names it in a note that says etcd's own
+// lock code still waits behind it, and shows the waiter as the holder.
+func TestShowKeyMovedOffLease(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := etcdtest.Name(t, "stray")
+	holder, err := session(t, cli).Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, holder.Key(), "moved"); err != nil {
+		t.Fatal(err)
+	}
+	<-holder.Done()
+	l, err := session(t, cli).Lock(ctx, name)
+	if err != nil {
+		t.Fatalf("the next lock, behind a key moved off its lease: %v", err)
+	}
+	defer l.Unlock(ctx)
+	out, err := lockctl(t, "show", name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], "holder") || !strings.Contains(lines[1], l.Key()) ||
+		!strings.HasPrefix(lines[2], "note: "+holder.Key()) || !strings.Contains(lines[2], "etcd's own lock code waits behind it") {
+		t.Fatalf("show with a key moved off its lease:\n%s", out)
+	}
+}
