@@ -16,7 +16,7 @@ func TestEndedLockNotSubscribedAgain(t *testing.T) {
 	listen := func() source { serial++; return serial }
 	w.subscribe(live, false, listen)
 	w.subscribe(ended, false, listen)
-	if subs := w.subscribers(); len(subs) != 1 || subs[0].l != live {
+	if subs := w.subscribers(true); len(subs) != 1 || subs[0].l != live {
 		t.Fatalf("subscribers = %v, want only the live lock", subs)
 	}
 }

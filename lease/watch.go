@@ -57,6 +57,7 @@ type keyWatch struct {
 	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
 	refusal  error
 	subs     []subscriber       // locks of this name waiting or held (a map cost 0.1 KB more per lock)
+	copySubs []subscriber       // locks that hear the watch's events through its copy (viaCopy): downs only
 	paused   bool               // the watch is off until resume
 	resumed  chan struct{}      // poked by resume
 	endServe context.CancelFunc // ends the current watch, for pause
@@ -187,10 +188,8 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 		if w.mirror != nil {
 			w.mirror.apply(w.key, wr.Events, epoch)
 		}
-		for _, sub := range w.subscribers() {
-			if !sub.viaCopy {
-				sub.l.deleted(w, sub.src, wr.Events, epoch)
-			}
+		for _, sub := range w.subscribers(false) {
+			sub.l.deleted(w, sub.src, wr.Events, epoch)
 		}
 	}
 	return cameUp
@@ -206,11 +205,10 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	}
 	epoch := w.epoch.Load()
 	w.mu.Unlock()
-	for _, sub := range w.subscribers() {
-		// With no start revision, it reports every change after upRev. A
-		// lock that listens through the copy does so in one epoch only
-		// (Lock.joinCopy).
-		if !sub.viaCopy && sub.l.sourceUp(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
+	// With no start revision, it reports every change after upRev. A lock
+	// that listens through the copy does so in one epoch only (joinCopy).
+	for _, sub := range w.subscribers(false) {
+		if sub.l.sourceUp(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
 			return false
 		}
 	}
@@ -243,7 +241,7 @@ func (w *keyWatch) down() {
 	// Stopped for good, the watch ends its subscriptions: each lock's
 	// rule forgets it in the same step, and it sends nothing more.
 	ended := w.ctx.Err() != nil
-	for _, sub := range w.subscribers() {
+	for _, sub := range w.subscribers(true) {
 		if ended {
 			sub.l.unsubscribeFrom(w)
 		} else {
@@ -312,18 +310,35 @@ func (w *keyWatch) isPaused() bool {
 }
 
 // subscriber is one lock's subscription to the watch: src names it to
-// the lock's rule. viaCopy: the lock hears the watch's ups and downs but
-// not its events, which reach it through the watch's copy of the queue.
+// the lock's rule.
 type subscriber struct {
-	l       *Lock
-	src     source
-	viaCopy bool
+	l   *Lock
+	src source
 }
 
-func (w *keyWatch) subscribers() []subscriber {
+// subscribers lists the subscribers to the watch's events, and with
+// viaCopy also those through its copy. The copy's waiters are kept apart
+// so that an event costs nothing per waiter on the copy.
+func (w *keyWatch) subscribers(viaCopy bool) []subscriber {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if viaCopy {
+		return slices.Concat(w.subs, w.copySubs)
+	}
 	return slices.Clone(w.subs)
+}
+
+// listOf is the list of subscribers l is in, and its index there; nil if
+// none. w.mu is held.
+func (w *keyWatch) listOf(l *Lock) (*[]subscriber, int) {
+	is := func(s subscriber) bool { return s.l == l }
+	if i := slices.IndexFunc(w.subs, is); i >= 0 {
+		return &w.subs, i
+	}
+	if i := slices.IndexFunc(w.copySubs, is); i >= 0 {
+		return &w.copySubs, i
+	}
+	return nil, -1
 }
 
 // subscribe makes l a subscriber under a serial that listen hands out, if
@@ -337,9 +352,14 @@ func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() source) (epoch
 	// An ended lock is not added back: finish unsubscribes only after the
 	// lock's context ends, so a late subscribe (a lock re-reading as it
 	// ends) would otherwise stay on a Keeper's shared watch for good.
-	if l.ctx.Err() == nil && !slices.ContainsFunc(w.subs, func(s subscriber) bool { return s.l == l }) {
+	if list, _ := w.listOf(l); l.ctx.Err() == nil && list == nil {
 		src = listen()
-		w.subs = append(w.subs, subscriber{l: l, src: src, viaCopy: viaCopy})
+		sub := subscriber{l: l, src: src}
+		if viaCopy {
+			w.copySubs = append(w.copySubs, sub)
+		} else {
+			w.subs = append(w.subs, sub)
+		}
 	}
 	return w.epoch.Load(), w.seenRev.Load(), src
 }
@@ -371,11 +391,11 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 func (w *keyWatch) unsubscribe(l *Lock) (src source, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	i := slices.IndexFunc(w.subs, func(s subscriber) bool { return s.l == l })
-	if i < 0 {
+	list, i := w.listOf(l)
+	if list == nil {
 		return 0, false
 	}
-	src = w.subs[i].src
-	w.subs = slices.Delete(w.subs, i, i+1) // zeroes the tail: l is not kept alive
+	src = (*list)[i].src
+	*list = slices.Delete(*list, i, i+1) // zeroes the tail: l is not kept alive
 	return src, true
 }
