@@ -24,7 +24,7 @@ type faultSeam struct{ mutant seam.Mutant }
 func WithMutant(m seam.Mutant) Option {
 	return func(o *options) error {
 		switch m {
-		case seam.None, seam.SessionOnlyOwnership, seam.RequestedTTL:
+		case seam.None, seam.SessionOnlyOwnership, seam.RequestedTTL, seam.DroppedWake:
 			o.seam.mutant = m
 			return nil
 		}

@@ -37,11 +37,15 @@ const (
 	// RequestedTTL: the session uses the TTL it asked for, not the one etcd
 	// granted (inside lease).
 	RequestedTTL
+	// DroppedWake: a waiter is not woken when a watch delivers news of
+	// its queue, so it sleeps on past its turn until something else wakes
+	// it or its context ends (inside lease).
+	DroppedWake
 )
 
 // Mutants lists every mutant, for tests that go through them all.
 func Mutants() []Mutant {
-	return []Mutant{NoFenceCompare, LeaseIDToken, HeaderRevisionToken, UnguardedUnlock, SessionOnlyOwnership, RequestedTTL}
+	return []Mutant{NoFenceCompare, LeaseIDToken, HeaderRevisionToken, UnguardedUnlock, SessionOnlyOwnership, RequestedTTL, DroppedWake}
 }
 
 func (m Mutant) String() string {
@@ -60,13 +64,17 @@ func (m Mutant) String() string {
 		return "ownership from Session.Done alone"
 	case RequestedTTL:
 		return "requested TTL instead of granted"
+	case DroppedWake:
+		return "a wake-up dropped"
 	}
 	return "unknown mutant"
 }
 
 // InLease tells whether m lives inside package lease's checks, and so
 // needs the leasefence_mutants build tag.
-func (m Mutant) InLease() bool { return m == SessionOnlyOwnership || m == RequestedTTL }
+func (m Mutant) InLease() bool {
+	return m == SessionOnlyOwnership || m == RequestedTTL || m == DroppedWake
+}
 
 // Hooks are the switches of one run of the suite.
 type Hooks struct {
