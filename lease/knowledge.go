@@ -240,7 +240,12 @@ func (k *knowledge) listen(keys []string, coversOwn bool) source {
 }
 
 // unlisten ends subscription src: from now on it vouches for nothing.
-func (k *knowledge) unlisten(src source) { delete(k.sources, src) }
+func (k *knowledge) unlisten(src source) {
+	if k.seam.keepsUnlistened() {
+		return
+	}
+	delete(k.sources, src)
+}
 
 // up records that src, in generation gen, delivers every event of its
 // range from start on. A newer generation starts over; an older one, one

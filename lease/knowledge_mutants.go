@@ -18,7 +18,13 @@ const (
 	// grantIgnoresOwn grants with no knowledge of the own key past the
 	// snapshot (a far waiter granted after its own key went).
 	grantIgnoresOwn
+	// grantKeepsUnlistened keeps trusting a subscription the lock ended
+	// (issue 35, bug 1 with its fix reverted: a waiter that joined the
+	// Keeper's copy still counted the shared watch it no longer heard as
+	// up, and hung once that watch paused).
+	grantKeepsUnlistened
 )
 
-func (s grantSeam) ignoresStart() bool { return s.mutation == grantIgnoresStart }
-func (s grantSeam) ignoresOwn() bool   { return s.mutation == grantIgnoresOwn }
+func (s grantSeam) ignoresStart() bool    { return s.mutation == grantIgnoresStart }
+func (s grantSeam) ignoresOwn() bool      { return s.mutation == grantIgnoresOwn }
+func (s grantSeam) keepsUnlistened() bool { return s.mutation == grantKeepsUnlistened }

@@ -2,23 +2,38 @@
 
 package lease
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
-// Each deliberate bug in the grant rule must make the explorer fail.
+// Each deliberate bug in the grant rule must make the explorer fail. An
+// ended subscription that still vouches is bug 1 of issue 35 with its fix
+// reverted: in the Keeper's world, where only joining and leaving the
+// copy end subscriptions, the explorer must find it as the hang it was,
+// a waiter behind a free lock trusting a watch it no longer hears.
 func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
+	const seeds = 20000
 	for _, m := range []struct {
 		name     string
 		mutation grantMutation
+		shape    worldShape
+		want     string // what the failure must say; any failure if empty
 	}{
-		{"watch vouches before its start", grantIgnoresStart},
-		{"grant without the own key past the snapshot", grantIgnoresOwn},
+		{"watch vouches before its start", grantIgnoresStart, worldShape{}, ""},
+		{"grant without the own key past the snapshot", grantIgnoresOwn, worldShape{}, ""},
+		{"an ended subscription still vouches", grantKeepsUnlistened, worldShape{}, ""},
+		{"a Keeper's waiter trusts the watch it left for the copy", grantKeepsUnlistened, worldShape{keeper: true}, "hangs: the queue grants it"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			_, err := explore(20000, 60, func(k *knowledge) { k.seam.mutation = m.mutation })
-			if err == nil {
-				t.Fatalf("the explorer did not catch %q in 20000 runs", m.name)
+			mutate := func(k *knowledge) { k.seam.mutation = m.mutation }
+			for seed := range uint64(seeds) {
+				if w := run(seed, 60, mutate, m.shape); w.err != nil && strings.Contains(w.err.Error(), m.want) {
+					t.Logf("caught: %.200s", w.err)
+					return
+				}
 			}
-			t.Logf("caught: %.200s", err)
+			t.Fatalf("the explorer did not catch %q in %d runs", m.name, seeds)
 		})
 	}
 }

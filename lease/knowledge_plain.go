@@ -7,5 +7,6 @@ package lease
 // deliberate bugs the explorer must catch.
 type grantSeam struct{}
 
-func (grantSeam) ignoresStart() bool { return false }
-func (grantSeam) ignoresOwn() bool   { return false }
+func (grantSeam) ignoresStart() bool    { return false }
+func (grantSeam) ignoresOwn() bool      { return false }
+func (grantSeam) keepsUnlistened() bool { return false }
