@@ -76,7 +76,11 @@ type runConfig struct {
 	// whose shared queue watch keeps a copy of the queue that the locks
 	// take their view from instead of reading it.
 	keeper bool
-	mutant seam.Mutant
+	// lockDelay: every session waits out this lock delay after a loss
+	// (lease.WithLockDelay), so that the liveness oracle checks the
+	// delay's path too; 0 for none.
+	lockDelay time.Duration
+	mutant    seam.Mutant
 	// endpoints of the cluster; cluster is set when members can be stopped.
 	endpoints []string
 	cluster   *etcdtest.Cluster
@@ -117,7 +121,8 @@ type runResult struct {
 	history       *History
 	staleAccepted int // the victim's late writes that were accepted
 	lateWrites    int
-	oracle        OracleResult // the lock oracle's verdict on every grant
+	oracle        OracleResult   // the lock oracle's verdict on every grant
+	liveness      LivenessResult // the liveness oracle's on every call that may have waited
 	// illegal holds the kinds whose registers' history alone the checker
 	// finds illegal, in a run whose whole history it found illegal.
 	illegal  map[string]bool
@@ -440,6 +445,21 @@ type victimState struct {
 	succeded atomic.Bool
 	// The late writes to the manifest register: stale, refused, accepted.
 	manifestLate, manifestRefused, manifestAccepted atomic.Int64
+	// heal: when the pause's faults healed, for the liveness oracle;
+	// written by the victim's pause before done is closed.
+	heal heal
+}
+
+// heal is when a run's faults healed: those on the victim's client alone
+// (its links paused, blackholed or cut), and those on every client (a
+// stopped leader, a member cut from the others, compaction), which count
+// as healed once every member answers a linearizable read again. err is
+// set when they did not within 10 s.
+type heal struct {
+	victim   int // the victim's client
+	victimAt time.Time
+	everyAt  time.Time // zero if the run's fault touches the victim alone
+	err      error
 }
 
 // loop is a client's life: take a random lock, make a few random
@@ -454,6 +474,9 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 		}
 		defer k.Close() // after the session's Close below
 		sopts = append(sopts, lease.WithKeeper(k))
+	}
+	if c.cfg.lockDelay > 0 {
+		sopts = append(sopts, lease.WithLockDelay(c.cfg.lockDelay))
 	}
 	defer func() {
 		if s != nil {
@@ -505,21 +528,40 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 // mostly, sometimes RLock (the holding then only reads), TryLock or
 // TryRLock, so that the lock oracle checks grants of every kind, readers
 // sharing and writers waiting behind them included. A refused try backs
-// off a little rather than asking again at once.
+// off a little rather than asking again at once. Every call goes to the
+// liveness oracle too, granted or not. The call's timeout leaves room
+// for the liveness bound past a turn (LivenessBound) and for a lock
+// delay, so that a waiter sleeping past its turn is still waiting when
+// its deadline passes.
 func (c *chaosClient) acquire(ctx context.Context, s *lease.Session, name string) (*lease.Lock, error) {
-	lctx, cancel := context.WithTimeout(ctx, 3*time.Second+c.cfg.slack)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second+c.cfg.slack+2*c.cfg.lockDelay)
 	defer cancel()
-	how := []func(context.Context, string) (*lease.Lock, error){s.RLock, s.TryLock, s.TryRLock}
+	how := []struct {
+		op   string
+		take func(context.Context, string) (*lease.Lock, error)
+		mode lease.Mode
+	}{{"RLock", s.RLock, lease.Read}, {"TryLock", s.TryLock, lease.Write}, {"TryRLock", s.TryRLock, lease.Read}}
+	w := Wait{Client: c.id, Op: "Lock", Name: c.cfg.prefix + "/lock/" + name, Lease: int64(s.Lease()), Mode: lease.Write}
 	take := s.Lock
 	if i := c.rng.IntN(8); i < len(how) {
-		take = how[i]
+		w.Op, take, w.Mode = how[i].op, how[i].take, how[i].mode
 	}
-	l, err := take(lctx, c.cfg.prefix+"/lock/"+name)
-	if errors.Is(err, lease.ErrLocked) {
-		rest(ctx, time.Duration(10+c.rng.IntN(40))*time.Millisecond)
-	}
+	w.Call = time.Now()
+	l, err := take(lctx, w.Name)
+	w.Return = time.Now()
 	if err == nil && c.oracle != nil {
 		c.oracle.Granted(c.id, s, l) // before anything else: see Granted
+	}
+	if c.oracle != nil {
+		if err == nil {
+			w.Token = l.Token()
+		} else {
+			w.Err, w.SessionLost = err.Error(), s.Err() != nil
+		}
+		c.oracle.Waited(ctx, w) // before the next call: see Waited
+	}
+	if errors.Is(err, lease.ErrLocked) {
+		rest(ctx, time.Duration(10+c.rng.IntN(40))*time.Millisecond)
 	}
 	return l, err
 }
@@ -578,7 +620,8 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 		}
 	}
 	stopEnv := c.cfg.environment(ctx, c.rng.Uint64())
-	bound, cancel := context.WithTimeout(ctx, 7*time.Second+c.cfg.ttl)
+	// A successor after a loss waits out the lock delay, if any, first.
+	bound, cancel := context.WithTimeout(ctx, 7*time.Second+c.cfg.ttl+2*c.cfg.lockDelay)
 	defer cancel()
 	expired := false
 	for !expired {
@@ -636,6 +679,7 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 			p.UnpauseRx()
 		}
 	}
+	defer c.healed(ctx, v)()
 	for _, kind := range c.cfg.kinds() {
 		out, stale := c.write(ctx, kind, name, l, l.Token())
 		if !stale {
@@ -655,6 +699,90 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 			}
 		}
 	}
+}
+
+// healed records, as the victim's links come back, when the faults healed
+// (heal), and returns a function that waits until those on every client
+// have: until every member answers a linearizable read, checked beside
+// the victim's late writes so as not to hold them up.
+func (c *chaosClient) healed(ctx context.Context, v *victimState) (wait func()) {
+	v.heal.victim, v.heal.victimAt = c.id, time.Now()
+	if c.cfg.fault != faultLeader && c.cfg.fault != faultNet && c.cfg.fault != faultCompact {
+		return func() {} // the fault touched the victim's links alone
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.heal.err = whole(ctx, c.cfg.newClient(), c.cfg.endpoints)
+		v.heal.everyAt = time.Now()
+	}()
+	return func() { <-done }
+}
+
+// newClient is how the run's own tools reach the members: straight, or
+// for a network run from the observer host, which no cut isolates.
+func (r *runConfig) newClient() func([]string) (*clientv3.Client, error) {
+	if r.net != nil {
+		return r.net.lc.clientFromObs
+	}
+	return etcdtest.NewClient
+}
+
+// whole waits until every member of endpoints answers a linearizable
+// read (it is reachable and has a leader), for up to 10 s in all, and
+// says which did not.
+func whole(ctx context.Context, newClient func([]string) (*clientv3.Client, error), endpoints []string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, ep := range endpoints {
+		cli, err := newClient([]string{ep})
+		if err != nil {
+			return fmt.Errorf("member %s: %w", ep, err)
+		}
+		err = answers(ctx, cli)
+		cli.Close()
+		if err != nil {
+			return fmt.Errorf("member %s did not answer a linearizable read after the heal: %w", ep, err)
+		}
+	}
+	return nil
+}
+
+// answers makes a linearizable read through cli, again after a failure,
+// until one succeeds or ctx ends.
+func answers(ctx context.Context, cli *clientv3.Client) error {
+	for {
+		rctx, stop := context.WithTimeout(ctx, time.Second)
+		_, err := cli.Get(rctx, "heal-probe")
+		stop()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		rest(ctx, 50*time.Millisecond)
+	}
+}
+
+// liveness is what the liveness oracle needs of the run: its bound, from
+// the round trip its latency allows (slack is the longest); its session
+// slack, a TTL on the sessions' clock (a slow one stretches it); its lock
+// delay's lease as etcd grants it (whole seconds, at least etcd's
+// minimum TTL, 1 s with the suite's 500 ms election timeout); when its
+// faults healed; and its end.
+func (r *runConfig) liveness(v *victimState, victimFound bool, end time.Time) Liveness {
+	p := Liveness{Bound: LivenessBound(r.slack), SessionSlack: r.ttl, End: end}
+	if r.fault == faultSlowClock {
+		p.SessionSlack = 2 * r.ttl
+	}
+	if r.lockDelay > 0 {
+		p.DelayTTL = max(time.Second, (r.lockDelay + time.Second - 1).Truncate(time.Second))
+	}
+	if victimFound {
+		p.Healed, p.ClientHealed = v.heal.everyAt, map[int]time.Time{v.heal.victim: v.heal.victimAt}
+	}
+	if victimFound && v.heal.err != nil {
+		p.Healed = end // when etcd was whole again is unknown: nothing falls due
+	}
+	return p
 }
 
 // environment starts what the run's fault adds around the pause and
@@ -796,11 +924,16 @@ func run(t testing.TB, cfg runConfig) runResult {
 	case <-ctx.Done():
 	}
 	victimFound := !v.armed.Load()
+	end := time.Now() // a call not returned by now was still waiting
 	cancel()
 	wg.Wait()
 
 	res := runResult{history: h, ops: len(h.Operations()),
 		staleAccepted: int(v.stale.Load()), lateWrites: int(v.late.Load()), oracle: oracle.Finish(ctx)}
+	res.liveness = oracle.Liveness(cfg.liveness(v, victimFound, end))
+	if victimFound && v.heal.err != nil && res.liveness.Lost == nil {
+		res.liveness.Lost = v.heal.err // heal times unknown: nothing is proven
+	}
 	switch {
 	case !victimFound:
 		res.why = "no client became the victim"
@@ -912,6 +1045,11 @@ type tally struct {
 	// whose history could not cover every grant, and the forged early
 	// grants (flagged of forged).
 	grants, invalidGrants, inconclusive, forged, flagged int
+	// The liveness oracle, over every run: waiters whose turn came that it
+	// checked, the stuck ones, and runs it could not check in full.
+	waitsChecked, stuckWaiters, livenessInconclusive int
+	closest                                          float64 // the largest share of the bound a waiter in time used
+	delayRuns                                        int     // valid runs whose sessions used a lock delay
 	// The manifest registers' operations, in fenced and in control runs,
 	// and the valid control runs whose violations the checker finds on the
 	// registers of each kind alone.
@@ -940,6 +1078,12 @@ func (s *tally) add(cfg runConfig, r runResult) {
 	if r.oracle.Lost != nil {
 		s.inconclusive++
 	}
+	s.waitsChecked += r.liveness.Checked
+	s.stuckWaiters += len(r.liveness.Stuck)
+	s.closest = max(s.closest, r.liveness.Closest)
+	if r.liveness.Lost != nil {
+		s.livenessInconclusive++
+	}
 	if !r.valid {
 		s.invalid++
 		return
@@ -947,6 +1091,9 @@ func (s *tally) add(cfg runConfig, r runResult) {
 	s.faults[cfg.fault]++
 	if cfg.keeper {
 		s.keeperRuns++
+	}
+	if cfg.lockDelay > 0 {
+		s.delayRuns++
 	}
 	if cfg.fenced {
 		s.staleAccepted += r.staleAccepted
@@ -970,9 +1117,9 @@ func (s *tally) line(tier string) string {
 	for _, k := range allKinds {
 		ks = append(ks, fmt.Sprintf("%s=%d", k, s.kindViolations[k]))
 	}
-	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d by-kind{%s} invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d fenced-%s control-%s",
-		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, strings.Join(ks, " "), s.invalid,
-		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged, s.manifest, s.controlManifest)
+	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d lock-delay-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d by-kind{%s} invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d waits-checked=%d stuck-waiters=%d liveness-inconclusive=%d closest-to-bound=%.0f%% fenced-%s control-%s",
+		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.delayRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, strings.Join(ks, " "), s.invalid,
+		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged, s.waitsChecked, s.stuckWaiters, s.livenessInconclusive, 100*s.closest, s.manifest, s.controlManifest)
 }
 
 // report fails the test for a fenced run whose history the checker did not

@@ -46,8 +46,9 @@
 //     upsert of the row), and the checker must find violations, on the
 //     manifest registers alone too. Clients take their locks with Lock
 //     mostly, and sometimes RLock (then only reading), TryLock or TryRLock.
-//     The mutant scenario 10 and the flapping scenario use the first three
-//     registers only.
+//     In two runs of four (not latency runs) every session waits out a
+//     1 s lock delay after a loss (lease.WithLockDelay). The mutant scenario 10 and the
+//     flapping scenario use the first three registers only.
 //   - The lock oracle (oracle.go), in every chaos run and the flapping
 //     scenario: a watch opened before the clients start records every
 //     change under the run's lock names, and each grant a client received
@@ -60,12 +61,28 @@
 //     that had to wait is forged as decided at its own put and must be
 //     found invalid; scenario 12 (a waiter granted after its key was
 //     deleted, which only the oracle looks at) catches SessionOnlyOwnership.
+//   - The liveness oracle (liveness.go), in every chaos run: from the same
+//     history, each event dated by when it reached the recorder, and every
+//     Lock, RLock, TryLock and TryRLock call the clients made (when it was
+//     called and returned, and how), it finds each waiter's turn: the
+//     first revision at which its own key existed on its lease and no
+//     older key that blocks it remained (a key moved off its lease blocks
+//     nothing), moved to the end of a lock delay if a loss preceded it.
+//     Such a waiter must be granted, or its call return, by the later of
+//     its turn and the heal of the faults on its client, plus a bound
+//     derived from the library's backoffs and etcd's catch-up
+//     (LivenessBound: 1.9 s on loopback). A waiter past it is a stuck
+//     waiter and fails the tier, named with the keys it was behind. A
+//     call that cannot be placed in the history makes the run
+//     inconclusive, counted, never passed. Scenario 13 (a holder and
+//     three waiters queued behind it, handing on) catches DroppedWake.
 //   - TestMutantsAreCaught (build tag leasefence_mutants): deliberate bugs
 //     (fence comparison removed, lease ID or header revision as token,
 //     unguarded Unlock, ownership from Session.Done alone, requested TTL
-//     instead of granted); each must be caught by a named scenario. The
-//     last two live in package lease under the tag (lease.WithMutant); the
-//     others are built around the library by internal/seam.
+//     instead of granted, a wake-up dropped); each must be caught by a
+//     named scenario. The last three live in package lease under the tag
+//     (lease.WithMutant); the others are built around the library by
+//     internal/seam.
 //   - TestTLSAndAuth: the core against an etcd with TLS, client
 //     certificates and authentication.
 //
@@ -85,7 +102,9 @@
 // registers of that kind alone are illegal; the manifest's must be above
 // 0), invalid runs, grants checked by the lock oracle, invalid grants
 // (must be 0), runs whose oracle was inconclusive, the forged early grants
-// flagged of those forged (all, and above 0), and the manifest operations
+// flagged of those forged (all, and above 0), the waiters whose turn came
+// that the liveness oracle checked (above 0), the stuck ones (must be 0)
+// and the runs it could not check in full, and the manifest operations
 // of the fenced and the control runs by outcome, with the victims' late
 // manifest writes and how many were refused and accepted (fenced: some
 // tried, none accepted). A failing run writes its history
@@ -93,6 +112,6 @@
 // LEASEFENCE_CHAOS_DIR (default: the system's temporary directory) and
 // prints the path.
 //
-// This package's non-test code is the model, the history recorder and the
-// lock oracle.
+// This package's non-test code is the model, the history recorder, the
+// lock oracle and the liveness oracle.
 package chaos

@@ -91,6 +91,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		"4 unlock after loss": scenarioUnlockAfterLoss,
 		"7 waiter ends":       scenarioWaiterEnds,
 		"12 lock oracle":      scenarioOracleKeyDeleted,
+		"13 liveness":         scenarioLivenessHandoff,
 		"6 ambiguous":         scenarioAmbiguous,
 		"5 loss before expiry": func(tb testing.TB, ctx context.Context) error {
 			if defaultTiming == nil {
@@ -106,12 +107,17 @@ func TestMutantsAreCaught(t *testing.T) {
 			// nothing (no successor wrote while the victim was paused).
 			// The first run that catches the mutant ends the scenario; up
 			// to twelve valid runs get a chance, out of at most thirty.
+			// The liveness oracle judges every run, valid or not: a stuck
+			// waiter needs no successor's write.
 			valid := 0
 			for seed := uint64(99); valid < 12 && seed < 99+30; seed++ {
 				cfg := runConfig{seed: seed, clients: 8, names: 2, fenced: true, fault: faultPause,
 					mutant: seam.From(ctx).On(), endpoints: etcd.Endpoints(), prefix: name(tb, "mutant-chaos", int(seed))}
 				cfg.db, cfg.sqlf = newSQL(tb)
 				r := run(tb, cfg)
+				if len(r.liveness.Stuck) > 0 {
+					return fmt.Errorf("liveness oracle: %d stuck waiters, the first: %s", len(r.liveness.Stuck), r.liveness.Stuck[0])
+				}
 				if !r.valid {
 					continue
 				}
@@ -130,6 +136,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		seam.UnguardedUnlock:      {"4 unlock after loss"},
 		seam.SessionOnlyOwnership: {"4 unlock after loss", "7 waiter ends", "12 lock oracle"},
 		seam.RequestedTTL:         {"5 loss before expiry"},
+		seam.DroppedWake:          {"13 liveness", "10 chaos"},
 	}
 	for _, m := range seam.Mutants() {
 		names := catchers[m]
@@ -152,7 +159,7 @@ func TestMutantsAreCaught(t *testing.T) {
 	}
 	// And without a mutant, the same scenarios pass: the mutants are what
 	// they catch.
-	for _, n := range []string{"0 tokens", "4 unlock after loss", "5 loss before expiry", "12 lock oracle"} {
+	for _, n := range []string{"0 tokens", "4 unlock after loss", "5 loss before expiry", "12 lock oracle", "13 liveness"} {
 		if err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, testCtx(t, time.Minute)) }); err != nil {
 			t.Errorf("scenario %s fails with no mutant: %v", n, err)
 		}

@@ -33,7 +33,12 @@ type LockEvent struct {
 	Delete bool
 	Create int64 // the key's creation revision (puts only)
 	Lease  int64
-	Reader bool // the value is a reader's (lease.ReaderValue)
+	Reader bool   // the value is a reader's (lease.ReaderValue)
+	Value  string // the value put (puts only): the liveness oracle reads lock-delay records
+	// At is the local time the event reached the recorder (for keys found
+	// by the first read, the time of that read's answer): no earlier than
+	// the revision was committed, so a turn dated by it is never early.
+	At time.Time
 }
 
 // LockHistory is everything that happened under a prefix from Start (the
@@ -139,6 +144,19 @@ func apply(state map[string]LockEvent, pfx string, ev LockEvent) {
 // blockedBy is why g is not held in state ("" if it is): its own key
 // missing or not its own, or the oldest older key that blocks it.
 func blockedBy(state map[string]LockEvent, g Grant) string {
+	if why := ownWhy(state, g); why != "" {
+		return why
+	}
+	if older := blockers(state, g); len(older) > 0 {
+		oldest := older[0]
+		return fmt.Sprintf("older %s key %s (token %d) exists", modeName(oldest.Reader), oldest.Key, oldest.Create)
+	}
+	return ""
+}
+
+// ownWhy is why g's own key is not its holding in state: missing, of
+// another token, or on another lease ("" if it is).
+func ownWhy(state map[string]LockEvent, g Grant) string {
 	own, ok := state[g.Key]
 	switch {
 	case !ok:
@@ -148,16 +166,20 @@ func blockedBy(state map[string]LockEvent, g Grant) string {
 	case own.Lease != g.Lease:
 		return fmt.Sprintf("its own key is on lease %x", own.Lease)
 	}
-	var oldest *LockEvent
+	return ""
+}
+
+// blockers are the keys in state older than g's token that block it,
+// oldest first.
+func blockers(state map[string]LockEvent, g Grant) []LockEvent {
+	var older []LockEvent
 	for _, kv := range state {
-		if kv.Create < g.Token && blocks(g.Name+"/", g.Mode, kv) && (oldest == nil || kv.Create < oldest.Create) {
-			oldest = &kv
+		if kv.Create < g.Token && blocks(g.Name+"/", g.Mode, kv) {
+			older = append(older, kv)
 		}
 	}
-	if oldest != nil {
-		return fmt.Sprintf("older %s key %s (token %d) exists", modeName(oldest.Reader), oldest.Key, oldest.Create)
-	}
-	return ""
+	sort.Slice(older, func(i, j int) bool { return older[i].Create < older[j].Create })
+	return older
 }
 
 // blocks is the library's rule (lease's isQueueKey and Lock.blocks, copied
@@ -227,6 +249,12 @@ type Oracle struct {
 	lost    error // the history has a gap
 	grants  []Grant
 	missing int // grants whose upper bound could not be read
+	// The liveness oracle's (liveness.go): every call that may have
+	// waited, and the history as Finish completed it (final), with the
+	// reason it has a gap, if it has one (finalErr).
+	waits    []Wait
+	final    *LockHistory
+	finalErr error
 }
 
 // StartOracle starts watching prefix through cli, which should reach
@@ -262,11 +290,13 @@ func StartOracle(ctx context.Context, cli *clientv3.Client, prefix string) (*Ora
 		}
 		rest(ctx, 50*time.Millisecond)
 	}
+	at := time.Now()
 	o := &Oracle{cli: cli, prefix: prefix, done: make(chan struct{}), changed: make(chan struct{}), stop: stop,
 		hist: LockHistory{Start: resp.Header.Revision, Through: resp.Header.Revision}}
 	for _, kv := range resp.Kvs {
 		o.hist.Events = append(o.hist.Events, LockEvent{Rev: resp.Header.Revision, Key: string(kv.Key),
-			Create: kv.CreateRevision, Lease: kv.Lease, Reader: string(kv.Value) == lease.ReaderValue})
+			Create: kv.CreateRevision, Lease: kv.Lease, Reader: string(kv.Value) == lease.ReaderValue,
+			Value: string(kv.Value), At: at})
 	}
 	go o.follow(wctx, wch, cancel, resp.Header.Revision+1)
 	return o, nil
@@ -336,17 +366,19 @@ func (o *Oracle) start() int64 {
 	return o.hist.Start
 }
 
-// add records the events at from and after.
+// add records the events at from and after, dated now: as they arrived.
 func (o *Oracle) add(evs []*clientv3.Event, from int64) {
+	at := time.Now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, ev := range evs {
 		if ev.Kv.ModRevision < from {
 			continue
 		}
-		e := LockEvent{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Delete: ev.Type == clientv3.EventTypeDelete}
+		e := LockEvent{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Delete: ev.Type == clientv3.EventTypeDelete, At: at}
 		if !e.Delete {
-			e.Create, e.Lease, e.Reader = ev.Kv.CreateRevision, ev.Kv.Lease, string(ev.Kv.Value) == lease.ReaderValue
+			e.Create, e.Lease, e.Value = ev.Kv.CreateRevision, ev.Kv.Lease, string(ev.Kv.Value)
+			e.Reader = e.Value == lease.ReaderValue
 		}
 		o.hist.Events = append(o.hist.Events, e)
 		o.hist.Through = max(o.hist.Through, e.Rev)
@@ -457,11 +489,12 @@ func (o *Oracle) Finish(ctx context.Context) OracleResult {
 	h, grants := o.hist, o.grants
 	h.Events = append([]LockEvent(nil), o.hist.Events...)
 	res.Unproven = o.missing
+	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Rev < h.Events[j].Rev })
+	o.final, o.finalErr = &h, res.Lost
 	if res.Lost == nil && o.missing > 0 {
 		res.Lost = fmt.Errorf("%d grants without an upper bound", o.missing)
 	}
 	o.mu.Unlock()
-	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Rev < h.Events[j].Rev })
 	for _, g := range grants {
 		res.check(h, g)
 	}
