@@ -240,8 +240,7 @@ func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRec
 func (l *Lock) recordHeld(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
 	key := DelayRecordKey(l.name)
 	resp, err := l.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token),
-			clientv3.Compare(clientv3.ModRevision(key), "=", rec.modRev)).
+		If(append(l.heldCmps(), clientv3.Compare(clientv3.ModRevision(key), "=", rec.modRev))...).
 		Then(clientv3.OpPut(key, formatRecord(recordHeld, l.token))).
 		Else(clientv3.OpGet(l.key), clientv3.OpGet(key)).
 		Commit()

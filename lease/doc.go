@@ -61,8 +61,8 @@
 //     and any lock-delay has passed) is granted, or its call returns,
 //     within a few round trips once etcd answers; the fault suite checks
 //     it against etcd's history. A put of a lock key that had no answer
-//     and is applied after the lock gave up leaves a key no lock owns: the
-//     session removes it within a second and a few round trips.
+//     fails if etcd applies it after the lock gave up: it leaves no key
+//     that no lock owns.
 //   - Holding a lock sends nothing beyond the session's keep-alives, and a
 //     handoff sends a few messages, not one per waiter in the queue.
 //   - An Observer delivers leaders in the order etcd committed them, and

@@ -40,9 +40,8 @@ var (
 	// ErrKeyInUse reports that the session's key for a lock exists on its
 	// lease but is not this package's: another client (a concurrency.Mutex,
 	// say) shares the lease, and taking the lock would make two holders. A
-	// key left at that path by someone else's put with no lease, or by one
-	// of the session's own puts that was applied after the lock gave up,
-	// is no holding: the lock removes it and queues.
+	// key left at that path by someone else's put with no lease is no
+	// holding: the lock removes it and queues.
 	ErrKeyInUse = errors.New("lease: lock key already in use on this lease")
 
 	// ErrRevisionRegressed reports that etcd's store revision went

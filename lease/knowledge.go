@@ -293,15 +293,32 @@ func (k *knowledge) event(ev *mvccpb.Event) {
 		k.ownEvent(ev)
 		return
 	}
+	if !k.mayList(key) {
+		return
+	}
 	switch {
 	case ev.Type == mvccpb.DELETE:
 		k.sawGone(key, rev)
-	case ev.Kv.CreateRevision < k.token && !k.blocks(ev.Kv):
-		// A put left an older key in place but no longer blocking (moved
-		// off its lease, say): it is no lock from now on, as if gone. A
-		// key made again is newer than the own and never blocks.
+	case (k.token == 0 || ev.Kv.CreateRevision < k.token) && !k.blocks(ev.Kv):
+		// A put left a key in place but no longer blocking (moved off its
+		// lease, say): it is no lock from now on, as if gone. Before the
+		// token is known every key counts; after, a key made again is
+		// newer than the own and never blocks.
 		k.sawGone(key, rev)
 	}
+}
+
+// mayList tells whether a change of key can matter to the rule: until a
+// complete snapshot any key may be listed by the next; after one, only a
+// key it listed (keys older than the own cannot appear, and one that did
+// not block then is not followed). Others are not recorded, so that data
+// kept under the name, written again and again, costs the rule nothing.
+func (k *knowledge) mayList(key string) bool {
+	if k.base == 0 || !k.complete || k.ahead[key] != nil {
+		return true
+	}
+	_, ok := k.removed[key]
+	return ok
 }
 
 // ownEvent applies an own-key event: after the token, a deletion or a put

@@ -176,65 +176,56 @@ func TestKeyMovedOffLeaseFreesName(t *testing.T) {
 }
 
 // A put of a lock key that had no definite answer can be applied after the
-// lock gave up and removed its key: the key then sits on the live
-// session's lease, owned by no lock. The test applies such a put by hand
-// after the session marked the key suspect (as an unanswered put does).
-// Another session's waiter behind it is granted within the sweep's bound,
-// and the session's own next lock of the name replaces it at once. A key
-// on the lease that no unanswered put explains is another client's: the
-// session's lock refuses to share it (ErrKeyInUse).
-func TestOrphanOfLateAppliedPutIsRemoved(t *testing.T) {
+// lock gave up and removed its key, even after the removal. The test sends
+// such a put by hand, with the comparisons the session's put carried,
+// after the session withdrew it (as a lock does after an unanswered put):
+// it fails, so no key is left that no lock owns, and the session's next
+// lock of the name is granted with a key of its own. A key on the lease
+// that is not the session's (another client sharing the lease) is never
+// taken: the lock fails with ErrKeyInUse.
+func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	putOnLease := func(name string) int64 {
+	latePut := func(name string, cmps []clientv3.Cmp) bool {
 		t.Helper()
-		resp, err := cli.Put(testCtx(t), keyOf(name, s), "", clientv3.WithLease(s.Lease()))
+		resp, err := cli.Txn(testCtx(t)).If(cmps...).
+			Then(clientv3.OpPut(keyOf(name, s), "", clientv3.WithLease(s.Lease()))).Commit()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return resp.Header.Revision
+		return resp.Succeeded
 	}
-
-	t.Run("swept", func(t *testing.T) {
-		name := etcdtest.Name(t, "orphan-swept")
-		lease.SuspectOrphan(s, keyOf(name, s))
-		putOnLease(name) // the late apply
-		wch := lockAsync(testCtx(t), newSession(t, cli), name)
-		waitQueued(t, cli, name, 2)
-		start := time.Now()
-		l := grantWithin(t, wch, lease.OrphanSweep+2*time.Second, "the waiter behind an orphan")
-		t.Logf("granted %v after queueing behind the orphan (sweep every %v)", time.Since(start).Round(time.Millisecond), lease.OrphanSweep)
-		if err := l.Unlock(testCtx(t)); err != nil {
-			t.Fatal(err)
+	for round := range 2 { // the second: a marker that exists already moves again
+		name := etcdtest.Name(t, fmt.Sprintf("late-put-%d", round))
+		if round == 1 {
+			name = etcdtest.Name(t, "late-put-0")
 		}
-	})
-
-	t.Run("replaced by the next lock", func(t *testing.T) {
-		name := etcdtest.Name(t, "orphan-next")
-		lease.SuspectOrphan(s, keyOf(name, s))
-		orphan := putOnLease(name)
+		sent := lease.PutCmps(s, name) // the put goes out, and no answer comes
+		lease.Withdraw(s, name)
+		if latePut(name, sent) {
+			t.Fatalf("round %d: the put, applied after its withdrawal, created the key", round)
+		}
+		if keys := queueKeys(t, cli, name); len(keys) != 0 {
+			t.Fatalf("round %d: keys left under the name: %v", round, keys)
+		}
 		l, err := s.TryLock(testCtx(t), name)
 		if err != nil {
-			t.Fatalf("the session's next lock of the name, its orphan there: %v", err)
-		}
-		if l.Token() <= orphan {
-			t.Fatalf("token %d is the orphan's (%d), not a new key's", l.Token(), orphan)
+			t.Fatalf("round %d: the session's next lock of the name: %v", round, err)
 		}
 		if err := l.Unlock(testCtx(t)); err != nil {
 			t.Fatal(err)
 		}
-	})
+	}
 
-	t.Run("another client's key is not taken", func(t *testing.T) {
-		name := etcdtest.Name(t, "orphan-foreign")
-		putOnLease(name) // as a concurrency.Mutex sharing the lease would
-		if _, err := s.Lock(testCtx(t), name); !errors.Is(err, lease.ErrKeyInUse) {
-			t.Fatalf("Lock over a key on the lease with no unanswered put behind it: %v, want ErrKeyInUse", err)
-		}
-		resp, err := cli.Get(testCtx(t), keyOf(name, s))
-		if err != nil || len(resp.Kvs) != 1 {
-			t.Fatalf("the other client's key: %v, %d keys; want it untouched", err, len(resp.Kvs))
-		}
-	})
+	name := etcdtest.Name(t, "shared-lease")
+	if !latePut(name, nil) { // as a concurrency.Mutex sharing the lease would
+		t.Fatal("put failed")
+	}
+	if _, err := s.Lock(testCtx(t), name); !errors.Is(err, lease.ErrKeyInUse) {
+		t.Fatalf("Lock over another client's key on the lease: %v, want ErrKeyInUse", err)
+	}
+	if keys := queueKeys(t, cli, name); len(keys) != 1 {
+		t.Fatalf("the other client's key: %v, want it untouched", keys)
+	}
 }

@@ -357,9 +357,9 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	}
 	for tries := 0; ; tries++ {
 		resp, err := l.s.client.Txn(wctx).
-			If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
+			If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0), l.s.markerCmp(l.name)).
 			Then(then...).
-			Else(clientv3.OpGet(l.key)).
+			Else(clientv3.OpGet(l.key), clientv3.OpGet(markerKey(l.name, l.s.id))).
 			Commit()
 		if err != nil {
 			l.unanswered(err)
@@ -372,47 +372,40 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 			l.queued(ctx, resp, mirrored)
 			return nil
 		}
-		left := firstKV(resp.Responses[0].GetResponseRange().Kvs)
-		if tries == leftoverTries || !l.leftover(left) {
-			return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
-		}
-		if err := l.removeLeftover(wctx, left); err != nil {
+		if err := l.notPut(wctx, resp, tries); err != nil {
 			return err
 		}
 	}
 }
 
-// leftoverTries is how many keys found at the lock's path enqueue removes
-// before it gives up with ErrKeyInUse: one is expected, two are a race.
-const leftoverTries = 2
+// putTries is how many times enqueue puts its key again after finding its
+// marker moved or a key at its path that is no lock: once is expected,
+// twice is a race.
+const putTries = 3
 
-// leftover tells whether kv, found at the lock's own path as it is about
-// to put its key, is owned by no lock. The lock holds the name's gate, so
-// no lock of the session owns it: it is a key that someone else's put
-// moved off its lease, which is no lock, or an orphan of one of the
-// session's unanswered puts. A key on the lease with no such put behind
-// it may be another client's that shares the lease: not a leftover.
-func (l *Lock) leftover(kv *mvccpb.KeyValue) bool {
-	return kv != nil && (!isQueueKey(l.name+"/", kv) || l.s.suspected(l.key))
-}
-
-// removeLeftover deletes a leftover key at the lock's own path, guarded by
-// its creation revision.
-func (l *Lock) removeLeftover(wctx context.Context, kv *mvccpb.KeyValue) error {
-	err := l.s.removeOrphan(wctx, kv)
-	if err != nil && !rpcerr.Definite(err) {
-		l.s.suspectOrphan(l.key)
+// notPut sees to what kept enqueue's put from applying, so that it may
+// try again: the key's marker moved by one of the session's own removals
+// after an unanswered put, applied late; or a key at the lock's own path
+// that is no lock, moved off its lease by someone else's put. Any other
+// key there is on the session's lease, and no lock of the session owns it
+// (the lock holds the name's gate, and no put of the session can apply
+// late): another client shares the lease, and the lock must not take it.
+func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries int) error {
+	if m := firstKV(resp.Responses[1].GetResponseRange().Kvs); m != nil && l.s.adoptMarker(l.name, m.ModRevision) && tries < putTries {
+		return nil
 	}
-	return err
+	left := firstKV(resp.Responses[0].GetResponseRange().Kvs)
+	if left == nil || isQueueKey(l.name+"/", left) || tries >= putTries {
+		return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
+	}
+	return l.s.removeLeftover(wctx, left)
 }
 
 // unanswered handles a failed put of the lock key: if it may have been
-// applied, it removes the key by lease, and has the session sweep for it
-// in case the put is applied after that (orphans.go).
+// applied, or may be yet, it withdraws the put (unanswered.go).
 func (l *Lock) unanswered(err error) {
 	if !rpcerr.Definite(err) {
-		l.s.suspectOrphan(l.key)
-		l.cleanup(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)))
+		l.withdraw()
 	}
 }
 
@@ -432,7 +425,7 @@ func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored 
 func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err error) {
 	pfx := l.name + "/"
 	resp, err := l.s.client.Txn(wctx).
-		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
+		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix(), l.s.markerCmp(l.name)).
 		Then(put).
 		Else(oldestFirst(pfx)).
 		Commit()
@@ -1132,8 +1125,10 @@ func (l *Lock) unlock(ctx context.Context) error {
 	}
 }
 
-// put sets the key's value, guarded by its creation revision: it never
-// creates a key or touches a successor's. A key found gone ends the lock.
+// put sets the key's value, guarded by its creation revision and lease: it
+// never creates a key, touches a successor's, or puts back on the lease a
+// key someone moved off it (which ended the holding). A key found gone or
+// moved ends the lock.
 func (l *Lock) put(ctx context.Context, value string) error {
 	l.writing.Lock()
 	defer l.writing.Unlock()
@@ -1141,7 +1136,7 @@ func (l *Lock) put(ctx context.Context, value string) error {
 		return context.Cause(l.ctx)
 	}
 	resp, err := l.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
+		If(l.heldCmps()...).
 		Then(clientv3.OpPut(l.key, value, clientv3.WithLease(l.s.id))).
 		Commit()
 	if err != nil {
@@ -1155,6 +1150,15 @@ func (l *Lock) put(ctx context.Context, value string) error {
 	l.hold.value = value
 	l.mu.Unlock()
 	return nil
+}
+
+// heldCmps are the comparisons that hold while the key is this holding's:
+// its creation revision is the token and it is on the session's lease.
+func (l *Lock) heldCmps() []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token),
+		clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)),
+	}
 }
 
 // currentValue is the value the key was last given.

@@ -15,10 +15,12 @@ import (
 type faultSeam struct{}
 
 // owns tells whether kv, a read or a watch event of the lock's key, is
-// still this holding: created with the token and attached to the session's
-// lease. A deleted key (nil, or a delete event's bare key) is not.
+// still this holding: created with the token, attached to the session's
+// lease, and of the lock's mode (a writer's key that someone's put made a
+// reader's lets readers in: it is no longer this writer's holding). A
+// deleted key (nil, or a delete event's bare key) is not.
 func (l *Lock) owns(kv *mvccpb.KeyValue) bool {
-	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id)
+	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id) && modeOf(kv) == l.mode
 }
 
 // grantedTTL is the TTL etcd granted, never the one asked for.

@@ -48,7 +48,7 @@ func (l *Lock) owns(kv *mvccpb.KeyValue) bool {
 	if l.s.seam.mutant == seam.SessionOnlyOwnership {
 		return true
 	}
-	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id)
+	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id) && modeOf(kv) == l.mode
 }
 
 func (o *options) grantedTTL(seconds int64) time.Duration {

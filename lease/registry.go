@@ -93,15 +93,3 @@ func (r *registry[V]) close() {
 		r.shut(e.v)
 	}
 }
-
-// peek returns name's entry, if there is one, without joining it.
-func (r *registry[V]) peek(name string) (V, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e := r.m[name]
-	if e == nil {
-		var zero V
-		return zero, false
-	}
-	return e.v, true
-}

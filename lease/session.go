@@ -54,10 +54,9 @@ type Session struct {
 	probeKey atomic.Value // string
 
 	failing atomic.Bool // set by the first involuntary end, so that it is reported once
-	// sweeping: a lock key's put had no definite answer, and the session
-	// sweeps its suspects for orphaned keys (orphans.go).
-	sweeping atomic.Bool
-	suspects map[string]bool // s.mu guards it
+	// markers: by lock name, the mod revision of the marker its lock key's
+	// puts compare (unanswered.go); absent while 0. s.mu guards it.
+	markers map[string]int64
 }
 
 // NewSession grants a lease of the configured TTL and keeps it alive until

@@ -92,7 +92,7 @@ func (l *Lock) sourceDown(src source, epoch uint64) {
 // ownKV is the own key as a read that found it this holding's shows it.
 // l.mu is held.
 func (l *Lock) ownKV() *mvccpb.KeyValue {
-	return &mvccpb.KeyValue{Key: []byte(l.key), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
+	return &mvccpb.KeyValue{Key: []byte(l.key), Value: []byte(l.hold.value), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
 }
 
 // feed hands the knowledge one response's events of subscription src.
