@@ -600,7 +600,8 @@ func (w *world) tryJoin() {
 }
 
 // lookInCopy is lookInMirror: the rule takes the copy of the lock's epoch
-// as a complete read of the queue at its revision; once that copy is gone
+// as a read of the queue at its revision, a page of the nearest key that
+// blocks the lock (complete if none does); once that copy is gone
 // (the watch went down, or the copy is off) the lock leaves it.
 func (w *world) lookInCopy() {
 	c := w.queue.copy
@@ -608,8 +609,10 @@ func (w *world) lookInCopy() {
 		w.leave()
 		return
 	}
+	// A page of one key: the nearest that blocks, if any (mirror.snapshot).
 	kvs := w.h.at(c.rev)
-	w.k.snapshot(c.rev, kvs[w.h.own], w.blocking(kvs), true)
+	older := w.blocking(kvs)
+	w.k.snapshot(c.rev, kvs[w.h.own], older[:min(1, len(older))], len(older) == 0)
 	if c.rev != w.looked {
 		w.looked = c.rev
 		w.logf("looks in the copy at %d", c.rev)

@@ -745,7 +745,7 @@ func (l *Lock) lookInMirror() (v view, ok bool) {
 	if !mv.ok {
 		return view{}, false
 	}
-	l.q.know.snapshot(mv.rev, mv.own, mv.older, true)
+	l.q.know.snapshot(mv.rev, mv.own, mv.older, mv.complete)
 	v = view{d: l.q.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
 	l.decided(&v)
 	if v.held() {

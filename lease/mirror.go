@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -319,18 +320,22 @@ func (m *queueMirror) oldest(o *order, writers bool) int64 {
 }
 
 // mirrorView is the copy's snapshot for one lock: what a read of the
-// queue at rev would have shown it.
+// queue at rev, one page of a single key, would have shown it.
 type mirrorView struct {
-	ok    bool               // there is a copy of the lock's epoch; the rest is unset if not
-	rev   int64              // the revision the copy is the state of
-	base  int64              // the revision the copy was read at: it holds every event after
-	own   *mvccpb.KeyValue   // the lock's own key in the copy; nil if absent
-	older []*mvccpb.KeyValue // the queue keys older than the lock's token that block it, oldest first
+	ok       bool               // there is a copy of the lock's epoch; the rest is unset if not
+	rev      int64              // the revision the copy is the state of
+	base     int64              // the revision the copy was read at: it holds every event after
+	own      *mvccpb.KeyValue   // the lock's own key in the copy; nil if absent
+	older    []*mvccpb.KeyValue // the newest queue key older than the lock's token that blocks it, if any
+	complete bool               // no blocking key is older than those listed: none is listed
 }
 
-// snapshot is the copy of epoch as l's rule takes a read: its own key and
-// the keys older than its token that block it. ok is false if there is no
-// copy of epoch. It costs the keys ahead, and the dead entries before them.
+// snapshot is the copy of epoch as l's rule takes a read of one page: its
+// own key and the nearest key older than its token that blocks it, with
+// complete set if there is none. A waiter looks again whenever the copy
+// wakes it, so the nearest key is all its rule needs; the copy finds it in
+// its order lists at no cost per key ahead. ok is false if there is no
+// copy of epoch.
 func (m *queueMirror) snapshot(epoch uint64, l *Lock) mirrorView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -342,13 +347,15 @@ func (m *queueMirror) snapshot(epoch uint64, l *Lock) mirrorView {
 	if l.mode == Read {
 		o, writers = &m.writers, true
 	}
-	m.oldest(o, writers) // moves o.front past dead entries
-	for _, e := range o.entries[o.front:] {
-		if e.rev >= l.token {
+	if head := m.oldest(o, writers); head == 0 || head >= l.token {
+		v.complete = true
+		return v
+	}
+	i, _ := slices.BinarySearchFunc(o.entries[o.front:], l.token, func(e orderEntry, t int64) int { return cmp.Compare(e.rev, t) })
+	for j := o.front + i - 1; j >= o.front; j-- {
+		if e := o.entries[j]; m.live(e, writers) {
+			v.older = []*mvccpb.KeyValue{m.keys[e.key]}
 			break
-		}
-		if m.live(e, writers) {
-			v.older = append(v.older, m.keys[e.key])
 		}
 	}
 	return v
