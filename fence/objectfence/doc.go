@@ -37,8 +37,9 @@
 //     refused with ErrConditionsIgnored, and nothing is committed through
 //     it. Some S3 emulators ignore these headers.
 //   - A put whose outcome is unknown (no answer, a timeout, a 5xx) gives an
-//     error wrapping fence.ErrOutcomeUnknown and is never retried: read
-//     the manifest before trying again.
+//     error wrapping fence.ErrOutcomeUnknown and is never retried, by the
+//     Fence or, through NewS3Store, by the S3 client's own retryer,
+//     whatever client is passed: read the manifest before trying again.
 //   - Bad input (a nil store, an empty key or bucket, a token below 1) is
 //     refused with an error wrapping fence.ErrInvalidArgument before
 //     anything is sent.

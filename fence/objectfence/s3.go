@@ -64,7 +64,7 @@ func (s *s3Store) Put(ctx context.Context, key string, body []byte, cond Conditi
 	if cond.IfAbsent {
 		in.IfNoneMatch = aws.String("*")
 	}
-	out, err := s.client.PutObject(ctx, in)
+	out, err := s.client.PutObject(ctx, in, noRetry)
 	if err != nil {
 		err = s3Error("put", key, err)
 		if errors.Is(err, ErrNotFound) && cond.IfMatch != "" {
@@ -75,6 +75,14 @@ func (s *s3Store) Put(ctx context.Context, key string, body []byte, cond Conditi
 	}
 	return aws.ToString(out.ETag), nil
 }
+
+// noRetry turns the client's retries off for one request, whatever
+// retryer the caller's client was built with. A conditional put that
+// landed but lost its answer (a 503, a closed connection), sent again,
+// meets its own write and fails its condition: the fence would read that
+// as "not written" when it was. Its outcome is unknown, and the fence
+// says so rather than retry.
+func noRetry(o *s3.Options) { o.Retryer = aws.NopRetryer{} }
 
 func (s *s3Store) Delete(ctx context.Context, key string) error {
 	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil {

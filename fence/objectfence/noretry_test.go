@@ -1,0 +1,112 @@
+package objectfence_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/objectfence"
+	"github.com/leasefence/leasefence/internal/s3test"
+)
+
+// loseAnswers is a proxy in front of an S3 server that, once armed,
+// forwards each PUT to the server, lets it land, and then loses its
+// answer: a 503, or the connection closed with no answer at all.
+type loseAnswers struct {
+	srv   *httptest.Server
+	armed atomic.Bool
+	close bool // close the connection instead of answering 503
+	puts  atomic.Int32
+}
+
+var errLost = errors.New("answer lost on purpose")
+
+func newLoseAnswers(t *testing.T, upstream string, closeConn bool) *loseAnswers {
+	t.Helper()
+	u, err := url.Parse(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &loseAnswers{close: closeConn}
+	rp := httputil.NewSingleHostReverseProxy(u) // keeps the Host header the client signed
+	rp.ModifyResponse = func(r *http.Response) error {
+		if r.Request.Method == http.MethodPut && strings.HasSuffix(r.Request.URL.Path, "/manifest") {
+			p.puts.Add(1)
+			if p.armed.Load() {
+				return errLost // the put has landed: lose its answer
+			}
+		}
+		return nil
+	}
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		if !errors.Is(err, errLost) || !p.close {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		if conn, _, herr := http.NewResponseController(w).Hijack(); herr == nil {
+			conn.Close()
+		}
+	}
+	p.srv = httptest.NewServer(rp)
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// A conditional put that lands but loses its answer is not sent again:
+// the client's retryer would meet the put's own write, fail its condition
+// and make the fence report "stale" (or, alone, succeed after three puts)
+// for a commit that is in the manifest. The fence says the outcome is
+// unknown, after one put, through the real SDK client with its default
+// retryer, for a 503 and for a closed connection.
+func TestCommitWithLostAnswerIsUnknownNotRetried(t *testing.T) {
+	srv, bucket := s3test.StartVersityT(t)
+	for _, closeConn := range []bool{false, true} {
+		name := map[bool]string{false: "503", true: "closed connection"}[closeConn]
+		t.Run(name, func(t *testing.T) {
+			p := newLoseAnswers(t, srv.Endpoint, closeConn)
+			cli := s3.New(s3.Options{ // the SDK's default retryer, as a user's client has
+				BaseEndpoint: aws.String(p.srv.URL),
+				Region:       "us-east-1",
+				Credentials:  credentials.NewStaticCredentialsProvider(srv.Access, srv.Secret, ""),
+				UsePathStyle: true,
+			})
+			store, err := objectfence.NewS3Store(cli, bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := objectfence.New(store, "lost-"+strings.ReplaceAll(name, " ", "-")+"/manifest")
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustCommit(t, f, 5, "batch-1")
+			p.armed.Store(true)
+			before := p.puts.Load()
+			_, err = f.Commit(testCtx(t), 5, []byte("batch-2"))
+			if !errors.Is(err, fence.ErrOutcomeUnknown) {
+				t.Fatalf("commit whose answer was lost: %v, want ErrOutcomeUnknown", err)
+			}
+			var se *fence.StaleError
+			if errors.As(err, &se) {
+				t.Fatalf("commit whose answer was lost reported stale: %v", err)
+			}
+			if n := p.puts.Load() - before; n != 1 {
+				t.Fatalf("%d puts reached the server for one commit, want 1 (no retry)", n)
+			}
+			p.armed.Store(false)
+			m, err := f.Read(testCtx(t))
+			if err != nil || string(m.Payload) != "batch-2" {
+				t.Fatalf("the manifest after the lost answer: %+v, %v; want batch-2, which landed", m, err)
+			}
+		})
+	}
+}
