@@ -1051,21 +1051,27 @@ func (l *Lock) abandon() {
 // the session ends, whatever the caller's ctx: a key left while the
 // session lives holds up every later waiter; the session's end takes it.
 func (l *Lock) cleanup(cmp clientv3.Cmp, ops ...clientv3.Op) {
+	l.removeKey(cmp, ops, nil)
+}
+
+// removeKey is cleanup's loop, with ops added to the delete and els sent
+// when cmp fails. It returns the revision etcd answered at, 0 if none did.
+func (l *Lock) removeKey(cmp clientv3.Cmp, ops, els []clientv3.Op) int64 {
 	retry := newBackoff(20*time.Millisecond, time.Second)
 	then := append([]clientv3.Op{clientv3.OpDelete(l.key)}, ops...)
 	for {
-		_, err := l.s.client.Txn(l.s.ctx).If(cmp).Then(then...).Commit()
+		resp, err := l.s.client.Txn(l.s.ctx).If(cmp).Then(then...).Else(els...).Commit()
 		if err == nil {
-			return
+			return resp.Header.Revision
 		}
 		if rpcerr.Definite(err) {
 			// Refused outright: retrying changes nothing; the lease removes it.
 			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
-			return
+			return 0
 		}
 		if retry.wait(l.s.ctx) != nil {
 			l.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", l.key), zap.Error(err))
-			return
+			return 0
 		}
 	}
 }

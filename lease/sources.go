@@ -29,9 +29,11 @@ func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
 // revision after the last response it handed on.
 func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 	l.mu.Lock()
-	epoch, _ := l.subscribeLocked(w, false)
+	epoch, src := l.subscribeLocked(w, false)
 	l.mu.Unlock()
-	l.poke()
+	if src != 0 && epoch%2 == 1 {
+		l.poke() // a source came up: the rule may wait for it now
+	}
 	return epoch
 }
 

@@ -3,13 +3,10 @@ package lease
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-
-	"github.com/leasefence/leasefence/internal/rpcerr"
 )
 
 // A put sent with no definite answer may be applied after the lock gave
@@ -59,25 +56,9 @@ func (s *Session) adoptMarker(name string, rev int64) bool {
 // retries until etcd answers or the session ends; the session's end takes
 // the key anyway.
 func (l *Lock) withdraw() {
-	marker := clientv3.OpPut(markerKey(l.name, l.s.id), "", clientv3.WithLease(l.s.id))
-	retry := newBackoff(20*time.Millisecond, time.Second)
-	for {
-		resp, err := l.s.client.Txn(l.s.ctx).
-			If(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id))).
-			Then(clientv3.OpDelete(l.key), marker).
-			Else(marker).
-			Commit()
-		if err == nil {
-			l.s.adoptMarker(l.name, resp.Header.Revision)
-			return
-		}
-		if rpcerr.Definite(err) {
-			l.s.lg.Error("lock key of an unanswered put left for the lease to remove", zap.String("key", l.key), zap.Error(err))
-			return
-		}
-		if retry.wait(l.s.ctx) != nil {
-			return
-		}
+	marker := []clientv3.Op{clientv3.OpPut(markerKey(l.name, l.s.id), "", clientv3.WithLease(l.s.id))}
+	if rev := l.removeKey(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)), marker, marker); rev != 0 {
+		l.s.adoptMarker(l.name, rev)
 	}
 }
 
