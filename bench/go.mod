@@ -7,7 +7,10 @@ toolchain go1.26.10
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.115.0
-	github.com/leasefence/leasefence v0.0.0
+	github.com/leasefence/leasefence v0.0.0-00010101000000-000000000000
+	github.com/leasefence/leasefence/fence/objectfence v0.0.0-00010101000000-000000000000
+	github.com/leasefence/leasefence/internal/etcdtest v0.0.0-00010101000000-000000000000
+	github.com/leasefence/leasefence/internal/s3test v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/zap v1.28.0
 	gonum.org/v1/plot v0.17.0
@@ -91,4 +94,10 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-replace github.com/leasefence/leasefence => ../
+replace github.com/leasefence/leasefence => ..
+
+replace github.com/leasefence/leasefence/internal/etcdtest => ../internal/etcdtest
+
+replace github.com/leasefence/leasefence/internal/s3test => ../internal/s3test
+
+replace github.com/leasefence/leasefence/fence/objectfence => ../fence/objectfence

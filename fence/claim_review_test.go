@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // reviewOp is one fenced operation of TestReviewClaimLinearizable and what
@@ -33,11 +33,11 @@ type reviewOp struct {
 // StaleError naming a higher token, and a claim's read is the data as of
 // its revision.
 func TestReviewClaimLinearizable(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for round := range 3 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
-			base := etcdtest.Name(t, "review-lin")
+			base := etcdproc.Name(t, "review-lin")
 			rec, data := base+"/fence", base+"/data"
 			start := revision(t, cli)
 			const workers, opsEach = 4, 25
@@ -211,9 +211,9 @@ func checkReviewHistory(t *testing.T, cli *clientv3.Client, data string, start i
 // below, a Held guard that holds) changes nothing, in whichever shape it
 // is decided, and reports the refusal that etcd saw.
 func TestReviewRefusedClaimChangesNothing(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	base := etcdtest.Name(t, "review-refused")
+	base := etcdproc.Name(t, "review-refused")
 	lock := base + "/lock"
 	lockPut := leasedPut(t, cli, lock)
 	held := fence.Held(token{lock, lockPut.Header.Revision})
@@ -259,9 +259,9 @@ func TestReviewRefusedClaimChangesNothing(t *testing.T) {
 // key is "attached to a lease". Current behaviour: Held passes. Logged,
 // not asserted; see the review report.
 func TestReviewHeldForeignLease(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	lock := etcdtest.Name(t, "review-held") + "/lock"
+	lock := etcdproc.Name(t, "review-held") + "/lock"
 	p := leasedPut(t, cli, lock)
 	h := token{lock, p.Header.Revision}
 	g, err := cli.Grant(testCtx(t), 60)

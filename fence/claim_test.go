@@ -7,7 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -37,9 +37,9 @@ func TestClaimClosesReadGap(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			etcdtest.LeakCheck(t)
+			etcdproc.LeakCheck(t)
 			cli := etcd.Client(t)
-			name := etcdtest.Name(t, "gap")
+			name := etcdproc.Name(t, "gap")
 			rec, data := name+"-fence", name+"-offset"
 			_, a := newLock(t, cli, name)
 			write(t, cli, rec, data, a.Token(), "10")
@@ -100,9 +100,9 @@ func claimRead(t *testing.T, cli *clientv3.Client, rec, data string, token int64
 }
 
 func TestClaim(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	rec := etcdtest.Name(t, "claim") + "/fence"
+	rec := etcdproc.Name(t, "claim") + "/fence"
 	data := rec + "-data"
 	if _, err := cli.Put(testCtx(t), data, "v"); err != nil {
 		t.Fatal(err)
@@ -139,9 +139,9 @@ func TestClaim(t *testing.T) {
 // A lock key (attached to a lease) given as a fence record is refused in
 // every shape, and the key keeps its value, its lease and its holder.
 func TestLeasedRecordRefused(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "leased")
+	name := etcdproc.Name(t, "leased")
 	_, l := newLock(t, cli, name)
 	_, other := newLock(t, cli, name+"-other")
 	rec := fence.NewRecorder(l.Key())

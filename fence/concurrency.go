@@ -3,6 +3,7 @@ package fence
 import (
 	"strings"
 
+	"github.com/leasefence/leasefence/internal/etcdcompat"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -38,7 +39,7 @@ func (h heldKey) Token() int64 { return h.token }
 // is a later revision than the key's creation.
 func FromMutex(m *concurrency.Mutex) Holder {
 	owner := m.IsOwner()
-	return snapshot(m.Key(), owner.GetCompare().GetCreateRevision())
+	return snapshot(m.Key(), etcdcompat.Compare(owner).GetCreateRevision())
 }
 
 // FromElection returns a Holder for a *concurrency.Election that has won a

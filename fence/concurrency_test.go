@@ -8,7 +8,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 func concurrencySession(t *testing.T, cli *clientv3.Client) *concurrency.Session {
@@ -25,9 +25,9 @@ func concurrencySession(t *testing.T, cli *clientv3.Client) *concurrency.Session
 // contended grant (where the mutex's header revision is a later one), and
 // the guards work with it while held and refuse it once unlocked.
 func TestFromMutexContended(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "mutex")
+	name := etcdproc.Name(t, "mutex")
 	data, rec := name+"-data", name+"-fence"
 	m1 := concurrency.NewMutex(concurrencySession(t, cli), name)
 	m2 := concurrency.NewMutex(concurrencySession(t, cli), name)
@@ -92,9 +92,9 @@ func TestFromMutexContended(t *testing.T) {
 // FromElection: the token is Election.Rev, the leader key's creation
 // revision, also after a contended campaign.
 func TestFromElectionContended(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "election")
+	name := etcdproc.Name(t, "election")
 	e1 := concurrency.NewElection(concurrencySession(t, cli), name)
 	e2 := concurrency.NewElection(concurrencySession(t, cli), name)
 	if err := e1.Campaign(testCtx(t), "one"); err != nil {

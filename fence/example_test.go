@@ -11,7 +11,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -144,7 +144,7 @@ func ExampleFromMutex() {
 // embedded member, or ETCD_ENDPOINTS), with the examples' keys cleared.
 // In your own tests, lease/leasetest gives a server and its clients.
 func exampleClient() *clientv3.Client {
-	cli, err := etcdtest.NewClient(etcd.Endpoints())
+	cli, err := etcdproc.NewClient(etcd.Endpoints())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // HeldCmps check what Held checks: a live holder passes, and a holder
@@ -15,9 +15,9 @@ import (
 // key keeps its creation revision (the one comparison the old Cmp made,
 // which this test shows still holds).
 func TestHeldCmpsRefuseKeyOffItsLease(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli, other := etcd.Client(t), etcd.Client(t)
-	name := etcdtest.Name(t, "heldcmps")
+	name := etcdproc.Name(t, "heldcmps")
 	data := name + "-data"
 	_, live := newLock(t, cli, name+"-live")
 	_, moved := newLock(t, cli, name+"-moved")
@@ -69,9 +69,9 @@ func TestHeldCmpsRefuseKeyOffItsLease(t *testing.T) {
 // A token that is not positive never passes, even for a missing key,
 // whose creation revision reads as 0.
 func TestHeldCmpsRefuseZeroToken(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "heldcmps-zero")
+	name := etcdproc.Name(t, "heldcmps-zero")
 	h := token{name + "/missing", 0}
 	resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
 	if err != nil || resp.Succeeded {

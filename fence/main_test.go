@@ -9,15 +9,15 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
-var etcd etcdtest.Env
+var etcd etcdproc.Env
 
-func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
 
-func testCtx(t testing.TB) context.Context { return etcdtest.Ctx(t, 30*time.Second) }
+func testCtx(t testing.TB) context.Context { return etcdproc.Ctx(t, 30*time.Second) }
 
 func newLock(t testing.TB, cli *clientv3.Client, name string) (*lease.Session, *lease.Lock) {
 	t.Helper()

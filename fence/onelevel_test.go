@@ -7,7 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // A Resource guard's write is one transaction without nesting whenever
@@ -17,7 +17,7 @@ import (
 // write, takes the full, nested shape as a second round trip. Every case
 // leaves the record and the data as the guard promises.
 func TestResourceOneLevel(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	const writer = 10
 	cases := []struct {
@@ -40,7 +40,7 @@ func TestResourceOneLevel(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			base := etcdtest.Name(t, "onelevel")
+			base := etcdproc.Name(t, "onelevel")
 			rec, data, lock := base+"/fence", base+"/data", base+"/lock"
 			lockPut := leasedPut(t, cli, lock)
 			if tc.record != "" {
@@ -90,9 +90,9 @@ func TestResourceOneLevel(t *testing.T) {
 // makes no revision while the record holds the token (etcd serves it as a
 // read), and still raises a record below it, through the full shape.
 func TestResourceCheckAlone(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	rec := etcdtest.Name(t, "check") + "/fence"
+	rec := etcdproc.Name(t, "check") + "/fence"
 	if _, err := cli.Put(testCtx(t), rec, fence.EncodeToken(5)); err != nil {
 		t.Fatal(err)
 	}

@@ -9,14 +9,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // A claim whose reads are too large for the client's receive limit: etcd
 // applied it (the record is raised), but the answer never arrived. That
 // outcome is unknown, and must not be reported as a definite failure.
 func TestReviewClaimAnswerTooLarge(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	small, err := clientv3.New(clientv3.Config{
 		Endpoints:          etcd.Endpoints(),
@@ -27,7 +27,7 @@ func TestReviewClaimAnswerTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer small.Close()
-	base := etcdtest.Name(t, "review-big")
+	base := etcdproc.Name(t, "review-big")
 	rec, data := base+"/fence", base+"/data"
 	if _, err := cli.Put(testCtx(t), data, strings.Repeat("x", 200<<10)); err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func TestReviewClaimAnswerTooLarge(t *testing.T) {
 // record key attached to a lease. The package doc says such a transaction
 // is refused with ErrBadRecord and changes nothing.
 func TestReviewLeasedRecordCompareOnly(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	g, err := cli.Grant(testCtx(t), 60)
 	if err != nil {
@@ -61,7 +61,7 @@ func TestReviewLeasedRecordCompareOnly(t *testing.T) {
 	}
 	defer cli.Revoke(testCtx(t), g.ID)
 	t.Run("check alone", func(t *testing.T) {
-		rec := etcdtest.Name(t, "review-leased") + "/fence"
+		rec := etcdproc.Name(t, "review-leased") + "/fence"
 		if _, err := cli.Put(testCtx(t), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +71,7 @@ func TestReviewLeasedRecordCompareOnly(t *testing.T) {
 		}
 	})
 	t.Run("recorder steady", func(t *testing.T) {
-		base := etcdtest.Name(t, "review-leased")
+		base := etcdproc.Name(t, "review-leased")
 		rec, data := base+"/fence", base+"/data"
 		r := fence.NewRecorder(rec)
 		if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(7)).Then(clientv3.OpPut(data, "1")).Commit(); err != nil {

@@ -7,13 +7,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 func TestReadRecords(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	pfx := etcdtest.Name(t, "records") + "/"
+	pfx := etcdproc.Name(t, "records") + "/"
 	if h, err := fence.ReadRecord(testCtx(t), cli, pfx+"a"); err != nil || h != 0 {
 		t.Fatalf("missing record: %d, %v; want 0, nil", h, err)
 	}

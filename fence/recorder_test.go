@@ -8,7 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // A Recorder's writes are one round trip each in every case but one (the
@@ -16,7 +16,7 @@ import (
 // record's highest token when it is above theirs, and leave the record
 // and data as Resource guards would.
 func TestRecorder(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	cases := []struct {
 		name string
@@ -43,7 +43,7 @@ func TestRecorder(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			base := etcdtest.Name(t, "recorder")
+			base := etcdproc.Name(t, "recorder")
 			rec, data := base+"/fence", base+"/data"
 			r := fence.NewRecorder(rec)
 			if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(10)).Then(clientv3.OpPut(data, "first")).Commit(); err != nil {
@@ -78,9 +78,9 @@ func TestRecorder(t *testing.T) {
 
 // The steady shape keeps the Held check and the caller's own If/Else.
 func TestRecorderSteadyWithHeldAndCallerTxn(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "recorder-held")
+	name := etcdproc.Name(t, "recorder-held")
 	_, l := newLock(t, cli, name)
 	r := fence.NewRecorder(name + "-fence")
 	data := name + "-data"
@@ -117,9 +117,9 @@ func TestRecorderSteadyWithHeldAndCallerTxn(t *testing.T) {
 // what the Recorder knew is wrong, the full shape is refused as too large
 // before it is sent, the failed steady attempt having changed nothing.
 func TestRecorderSteadyBeforeFullShape(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	base := etcdtest.Name(t, "recorder-size")
+	base := etcdproc.Name(t, "recorder-size")
 	rec := base + "/fence"
 	r := fence.NewRecorder(rec)
 	if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(10)).Then(clientv3.OpPut(base+"/first", "x")).Commit(); err != nil {

@@ -9,14 +9,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 func TestHeldGuard(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "held")
+	name := etcdproc.Name(t, "held")
 	data := name + "-data"
 	s, l := newLock(t, cli, name)
 
@@ -66,9 +66,9 @@ func TestHeldGuard(t *testing.T) {
 
 // A failed caller If is no error and runs Else; a failed guard runs neither.
 func TestGuardAndCallerIf(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "if")
+	name := etcdproc.Name(t, "if")
 	data, other := name+"-data", name+"-other"
 	_, l := newLock(t, cli, name)
 
@@ -106,9 +106,9 @@ func TestGuardAndCallerIf(t *testing.T) {
 }
 
 func TestResourceGuard(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	base := etcdtest.Name(t, "res")
+	base := etcdproc.Name(t, "res")
 	rec, data := base+"/fence", base+"/data"
 	put := func(tok int64, v string) error {
 		_, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, tok)).Then(clientv3.OpPut(data, v)).Commit()
@@ -145,9 +145,9 @@ func TestResourceGuard(t *testing.T) {
 // Several guards of both kinds commit in one transaction, and any one
 // failing stops all.
 func TestSeveralGuards(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "several")
+	name := etcdproc.Name(t, "several")
 	_, l := newLock(t, cli, name)
 	r1, r2, data := name+"-r1", name+"-r2", name+"-data"
 	guards := func(t1, t2 int64) []fence.Guard {
@@ -175,9 +175,9 @@ func TestSeveralGuards(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	rec := etcdtest.Name(t, "bad") + "/fence"
+	rec := etcdproc.Name(t, "bad") + "/fence"
 	many := make([]clientv3.Op, fence.MaxTxnOps+1)
 	for i := range many {
 		many[i] = clientv3.OpPut(rec+"-x"+string(rune('a'+i%26))+string(rune('a'+i/26)), "v")
@@ -219,10 +219,10 @@ func TestBadInput(t *testing.T) {
 // An answer that never comes is an unknown outcome, not a failure: here the
 // write did land.
 func TestOutcomeUnknown(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
-	base := etcdtest.Name(t, "unknown")
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
+	base := etcdproc.Name(t, "unknown")
 	rec, data := base+"/fence", base+"/data"
 	if _, err := fence.NewTxn(testCtx(t), viaProxy, fence.Resource(rec, 3)).Then(clientv3.OpPut(data, "a")).Commit(); err != nil {
 		t.Fatal(err)
@@ -251,9 +251,9 @@ func TestOutcomeUnknown(t *testing.T) {
 // (the store revision moves by exactly one), and a refusal by the second
 // record leaves the first untouched.
 func TestFirstWriteInOneTransaction(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	base := etcdtest.Name(t, "first")
+	base := etcdproc.Name(t, "first")
 	old, fresh, data := base+"/old", base+"/fresh", base+"/data"
 	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(old, 5)).Commit(); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // countingKV counts the transactions that reach etcd, those of them that
@@ -83,9 +83,9 @@ func (t *shapeTxn) Commit() (*clientv3.TxnResponse, error) {
 // guards, the largest Then that the documented allowance gives (etcd must
 // accept it), and one operation more (refused before anything is sent).
 func TestTxnSizeBoundary(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	base := etcdtest.Name(t, "size")
+	base := etcdproc.Name(t, "size")
 	for held := 0; held <= 2; held++ {
 		for res := 0; res <= fence.MaxResourceGuards; res++ {
 			if held+res == 0 {
@@ -131,9 +131,9 @@ func TestTxnSizeBoundary(t *testing.T) {
 // TestTxnSizeNested: the caller's own nested transactions count against
 // what the guards leave, at every depth.
 func TestTxnSizeNested(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	rec := etcdtest.Name(t, "size-nested") + "/fence"
+	rec := etcdproc.Name(t, "size-nested") + "/fence"
 	ops := func(n int) []clientv3.Op {
 		out := make([]clientv3.Op, n)
 		for i := range out {

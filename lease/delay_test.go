@@ -14,7 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -37,7 +37,7 @@ const (
 func runDelayChild() int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cli, err := etcdtest.NewClient(strings.Split(os.Getenv(envChildEndpoints), ","))
+	cli, err := etcdproc.NewClient(strings.Split(os.Getenv(envChildEndpoints), ","))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -112,7 +112,7 @@ func TestLockDelay(t *testing.T) {
 	for _, tc := range delayCases {
 		t.Run(tc.name, func(t *testing.T) {
 			cli := etcd.Client(t)
-			name := etcdtest.Name(t, "delay")
+			name := etcdproc.Name(t, "delay")
 			holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			l := mustLock(t, holder, name)
@@ -144,7 +144,7 @@ func TestLockDelay(t *testing.T) {
 // time, and the waiter is granted no sooner than the delay after that.
 func TestLockDelayAfterExpiry(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "delay-expiry")
+	name := etcdproc.Name(t, "delay-expiry")
 	c, err := exampleenv.StartChild(testCtx(t), "holder", delayChildRole,
 		envChildEndpoints+"="+strings.Join(etcd.Endpoints(), ","), envChildLock+"="+name)
 	if err != nil {
@@ -197,7 +197,7 @@ func watchGone(t *testing.T, cli *clientv3.Client, key string) <-chan time.Time 
 // at once; and a waiter that gives up does not start the delay over.
 func TestLockDelayKeepsPlace(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "delay-place")
+	name := etcdproc.Name(t, "delay-place")
 	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	first := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	second := newSession(t, cli, lease.WithLockDelay(lockDelay))
@@ -235,7 +235,7 @@ func TestLockDelayKeepsPlace(t *testing.T) {
 
 func TestLockDelayWaiterLosesDuringDelay(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "delay-loss")
+	name := etcdproc.Name(t, "delay-loss")
 	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	mustLock(t, holder, name)
@@ -290,7 +290,7 @@ func TestGivenUpDelayedLockReleasesRecord(t *testing.T) {
 	for _, own := range []bool{true, false} {
 		t.Run(fmt.Sprintf("record-names-the-waiter=%v", own), func(t *testing.T) {
 			cli := etcd.Client(t)
-			name := etcdtest.Name(t, "delay-given-up")
+			name := etcdproc.Name(t, "delay-given-up")
 			holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			h := mustLock(t, holder, name)

@@ -10,9 +10,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -72,9 +71,9 @@ func expectLeader(t *testing.T, o *lease.Observer, token int64, value string) le
 }
 
 func TestCampaignProclaimResign(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "election")
+	name := etcdproc.Name(t, "election")
 	a, b := newSession(t, cli), newSession(t, cli)
 	o := mustObserve(t, cli, name)
 
@@ -146,7 +145,7 @@ func TestCampaignProclaimResign(t *testing.T) {
 
 // Loss of leadership shows exactly as loss of a lock.
 func TestLeadershipLoss(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cases := []struct {
 		name string
 		end  func(t *testing.T, cli *clientv3.Client, s *lease.Session, e *lease.Leadership)
@@ -166,7 +165,7 @@ func TestLeadershipLoss(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cli := etcd.Client(t)
 			s := newSession(t, cli)
-			e := mustCampaign(t, s, etcdtest.Name(t, "lead-loss"), "me")
+			e := mustCampaign(t, s, etcdproc.Name(t, "lead-loss"), "me")
 			work, cancel := e.Context(testCtx(t))
 			defer cancel()
 			tc.end(t, cli, s, e)
@@ -185,10 +184,10 @@ func TestLeadershipLoss(t *testing.T) {
 // A Proclaim that finds the key gone ends the leadership and never
 // recreates the key.
 func TestProclaimFindsKeyGone(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	e := mustCampaign(t, s, etcdtest.Name(t, "proclaim-gone"), "v1")
+	e := mustCampaign(t, s, etcdproc.Name(t, "proclaim-gone"), "v1")
 	// Delete and recreate through a foreign lease in one txn, so the key
 	// exists but is not ours, before our monitor can react.
 	g, err := cli.Grant(testCtx(t), 10)
@@ -215,9 +214,9 @@ func TestProclaimFindsKeyGone(t *testing.T) {
 // concurrency.Election and this package share a key layout: each waits for
 // the other, and each reads the other's leader and token.
 func TestInteropConcurrencyElection(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "interop-elect")
+	name := etcdproc.Name(t, "interop-elect")
 	cs, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
 	if err != nil {
 		t.Fatal(err)
@@ -268,52 +267,11 @@ func TestInteropConcurrencyElection(t *testing.T) {
 	ours.Resign(testCtx(t))
 }
 
-// etcd's Election RPC (server side of the same layout) and this package see
-// the same leader and token.
-func TestInteropElectionRPC(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rpc-elect")
-	rpc := v3electionpb.NewElectionClient(cli.ActiveConnection())
-	g, err := cli.Grant(testCtx(t), 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Revoke(context.Background(), g.ID)
-	resp, err := rpc.Campaign(testCtx(t), &v3electionpb.CampaignRequest{Name: []byte(name), Lease: int64(g.ID), Value: []byte("rpc")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ld, err := lease.CurrentLeader(testCtx(t), cli, name)
-	if err != nil || ld.Token != resp.Leader.Rev || ld.Value != "rpc" || ld.Key != string(resp.Leader.Key) {
-		t.Fatalf("CurrentLeader = %+v, %v; RPC leader %+v", ld, err, resp.Leader)
-	}
-	s := newSession(t, cli)
-	short, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
-	_, err = s.Campaign(short, name, "ours")
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Campaign while the RPC leads: %v, want a timeout", err)
-	}
-	if keys := queueKeys(t, cli, name); len(keys) != 1 {
-		t.Errorf("failed Campaign left keys: %v", keys)
-	}
-	if _, err := rpc.Resign(testCtx(t), &v3electionpb.ResignRequest{Leader: resp.Leader}); err != nil {
-		t.Fatal(err)
-	}
-	e := mustCampaign(t, s, name, "ours")
-	lr, err := rpc.Leader(testCtx(t), &v3electionpb.LeaderRequest{Name: []byte(name)})
-	if err != nil || lr.Kv.CreateRevision != e.Token() || string(lr.Kv.Value) != "ours" {
-		t.Fatalf("Leader RPC = %v, %v; want token %d", lr, err, e.Token())
-	}
-	e.Resign(testCtx(t))
-}
-
 // Nested names are separate elections, as they are separate locks.
 func TestObserveIgnoresNestedNames(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "nested-elect")
+	name := etcdproc.Name(t, "nested-elect")
 	s1, s2 := newSession(t, cli), newSession(t, cli)
 	inner := mustCampaign(t, s1, name+"/shard", "inner")
 	o := mustObserve(t, cli, name)
@@ -333,11 +291,11 @@ func TestObserveIgnoresNestedNames(t *testing.T) {
 // current leader once it is back, even after the store was compacted, and
 // never reports leaders out of order.
 func TestObserverCatchesUpAfterReconnect(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	target := etcd.Endpoints()[0]
-	p, viaProxy, url := etcdtest.ProxiedClient(t, target)
-	name := etcdtest.Name(t, "observe-reconnect")
+	p, viaProxy, url := etcdproc.ProxiedClient(t, target)
+	name := etcdproc.Name(t, "observe-reconnect")
 	a, b := newSession(t, cli), newSession(t, cli)
 	o := mustObserve(t, viaProxy, name)
 	ea := mustCampaign(t, a, name, "a")
@@ -359,7 +317,7 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 	if _, err := cli.Compact(testCtx(t), r.Header.Revision); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.ProxyAt(t, addr, target)
+	etcdproc.ProxyAt(t, addr, target)
 	// Cleanups run last first: the client must go before the new proxy,
 	// whose Close waits for the client's connection to end.
 	t.Cleanup(func() { o.Close(); viaProxy.Close() })
@@ -368,10 +326,10 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 }
 
 func TestObserverClose(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithCancel(testCtx(t))
-	o, err := lease.Observe(ctx, cli, etcdtest.Name(t, "observe-close"))
+	o, err := lease.Observe(ctx, cli, etcdproc.Name(t, "observe-close"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +345,7 @@ func TestObserverClose(t *testing.T) {
 	}
 	o.Close() // again: no effect
 
-	o2, err := lease.Observe(ctx, cli, etcdtest.Name(t, "observe-cancel"))
+	o2, err := lease.Observe(ctx, cli, etcdproc.Name(t, "observe-cancel"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +357,7 @@ func TestObserverClose(t *testing.T) {
 }
 
 func TestElectionBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	if _, err := s.Campaign(testCtx(t), "", "v"); !errors.Is(err, lease.ErrInvalidArgument) {
@@ -420,9 +378,9 @@ func TestElectionBadInput(t *testing.T) {
 // a reader's, and a read lock would be granted beside the leader.
 // Campaign refuses it before sending anything, so no key is left.
 func TestCampaignRefusesReaderValue(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "campaign-reader-value")
+	name := etcdproc.Name(t, "campaign-reader-value")
 	s := newSession(t, cli)
 	e, err := s.Campaign(testCtx(t), name, lease.ReaderValue)
 	if !errors.Is(err, lease.ErrInvalidArgument) || e != nil {
@@ -452,9 +410,9 @@ func TestCampaignRefusesReaderValue(t *testing.T) {
 // its value (read from etcd), the leadership stays held with its value,
 // and readers of another session still wait.
 func TestProclaimRefusesReaderValue(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "proclaim-reader-value")
+	name := etcdproc.Name(t, "proclaim-reader-value")
 	e := mustCampaign(t, newSession(t, cli), name, "a:1")
 	before, err := cli.Get(testCtx(t), e.Key())
 	if err != nil || len(before.Kvs) != 1 {

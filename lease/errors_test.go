@@ -7,16 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 // Every error names the package once, however deep it is wrapped.
 func TestErrorsNamePackageOnce(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	name := etcdtest.Name(t, "once")
+	name := etcdproc.Name(t, "once")
 	l := mustLock(t, s, name)
 	if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
 		t.Fatal(err)
@@ -45,9 +45,9 @@ func TestErrorsNamePackageOnce(t *testing.T) {
 // A Lock whose ctx ends says what it waited behind, and matches the ctx's
 // error.
 func TestLockDeadlineNamesPredecessor(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "behind")
+	name := etcdproc.Name(t, "behind")
 	holder := mustLock(t, newSession(t, cli), name)
 	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
 	defer cancel()
@@ -63,9 +63,9 @@ func TestLockDeadlineNamesPredecessor(t *testing.T) {
 // TryLock says who holds the lock: this same session, or another holder by
 // key and token.
 func TestTryLockSaysWhoHolds(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "who")
+	name := etcdproc.Name(t, "who")
 	s := newSession(t, cli)
 	held := mustLock(t, s, name)
 	_, err := s.TryLock(testCtx(t), name)
@@ -81,7 +81,7 @@ func TestTryLockSaysWhoHolds(t *testing.T) {
 // Close of a session whose lease is already gone returns at once and says
 // how the session ended.
 func TestCloseAfterLoss(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s, err := lease.NewSession(testCtx(t), cli, lease.WithTTL(5*time.Second))
 	if err != nil {

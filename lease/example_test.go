@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -199,7 +199,7 @@ func ExampleWithLockDelay() {
 // embedded member, or ETCD_ENDPOINTS), with the examples' keys cleared.
 // In your own tests, lease/leasetest gives a server and its clients.
 func exampleClient() *clientv3.Client {
-	cli, err := etcdtest.NewClient(etcd.Endpoints())
+	cli, err := etcdproc.NewClient(etcd.Endpoints())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -22,8 +22,8 @@ import (
 // newer one then holds the lock, and its deletion grants the waiter with
 // no read. The locks are granted in token order throughout.
 func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	name := etcdtest.Name(t, "follow")
+	etcdproc.LeakCheck(t)
+	name := etcdproc.Name(t, "follow")
 	reads := &queueReads{prefix: name + "/"}
 	creates := watchCreatesUnder(name + "/")
 	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -113,8 +113,8 @@ func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 // waiters gave up) reads its view again and follows the next keys: it is
 // granted only once every key ahead of it has gone, in token order.
 func TestFarWaiterWhoseFollowedKeysGiveUp(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	name := etcdtest.Name(t, "follow-give-up")
+	etcdproc.LeakCheck(t)
+	name := etcdproc.Name(t, "follow-give-up")
 	cli := etcd.Client(t)
 	queued := make(chan struct{}, 8)
 	hooks := &lease.Hooks{Waiting: func(_ string, delta int) {

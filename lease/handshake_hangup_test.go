@@ -16,7 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -104,8 +104,8 @@ func (f *tlsFront) serve() {
 // a certificate: Run must keep trying, and take the lock once the endpoint
 // serves again, instead of ending with ErrTLSHandshake.
 func TestRunRetriesHandshakeHangUp(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	certs, err := etcdtest.GenerateCerts(t.TempDir())
+	etcdproc.LeakCheck(t)
+	certs, err := etcdproc.GenerateCerts(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestRunRetriesHandshakeHangUp(t *testing.T) {
 	took := make(chan int64, 1)
 	ran := make(chan error, 1)
 	go func() {
-		ran <- lease.Run(ctx, cli, etcdtest.Name(t, "tls-hangup"), func(ctx context.Context, l *lease.Lock) error {
+		ran <- lease.Run(ctx, cli, etcdproc.Name(t, "tls-hangup"), func(ctx context.Context, l *lease.Lock) error {
 			took <- l.Token()
 			return nil
 		}, lease.WithTTL(shortTTL))

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -20,7 +20,7 @@ func probe(t *testing.T, h http.Handler) (int, string) {
 }
 
 func TestHealth(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	if _, err := lease.NewHealth(0); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Fatalf("NewHealth(0): %v", err)
 	}
@@ -34,7 +34,7 @@ func TestHealth(t *testing.T) {
 	}
 
 	// Held and renewed: healthy.
-	name := etcdtest.Name(t, "health")
+	name := etcdproc.Name(t, "health")
 	l := mustLock(t, newSession(t, cli), name)
 	h.Track(l)
 	if err := h.Check(); err != nil {
@@ -43,7 +43,7 @@ func TestHealth(t *testing.T) {
 
 	// Renewals stop reaching etcd: unhealthy past the margin, before the
 	// lease is lost.
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	s2 := newSession(t, viaProxy, lease.WithTTL(5*time.Second))
 	l2 := mustLock(t, s2, name+"-2")
 	h.Track(l2)

@@ -8,14 +8,14 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 func TestInspectQueue(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "inspect")
+	name := etcdproc.Name(t, "inspect")
 	if _, err := cli.Put(testCtx(t), name+"/checkpoint", "data"); err != nil { // not an entry
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -33,10 +33,10 @@ func newKeeper(t *testing.T, cli *clientv3.Client) *lease.Keeper {
 // with its lock, over one keep-alive stream; revoking one lease ends that
 // session alone.
 func TestKeeperRenewsManySessions(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
-	name := etcdtest.Name(t, "keeper")
+	name := etcdproc.Name(t, "keeper")
 	const n = 20
 	var sessions []*lease.Session
 	var locks []*lease.Lock
@@ -76,15 +76,15 @@ func TestKeeperRenewsManySessions(t *testing.T) {
 // With the network silent, every session of a Keeper reports its loss
 // from its own conservative deadline, before etcd expires its lease.
 func TestKeeperLossWithSilentNetwork(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	k := newKeeper(t, viaProxy)
 	const n = 3
 	var locks []*lease.Lock
 	for i := 0; i < n; i++ {
 		s := newSession(t, viaProxy, lease.WithTTL(shortTTL), lease.WithKeeper(k))
-		locks = append(locks, mustLock(t, s, etcdtest.Name(t, "keeper-silent")))
+		locks = append(locks, mustLock(t, s, etcdproc.Name(t, "keeper-silent")))
 	}
 	wctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
@@ -134,7 +134,7 @@ func TestKeeperLossWithSilentNetwork(t *testing.T) {
 // Bad input is refused before anything is sent; Close closes the sessions
 // still renewed through the Keeper.
 func TestKeeperInputAndClose(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli, other := etcd.Client(t), etcd.Client(t)
 	if _, err := lease.NewKeeper(nil); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("NewKeeper(nil): %v", err)
@@ -153,7 +153,7 @@ func TestKeeperInputAndClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := mustLock(t, s, etcdtest.Name(t, "keeper-close"))
+	l := mustLock(t, s, etcdproc.Name(t, "keeper-close"))
 	if err := k.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -172,10 +172,10 @@ func TestKeeperInputAndClose(t *testing.T) {
 // A waiter queued through a Keeper still sees its own key vanish at once
 // (exclusivity and token order through a Keeper: TestQueueChurn).
 func TestKeeperSharedQueue(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
-	name := etcdtest.Name(t, "keeper-queue")
+	name := etcdproc.Name(t, "keeper-queue")
 	holder := mustLock(t, newSession(t, cli, lease.WithKeeper(k)), name)
 	queued := make(chan struct{}, 1)
 	hooks := &lease.Hooks{Waiting: func(_ string, delta int) {
@@ -216,12 +216,12 @@ func TestKeeperSharedQueue(t *testing.T) {
 // reader behind a writer with a crowd ahead) the two newest keys ahead. A waiter
 // left unwoken would hang here, and one woken too early would overlap.
 func TestQueueChurn(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	bothShapes(t, queueChurn)
 }
 
 func queueChurn(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
-	name := etcdtest.Name(t, "queue-churn")
+	name := etcdproc.Name(t, "queue-churn")
 	const sessions, rounds = 10, 20
 	var mu sync.Mutex
 	writers, readers := 0, 0
@@ -315,10 +315,10 @@ func TestKeeperStalledSend(t *testing.T) {
 		// and etcd holds the stream up until it has revoked them.
 		t.Skip("too many sessions for etcd under the race detector")
 	}
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	// A member of its own, without fsync: thousands of grants in a second.
-	c := etcdtest.StartT(t, etcdtest.Config{NoFsync: true})
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, c.Endpoints()[0])
+	c := etcdproc.StartT(t, etcdproc.Config{NoFsync: true})
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, c.Endpoints()[0])
 	k := newKeeper(t, viaProxy)
 	const n = 5500
 	sessions := make([]*lease.Session, n)
@@ -362,7 +362,7 @@ func TestKeeperStalledSend(t *testing.T) {
 	paused := time.Now()
 	pctx, cancel := context.WithCancel(testCtx(t))
 	for range 4 {
-		wg.Go(func() { viaProxy.Put(pctx, etcdtest.Name(t, "stalled-send"), strings.Repeat("x", 1<<18)) })
+		wg.Go(func() { viaProxy.Put(pctx, etcdproc.Name(t, "stalled-send"), strings.Repeat("x", 1<<18)) })
 	}
 	defer wg.Wait()
 	defer cancel()

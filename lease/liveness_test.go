@@ -9,7 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -39,7 +39,7 @@ func grantWithin(t *testing.T, ch <-chan lockResult, d time.Duration, what strin
 // trusting the watch its rule had counted on, which nothing resumed, and
 // waited behind a free lock until its ctx ended.
 func TestKeeperWaiterAcrossSharedWatchPause(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
 	opts := []lease.Option{lease.WithKeeper(k), lease.WithLockDelay(time.Second)}
@@ -49,7 +49,7 @@ func TestKeeperWaiterAcrossSharedWatchPause(t *testing.T) {
 		trials = 1
 	}
 	for trial := range trials {
-		name := etcdtest.Name(t, fmt.Sprintf("keeper-pause-%d", trial))
+		name := etcdproc.Name(t, fmt.Sprintf("keeper-pause-%d", trial))
 		// Seven locks (the first opens the watch, and reads), then one
 		// that is lost: the next, the eighth in a row granted alone, waits
 		// out the delay, then pauses the watch.
@@ -102,11 +102,11 @@ func moveOffLease(t *testing.T, cli *clientv3.Client, key string) {
 // see it; and the former holder's session takes the name again, removing
 // the key, instead of failing with ErrKeyInUse for good.
 func TestKeyMovedOffLeaseFreesName(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for _, far := range []bool{false, true} {
 		t.Run(fmt.Sprintf("far=%v", far), func(t *testing.T) {
-			name := etcdtest.Name(t, "off-lease")
+			name := etcdproc.Name(t, "off-lease")
 			hs := newSession(t, cli)
 			holder := mustLock(t, hs, name)
 			ctx, cancel := context.WithCancel(testCtx(t))
@@ -184,7 +184,7 @@ func TestKeyMovedOffLeaseFreesName(t *testing.T) {
 // that is not the session's (another client sharing the lease) is never
 // taken: the lock fails with ErrKeyInUse.
 func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	latePut := func(name string, cmps []clientv3.Cmp) bool {
@@ -197,9 +197,9 @@ func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
 		return resp.Succeeded
 	}
 	for round := range 2 { // the second: a marker that exists already moves again
-		name := etcdtest.Name(t, fmt.Sprintf("late-put-%d", round))
+		name := etcdproc.Name(t, fmt.Sprintf("late-put-%d", round))
 		if round == 1 {
-			name = etcdtest.Name(t, "late-put-0")
+			name = etcdproc.Name(t, "late-put-0")
 		}
 		sent := lease.PutCmps(s, name) // the put goes out, and no answer comes
 		lease.Withdraw(s, name)
@@ -218,7 +218,7 @@ func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
 		}
 	}
 
-	name := etcdtest.Name(t, "shared-lease")
+	name := etcdproc.Name(t, "shared-lease")
 	if !latePut(name, nil) { // as a concurrency.Mutex sharing the lease would
 		t.Fatal("put failed")
 	}

@@ -12,17 +12,16 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 func TestLockUnlock(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	name := etcdtest.Name(t, "basic")
+	name := etcdproc.Name(t, "basic")
 	l := mustLock(t, s, name)
 
 	if want := fmt.Sprintf("%s/%x", name, int64(s.Lease())); l.Key() != want {
@@ -52,9 +51,9 @@ func TestLockUnlock(t *testing.T) {
 
 // Interoperability with etcd's own lock implementations, both directions.
 func TestInteropConcurrencyMutex(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "interop")
+	name := etcdproc.Name(t, "interop")
 	ours := newSession(t, cli)
 	cs, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
 	if err != nil {
@@ -102,53 +101,12 @@ func TestInteropConcurrencyMutex(t *testing.T) {
 	})
 }
 
-// etcd's Lock RPC (which etcdctl lock also uses) and this library exclude
-// each other.
-func TestInteropLockRPC(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rpc")
-	ours := newSession(t, cli)
-	rpc := v3lockpb.NewLockClient(cli.ActiveConnection())
-	grant, err := cli.Grant(testCtx(t), 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Revoke(context.Background(), grant.ID)
-
-	l := mustLock(t, ours, name)
-	short, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
-	_, err = rpc.Lock(short, &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
-	cancel()
-	if err == nil {
-		t.Fatal("Lock RPC granted while we hold the lock")
-	}
-	if err := l.Unlock(testCtx(t)); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := rpc.Lock(testCtx(t), &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
-	if err != nil {
-		t.Fatalf("Lock RPC after Unlock: %v", err)
-	}
-	if _, err := ours.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
-		t.Fatalf("TryLock while the Lock RPC holds: %v, want ErrLocked", err)
-	}
-	if _, err := rpc.Unlock(testCtx(t), &v3lockpb.UnlockRequest{Key: resp.Key}); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := ours.TryLock(testCtx(t), name)
-	if err != nil {
-		t.Fatalf("TryLock after the Lock RPC's unlock: %v", err)
-	}
-	l2.Unlock(testCtx(t))
-}
-
 // The token is the key's creation revision even when the lock was
 // contended, when concurrency.Mutex's header revision is not.
 func TestTokenIsCreationRevision(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "token")
+	name := etcdproc.Name(t, "token")
 	a, b := newSession(t, cli), newSession(t, cli)
 	la := mustLock(t, a, name)
 	ch := lockAsync(testCtx(t), b, name)
@@ -188,9 +146,9 @@ func TestTokenIsCreationRevision(t *testing.T) {
 // Tokens of successive holders of one name strictly increase, whichever
 // session holds it.
 func TestTokensIncrease(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "increase")
+	name := etcdproc.Name(t, "increase")
 	sessions := []*lease.Session{newSession(t, cli), newSession(t, cli), newSession(t, cli)}
 	var mu sync.Mutex
 	var tokens []int64
@@ -229,7 +187,7 @@ func TestTokensIncrease(t *testing.T) {
 // A waiter whose own key is deleted, or whose session's lease is revoked,
 // returns at once, while the holder still holds the lock.
 func TestWaiterLosesKey(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cases := []struct {
 		name string
 		kill func(t *testing.T, cli *clientv3.Client, s *lease.Session, key string)
@@ -248,7 +206,7 @@ func TestWaiterLosesKey(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cli := etcd.Client(t)
-			name := etcdtest.Name(t, "waiter")
+			name := etcdproc.Name(t, "waiter")
 			holder, waiter := newSession(t, cli), newSession(t, cli)
 			l := mustLock(t, holder, name)
 			ch := lockAsync(testCtx(t), waiter, name)
@@ -271,9 +229,9 @@ func TestWaiterLosesKey(t *testing.T) {
 }
 
 func TestCancelledWaiterRemovesKey(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "cancel")
+	name := etcdproc.Name(t, "cancel")
 	holder, waiter := newSession(t, cli), newSession(t, cli)
 	l := mustLock(t, holder, name)
 	ctx, cancel := context.WithCancel(testCtx(t))
@@ -295,9 +253,9 @@ func TestCancelledWaiterRemovesKey(t *testing.T) {
 // Two Lock calls on one name through one session exclude each other, though
 // they use the same etcd key.
 func TestSameSessionExclusion(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "same")
+	name := etcdproc.Name(t, "same")
 	s := newSession(t, cli)
 	first := mustLock(t, s, name)
 	if _, err := s.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
@@ -323,9 +281,9 @@ func TestSameSessionExclusion(t *testing.T) {
 
 // A TryLock that fails writes nothing at all.
 func TestTryLockWritesNothingWhenHeld(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "try")
+	name := etcdproc.Name(t, "try")
 	holder, other := newSession(t, cli), newSession(t, cli)
 	l := mustLock(t, holder, name)
 	before, err := cli.Get(testCtx(t), "any-key")
@@ -349,9 +307,9 @@ func TestTryLockWritesNothingWhenHeld(t *testing.T) {
 
 // jobs and jobs/7 are different locks.
 func TestNestedNames(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	parent := etcdtest.Name(t, "jobs")
+	parent := etcdproc.Name(t, "jobs")
 	child := parent + "/7"
 	a, b, c := newSession(t, cli), newSession(t, cli), newSession(t, cli)
 
@@ -389,9 +347,9 @@ func TestNestedNames(t *testing.T) {
 // Unlock after loss sends nothing and never removes a successor's key,
 // even one with the same key name from the same session.
 func TestUnlockNeverDeletesSuccessor(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "succ")
+	name := etcdproc.Name(t, "succ")
 	s := newSession(t, cli)
 	old := mustLock(t, s, name)
 	// Someone deletes the key and a new key appears under the same name and
@@ -417,10 +375,10 @@ func TestUnlockNeverDeletesSuccessor(t *testing.T) {
 }
 
 func TestUnlockTwice(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	l := mustLock(t, s, etcdtest.Name(t, "twice"))
+	l := mustLock(t, s, etcdproc.Name(t, "twice"))
 	if err := l.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +389,7 @@ func TestUnlockTwice(t *testing.T) {
 
 // Done closes and Err says why, for each way a lock can end.
 func TestLossSignals(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cases := []struct {
 		name string
 		end  func(t *testing.T, cli *clientv3.Client, s *lease.Session, l *lease.Lock)
@@ -459,7 +417,7 @@ func TestLossSignals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cli := etcd.Client(t)
 			s := newSession(t, cli)
-			l := mustLock(t, s, etcdtest.Name(t, "loss"))
+			l := mustLock(t, s, etcdproc.Name(t, "loss"))
 			work, cancel := l.Context(testCtx(t))
 			defer cancel()
 			tc.end(t, cli, s, l)
@@ -486,11 +444,11 @@ func TestLossSignals(t *testing.T) {
 // With the network silent, the session reports the loss at its own
 // deadline, before etcd expires the lease and deletes the key.
 func TestLossWithSilentNetwork(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	s := newSession(t, viaProxy, lease.WithTTL(shortTTL))
-	l := mustLock(t, s, etcdtest.Name(t, "silent"))
+	l := mustLock(t, s, etcdproc.Name(t, "silent"))
 
 	deleted := make(chan time.Time, 1)
 	wctx, cancel := context.WithCancel(testCtx(t))
@@ -534,11 +492,11 @@ func TestLossWithSilentNetwork(t *testing.T) {
 // A waiter whose watches resume at a compacted revision looks again, and is
 // never granted the lock while its predecessor still holds it.
 func TestWaiterSurvivesCompaction(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	target := etcd.Endpoints()[0]
-	p, viaProxy, url := etcdtest.ProxiedClient(t, target)
-	name := etcdtest.Name(t, "compact")
+	p, viaProxy, url := etcdproc.ProxiedClient(t, target)
+	name := etcdproc.Name(t, "compact")
 	holder := newSession(t, cli)
 	waiter := newSession(t, viaProxy, lease.WithTTL(10*time.Second))
 	l := mustLock(t, holder, name)
@@ -563,7 +521,7 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 	if _, err := cli.Compact(testCtx(t), last); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.ProxyAt(t, addr, target)
+	etcdproc.ProxyAt(t, addr, target)
 	// Cleanups run last first: the client must go before the new proxy,
 	// whose Close waits for the client's connection to end.
 	t.Cleanup(func() { waiter.Close(); viaProxy.Close() })
@@ -595,9 +553,9 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 // contender waiting behind it). Timeouts from 0.1 to 2 ms end the calls at
 // every point of the enqueue.
 func TestGivenUpLockLeavesNoKey(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "given-up")
+	name := etcdproc.Name(t, "given-up")
 	holder := mustLock(t, newSession(t, cli), name)
 	s := newSession(t, cli)
 	key := fmt.Sprintf("%s/%x", name, int64(s.Lease()))
@@ -627,8 +585,8 @@ func TestGivenUpLockLeavesNoKey(t *testing.T) {
 // the largest cost of an uncontended lock). Held for longer, it opens the
 // watch of its key, and a deletion of the key by someone else ends it.
 func TestBriefLockOpensNoWatch(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	name := etcdtest.Name(t, "brief")
+	etcdproc.LeakCheck(t)
+	name := etcdproc.Name(t, "brief")
 	counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
 	cli := counts.client(t)
 	s := newSession(t, cli)
@@ -671,7 +629,7 @@ func TestBriefLockOpensNoWatch(t *testing.T) {
 // (CI caught a waiter granted in that order, token 55 while the key ahead,
 // 52, was gone.)
 func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cases := []struct {
 		name string
 		del  func(ctx context.Context, cli *clientv3.Client, waiter, head string) error
@@ -694,7 +652,7 @@ func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
 			counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
 			hs, ws := newSession(t, cli), newSession(t, counts.client(t))
 			for i := 0; i < 20; i++ {
-				name := etcdtest.Name(t, fmt.Sprintf("deleted-waiter-%d", i))
+				name := etcdproc.Name(t, fmt.Sprintf("deleted-waiter-%d", i))
 				head := mustLock(t, hs, name)
 				ch := lockAsync(testCtx(t), ws, name)
 				// The waiter follows the queue once both its watches are
@@ -733,9 +691,9 @@ func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
 // ErrLocked without opening a watch of its own key first, and leaves no
 // key behind.
 func TestTryLockBehindNestedKeysOpensNoWatch(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "try-nested")
+	name := etcdproc.Name(t, "try-nested")
 	// More nested holders than one page of the oldest keys, then the
 	// holder of name itself.
 	for i := 0; i < 20; i++ {

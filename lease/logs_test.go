@@ -7,18 +7,18 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 // Each state change of a lock is logged once, at a level that fits it,
 // with key, token and lease.
 func TestLockStateChangesLoggedOnce(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	core, logs := observer.New(zapcore.DebugLevel)
 	s := newSession(t, cli, lease.WithLogger(zap.New(core)))
-	name := etcdtest.Name(t, "logs")
+	name := etcdproc.Name(t, "logs")
 	released := mustLock(t, s, name)
 	if err := released.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -19,19 +19,19 @@ import (
 // except the peer connections a test's own three-member cluster leaves
 // (TestWaiterNotStrandedByLaggingMember): they are etcd's, and the
 // package's code opens no HTTP connection.
-var etcd = etcdtest.Env{IgnoreStoppedMembers: true}
+var etcd = etcdproc.Env{}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(exampleenv.ChildEnv) == delayChildRole {
 		os.Exit(runDelayChild())
 	}
-	os.Exit(etcd.Main(m, etcdtest.Config{}))
+	os.Exit(etcd.Main(m, etcdproc.Config{}))
 }
 
 // shortTTL is the shortest lease etcd grants with default timing.
 const shortTTL = 2 * time.Second
 
-func testCtx(t *testing.T) context.Context { return etcdtest.Ctx(t, 30*time.Second) }
+func testCtx(t *testing.T) context.Context { return etcdproc.Ctx(t, 30*time.Second) }
 
 func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
 	t.Helper()

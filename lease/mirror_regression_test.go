@@ -10,7 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -23,10 +23,10 @@ import (
 // and went. They used to keep an entry for every waiter that ever queued
 // behind a live head (2,001 entries for one live key here).
 func TestMirrorBoundedBehindLiveHead(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
-	name := etcdtest.Name(t, "mirror-bounded")
+	name := etcdproc.Name(t, "mirror-bounded")
 	holder := mustLock(t, newSession(t, cli, lease.WithKeeper(k)), name)
 	const sessions, rounds = 50, 40 // 2,000 waiters, 50 at a time
 	waiters := make([]*lease.Session, sessions)
@@ -118,7 +118,7 @@ func markApplied(t *testing.T, cli *clientv3.Client, name string) int64 {
 // keys added while it is on, and a name already over the limit when the
 // watch comes up.
 func TestMirrorBackBelowLimit(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, atLoad := range []bool{false, true} {
 		t.Run(fmt.Sprintf("over-at-load=%v", atLoad), func(t *testing.T) {
 			mirrorBackBelowLimit(t, atLoad)
@@ -127,7 +127,7 @@ func TestMirrorBackBelowLimit(t *testing.T) {
 }
 
 func mirrorBackBelowLimit(t *testing.T, atLoad bool) {
-	name := etcdtest.Name(t, "mirror-back")
+	name := etcdproc.Name(t, "mirror-back")
 	reads, cli := countingClient(t, name)
 	k := newKeeper(t, cli)
 	const data = lease.KeeperMirrorLimit + 1 // with the holder's, two keys over the limit
@@ -169,7 +169,7 @@ func mirrorBackBelowLimit(t *testing.T, atLoad bool) {
 // until cond holds for k's copy of name's queue, and returns its state.
 func awaitMirror(t *testing.T, k *lease.Keeper, name, what string, cond func(lease.KeeperMirrorState) bool) lease.KeeperMirrorState {
 	t.Helper()
-	st, err := lease.AwaitKeeperMirror(etcdtest.Ctx(t, 10*time.Second), k, name, cond)
+	st, err := lease.AwaitKeeperMirror(etcdproc.Ctx(t, 10*time.Second), k, name, cond)
 	if err != nil {
 		t.Fatalf("the copy never got %s: %v", what, err)
 	}

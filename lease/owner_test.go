@@ -13,16 +13,16 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 // Every kind of holding shows its session's owner in Inspect, and the
 // queue keys stay exactly what etcd's own lock and election write.
 func TestOwnerInInspect(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "owner")
+	name := etcdproc.Name(t, "owner")
 	reader := newSession(t, cli, lease.WithOwner("reader-1"))
 	mustRLock(t, reader, name)
 	writer := newSession(t, cli, lease.WithOwner("writer-2"))
@@ -82,7 +82,7 @@ func TestOwnerInInspect(t *testing.T) {
 }
 
 func TestWithOwnerBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for _, owner := range []string{"", strings.Repeat("x", lease.MaxOwnerLen+1), "a\x01b", "\xff"} {
 		before, err := cli.Get(testCtx(t), "any")
@@ -105,13 +105,13 @@ func TestWithOwnerBadInput(t *testing.T) {
 // A lock asked for right after an outside revoke of the session's lease
 // reports the loss at once, and the session ends with it.
 func TestLockAfterOutsideRevoke(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli, lease.WithTTL(10*time.Second))
 	if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Lock(testCtx(t), etcdtest.Name(t, "revoked"))
+	_, err := s.Lock(testCtx(t), etcdproc.Name(t, "revoked"))
 	if !errors.Is(err, lease.ErrLeaseExpired) || !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Lock after revoke: %v, want ErrLeaseExpired", err)
 	}
@@ -122,9 +122,9 @@ func TestLockAfterOutsideRevoke(t *testing.T) {
 
 // The context of a lock that has ended is done when it is returned.
 func TestContextOfEndedLock(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	l := mustLock(t, newSession(t, cli), etcdtest.Name(t, "ended"))
+	l := mustLock(t, newSession(t, cli), etcdproc.Name(t, "ended"))
 	if err := l.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +141,8 @@ func TestContextOfEndedLock(t *testing.T) {
 // Run against an etcd that does not answer says so, with the endpoints,
 // while it keeps trying, and counts it in the hooks.
 func TestRunWarnsWhileUnanswered(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	cli, addr := etcdtest.Unanswered(t)
+	etcdproc.LeakCheck(t)
+	cli, addr := etcdproc.Unanswered(t)
 	core, logs := observer.New(zap.WarnLevel)
 	unanswered := make(chan time.Duration, 1)
 	hooks := &lease.Hooks{Unanswered: func(d time.Duration) {

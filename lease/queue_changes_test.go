@@ -14,7 +14,8 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
+	"github.com/leasefence/leasefence/internal/holdback"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -88,9 +89,9 @@ type moveSeen struct {
 	seen chan struct{}
 }
 
-func (m *moveSeen) send(*pb.WatchRequest) {}
+func (m *moveSeen) Send(*pb.WatchRequest) {}
 
-func (m *moveSeen) recv(wr *pb.WatchResponse) bool {
+func (m *moveSeen) Recv(wr *pb.WatchResponse) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, ev := range wr.Events {
@@ -119,12 +120,12 @@ func passStreams(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn
 // lock puts its key; etcd's answer is held back while H's key, the
 // holder's, is moved off its lease and W's queue watch delivers the move.
 func TestKeyMovedOffLeaseBeforeTokenKnown(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	g := newTxnGate()
 	seen := &moveSeen{seen: make(chan struct{})}
-	wcli := interceptedClient(t, etcd.Endpoints(), g.unary, watchStreams(seen, nil))
-	name := etcdtest.Name(t, "move-before-token")
+	wcli := holdback.Client(t, etcd.Endpoints(), g.unary, holdback.WatchStreams(seen, nil))
+	name := etcdproc.Name(t, "move-before-token")
 	hs, ws := newSession(t, cli), newSession(t, wcli)
 
 	// W waits once near the head: its queue and own-key watches come up
@@ -175,11 +176,11 @@ func TestKeyMovedOffLeaseBeforeTokenKnown(t *testing.T) {
 // leader's: a third candidate queues behind it after the new leader
 // resigns, and the old leader's session gets ErrKeyInUse on the name.
 func TestProclaimDoesNotReattachMovedKey(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	g := newTxnGate()
-	lcli := interceptedClient(t, etcd.Endpoints(), g.unary, passStreams)
-	name := etcdtest.Name(t, "proclaim-moved")
+	lcli := holdback.Client(t, etcd.Endpoints(), g.unary, passStreams)
+	name := etcdproc.Name(t, "proclaim-moved")
 	ls, xs, ys := newSession(t, lcli), newSession(t, cli), newSession(t, cli)
 	old := mustCampaign(t, ls, name, "v1")
 	type campaignResult struct {
@@ -257,10 +258,10 @@ func firstKVOf(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 // orphan: the session's own lock fails with ErrKeyInUse, and another
 // session's lock waits behind it.
 func TestSharedLeaseKeyNotTakenAfterUnansweredPut(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	name := etcdtest.Name(t, "shared-after-unanswered")
+	name := etcdproc.Name(t, "shared-after-unanswered")
 	lease.Withdraw(s, name) // an unanswered put that etcd never applied
 	cs, err := concurrency.NewSession(cli, concurrency.WithLease(s.Lease()))
 	if err != nil {
@@ -292,9 +293,9 @@ func TestSharedLeaseKeyNotTakenAfterUnansweredPut(t *testing.T) {
 // kept) is a reader's key to every lock of the name, yet the writer's
 // Lock stays held: a waiting reader is granted beside it.
 func TestWriterKeyTurnedReaderEndsHolding(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "writer-turned-reader")
+	name := etcdproc.Name(t, "writer-turned-reader")
 	ws, rs := newSession(t, cli), newSession(t, cli)
 	w := mustLock(t, ws, name)
 	rch := make(chan lockResult, 1)
@@ -340,7 +341,7 @@ type stressCfg struct {
 // ctx (20 s) while the name keeps moving.
 func runStress(t *testing.T, cfg stressCfg) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "stress")
+	name := etcdproc.Name(t, "stress")
 	var opts []lease.Option
 	if cfg.keeper {
 		opts = append(opts, lease.WithKeeper(newKeeper(t, cli)))
@@ -493,7 +494,7 @@ func (c *atomicCounter) add(d int64) int64 {
 func (c *atomicCounter) get() int64 { return c.add(0) }
 
 func TestQueueChangesStress(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, cfg := range []stressCfg{
 		{workers: 8, iters: 30},
 		{workers: 8, iters: 30, keeper: true},
@@ -512,10 +513,10 @@ func TestQueueChangesStress(t *testing.T) {
 // Keeper waiters while the copy counts (more than KeeperMirrorLimit keys
 // under the name) and after it comes back: each handoff is granted.
 func TestKeeperCountingHandoffs(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
-	name := etcdtest.Name(t, "counting")
+	name := etcdproc.Name(t, "counting")
 	ss := []*lease.Session{newSession(t, cli, lease.WithKeeper(k)), newSession(t, cli, lease.WithKeeper(k)), newSession(t, cli, lease.WithKeeper(k))}
 	handoffs := func(phase string) {
 		held := mustLock(t, ss[0], name)
@@ -570,13 +571,13 @@ func TestKeeperCountingHandoffs(t *testing.T) {
 // the loss is a move off the lease, and so is the end of the holder the
 // waiter that joined the copy queues behind.
 func TestKeeperPauseWithMoves(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	k := newKeeper(t, cli)
 	opts := []lease.Option{lease.WithKeeper(k), lease.WithLockDelay(time.Second)}
 	a, b := newSession(t, cli, opts...), newSession(t, cli, opts...)
 	for trial := range 3 {
-		name := etcdtest.Name(t, fmt.Sprintf("keeper-pause-move-%d", trial))
+		name := etcdproc.Name(t, fmt.Sprintf("keeper-pause-move-%d", trial))
 		for range 7 {
 			l := mustLock(t, a, name)
 			if err := l.Unlock(testCtx(t)); err != nil {

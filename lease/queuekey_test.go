@@ -8,7 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -18,7 +18,7 @@ import (
 // CurrentLeader and Observe. Each is written before any lock key, so it is
 // the oldest key under the name.
 func TestForeignKeysBesideLock(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	grant := func() clientv3.LeaseID {
 		resp, err := cli.Grant(testCtx(t), 30)
@@ -58,7 +58,7 @@ func testForeignKey(t *testing.T, cli *clientv3.Client, tc foreignKey, keeper bo
 		sub += " (keeper)"
 	}
 	t.Run(sub, func(t *testing.T) {
-		name := etcdtest.Name(t, "foreign")
+		name := etcdproc.Name(t, "foreign")
 		var opts []clientv3.OpOption
 		if tc.lease != 0 {
 			opts = append(opts, clientv3.WithLease(tc.lease))

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -69,10 +69,10 @@ func (q *queueReads) count(r *pb.RangeRequest) {
 // gone, asks what is left ahead with a keys-only read (served from etcd's
 // index on 3.7) rather than a second full read.
 func TestQueueReads(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, keeper := range []bool{true, false} {
 		t.Run(fmt.Sprintf("keeper=%v", keeper), func(t *testing.T) {
-			name := etcdtest.Name(t, "keeper-mirror")
+			name := etcdproc.Name(t, "keeper-mirror")
 			reads, cli := countingClient(t, name)
 			var opts []lease.Option
 			if keeper {
@@ -161,8 +161,8 @@ func countingClient(t *testing.T, name string) (*queueReads, *clientv3.Client) {
 // of it) must not hold it up once the queue ahead has drained, and it is
 // still granted in token order.
 func TestKeysOnlyViewFarBack(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	name := etcdtest.Name(t, "far-back")
+	etcdproc.LeakCheck(t)
+	name := etcdproc.Name(t, "far-back")
 	reads, cli := countingClient(t, name)
 	if _, err := cli.Put(testCtx(t), name+"/checkpoint", "older than every waiter"); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -24,9 +24,9 @@ const idleWatch = time.Second
 // it one at a time, in token order: a gate dropped as a lock joins it, or
 // made again beside a dropped one, never lets two hold.
 func TestLockAcrossIdleExpiry(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
-		name := etcdtest.Name(t, "idle-expiry")
+		name := etcdproc.Name(t, "idle-expiry")
 		const sessions, rounds = 4, 4
 		var mu sync.Mutex
 		holding := 0
@@ -86,7 +86,7 @@ func TestLockAcrossIdleExpiry(t *testing.T) {
 // shared queue watch joined). Every call returns, nothing is left queued
 // once the leases are revoked, and no goroutine outlives the Keeper.
 func TestCloseWhileGatesOpen(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, keeper := range []bool{false, true} {
 		t.Run(map[bool]string{false: "own", true: "keeper"}[keeper], func(t *testing.T) {
 			cli := etcd.Client(t)
@@ -99,7 +99,7 @@ func TestCloseWhileGatesOpen(t *testing.T) {
 				}
 				opts = append(opts, lease.WithKeeper(k))
 			}
-			base := etcdtest.Name(t, "close-gates")
+			base := etcdproc.Name(t, "close-gates")
 			const sessions, lockers = 4, 6
 			var ss []*lease.Session
 			for i := 0; i < sessions; i++ {

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -23,10 +23,10 @@ import (
 // key's deletion, and the next lock that has to wait opens the watches
 // again and is granted after the holder, in token order.
 func TestQueueWatchRestsWhileUncontended(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, keeper := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keeper=%v", keeper), func(t *testing.T) {
-			name := etcdtest.Name(t, "rest")
+			name := etcdproc.Name(t, "rest")
 			events := watchEventsUnder(name + "/")
 			cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 				DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(events.interceptor)}})

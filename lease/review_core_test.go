@@ -11,7 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -39,11 +39,11 @@ func putOf(key string) func(*pb.WatchResponse) bool {
 // order with the queue watch's deletion: here, after. (When the queue
 // watch left puts out, the waiter was told it holds in 4 of 4 rounds.)
 func TestNearWaiterNotGrantedAfterForeignPut(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for round := range 4 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
-			name := etcdtest.Name(t, "near-foreign-put")
+			name := etcdproc.Name(t, "near-foreign-put")
 			ctx, cancel := context.WithCancel(testCtx(t))
 			defer cancel()
 			holder := mustLock(t, newSession(t, cli), name)
@@ -94,9 +94,9 @@ func keyOf(name string, s *lease.Session) string { return fmt.Sprintf("%s/%x", n
 // follows those, which closes the watches of D and C, and when E and F
 // give up must follow D and C again, through new watches.
 func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "refollow")
+	name := etcdproc.Name(t, "refollow")
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
 	mustLock(t, newSession(t, cli), name) // A, held throughout

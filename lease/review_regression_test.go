@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -20,11 +20,11 @@ import (
 // transaction as the last key ahead is never told it holds the lock; the
 // waiter behind it is, and only it.
 func TestFarWaiterNotGrantedAfterOwnKeyWent(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for round := range 8 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
-			name := etcdtest.Name(t, "far-own")
+			name := etcdproc.Name(t, "far-own")
 			ctx, cancel := context.WithCancel(testCtx(t))
 			defer cancel()
 			var ahead []string
@@ -76,7 +76,7 @@ func TestFarWaiterNotGrantedAfterOwnKeyWent(t *testing.T) {
 // lock key) ends the holding, and Held refuses the key, on a session of
 // its own and through a Keeper.
 func TestForeignPutEndsHolding(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, keeper := range []bool{false, true} {
 		t.Run(map[bool]string{false: "own", true: "keeper"}[keeper], func(t *testing.T) {
 			cli := etcd.Client(t)
@@ -84,7 +84,7 @@ func TestForeignPutEndsHolding(t *testing.T) {
 			if keeper {
 				opts = append(opts, lease.WithKeeper(newKeeper(t, cli)))
 			}
-			name := etcdtest.Name(t, "foreign-put")
+			name := etcdproc.Name(t, "foreign-put")
 			l := mustLock(t, newSession(t, cli, opts...), name)
 			if _, err := cli.Put(testCtx(t), l.Key(), "x"); err != nil {
 				t.Fatal(err)

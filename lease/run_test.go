@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -27,14 +27,14 @@ func keyGone(t *testing.T, cli *clientv3.Client, key string) bool {
 // fn returns while the lock is held: Run releases the lock, closes its
 // session, and returns fn's result.
 func TestRunReleasesWhenFnReturns(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	boom := errors.New("boom")
 	for _, fnErr := range []error{nil, boom} {
 		t.Run(fmt.Sprint(fnErr), func(t *testing.T) {
 			before := leaseCount(t)
 			var key string
-			err := lease.Run(testCtx(t), cli, etcdtest.Name(t, "run-returns"), func(ctx context.Context, l *lease.Lock) error {
+			err := lease.Run(testCtx(t), cli, etcdproc.Name(t, "run-returns"), func(ctx context.Context, l *lease.Lock) error {
 				key = l.Key()
 				return fnErr
 			}, lease.WithTTL(shortTTL))
@@ -54,11 +54,11 @@ func TestRunReleasesWhenFnReturns(t *testing.T) {
 // A lost lock is taken again, with a larger token, on a new session when
 // the old one ended; fn's context ends with the loss.
 func TestRunRetakesAfterLoss(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for _, how := range []string{"key deleted", "lease revoked"} {
 		t.Run(how, func(t *testing.T) {
-			name := etcdtest.Name(t, "run-loss")
+			name := etcdproc.Name(t, "run-loss")
 			var tokens []int64
 			var leases []string
 			err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
@@ -100,9 +100,9 @@ func TestRunRetakesAfterLoss(t *testing.T) {
 }
 
 func TestRunStopsWithContext(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "run-ctx")
+	name := etcdproc.Name(t, "run-ctx")
 	ctx, cancel := context.WithCancel(testCtx(t))
 	var key string
 	err := lease.Run(ctx, cli, name, func(fctx context.Context, l *lease.Lock) error {
@@ -120,7 +120,7 @@ func TestRunStopsWithContext(t *testing.T) {
 }
 
 func TestRunBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	var called atomic.Bool
 	fn := func(context.Context, *lease.Lock) error { called.Store(true); return nil }
@@ -148,9 +148,9 @@ func TestRunBadInput(t *testing.T) {
 // A fenced write under way inside fn when the lock is lost gets the
 // fence's verdict through WriteContext: stale, not an unknown outcome.
 func TestRunLateFencedWriteIsStale(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "run-late")
+	name := etcdproc.Name(t, "run-late")
 	rec := name + "-fence"
 	write := func(ctx context.Context, token int64, v string) error {
 		_, err := fence.NewTxn(ctx, cli, fence.Resource(rec, token)).Then(clientv3.OpPut(name+"-data", v)).Commit()
@@ -200,9 +200,9 @@ func TestRunLateFencedWriteIsStale(t *testing.T) {
 }
 
 func TestLeadRetakesAfterLoss(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "lead")
+	name := etcdproc.Name(t, "lead")
 	var tokens []int64
 	err := lease.Lead(testCtx(t), cli, name, "me", func(ctx context.Context, l *lease.Leadership) error {
 		tokens = append(tokens, l.Token())
@@ -229,9 +229,9 @@ func TestLeadRetakesAfterLoss(t *testing.T) {
 // fn fails because its lock was lost before the lock noticed (here: the key
 // is deleted and fn returns at once): Run counts the loss, not the error.
 func TestRunErrorAfterUnnoticedLoss(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "run-unnoticed")
+	name := etcdproc.Name(t, "run-unnoticed")
 	calls := 0
 	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
 		calls++

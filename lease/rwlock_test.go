@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -73,7 +73,7 @@ func mustUnlock(t *testing.T, l *lease.Lock) {
 
 func TestReadersShare(t *testing.T) {
 	bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
-		name := etcdtest.Name(t, "rw-share")
+		name := etcdproc.Name(t, "rw-share")
 		var held []*lease.Lock
 		for i := 0; i < 3; i++ {
 			held = append(held, mustRLock(t, newS(), name))
@@ -112,7 +112,7 @@ func TestReadersShare(t *testing.T) {
 // writer's token is above every reader's it followed.
 func TestWriterExcludesReadersFIFO(t *testing.T) {
 	bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
-		name := etcdtest.Name(t, "rw-fifo")
+		name := etcdproc.Name(t, "rw-fifo")
 		r1 := mustRLock(t, newS(), name)
 		writerCh := lockAsync(testCtx(t), newS(), name)
 		waitQueued(t, cli, name, 2)
@@ -152,7 +152,7 @@ func TestWriterExcludesReadersFIFO(t *testing.T) {
 // etcd's Mutex counts as a writer both ways.
 func TestReadersInteropConcurrencyMutex(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rw-mutex")
+	name := etcdproc.Name(t, "rw-mutex")
 	cs, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +202,7 @@ func TestRWWaiterVanishes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
-				name := etcdtest.Name(t, "rw-vanish")
+				name := etcdproc.Name(t, "rw-vanish")
 				r := mustRLock(t, newS(), name)
 				w1 := lockAsync(testCtx(t), newS(), name) // ahead of the vanishing one
 				waitQueued(t, cli, name, 2)
@@ -255,7 +255,7 @@ func deleteSessionKey(t *testing.T, cli *clientv3.Client, s *lease.Session) {
 // holds and fails once it has ended.
 func TestReadHoldingIsFenced(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rw-fence")
+	name := etcdproc.Name(t, "rw-fence")
 	r := mustRLock(t, newSession(t, cli), name)
 	if _, err := fence.NewTxn(testCtx(t), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "1")).Commit(); err != nil {
 		t.Fatalf("guarded write under a read holding: %v", err)
@@ -270,7 +270,7 @@ func TestReadHoldingIsFenced(t *testing.T) {
 // Readers wait out a lock delay after a writer's loss, like writers.
 func TestLockDelayReaders(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rw-delay")
+	name := etcdproc.Name(t, "rw-delay")
 	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	mustLock(t, holder, name)
 	ch := rlockAsync(testCtx(t), newSession(t, cli, lease.WithLockDelay(lockDelay)), name)
@@ -340,8 +340,8 @@ func (c countedWatch) RecvMsg(m any) error {
 // sessions on one client that etcd held their watchers back to its 100 ms
 // catch-up loop.) It is still granted once the writer is gone.
 func TestReaderBehindWriterIgnoresReaders(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	name := etcdtest.Name(t, "reader-behind-writer")
+	etcdproc.LeakCheck(t)
+	name := etcdproc.Name(t, "reader-behind-writer")
 	var readers []*lease.Lock
 	for i := 0; i < 5; i++ {
 		readers = append(readers, mustRLock(t, newSession(t, etcd.Client(t)), name))

@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
 func TestNewSessionBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	cases := []struct {
 		name string
@@ -54,7 +54,7 @@ func leaseCount(t *testing.T) int {
 }
 
 func TestLockBadNames(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	for _, name := range []string{"", "/", "jobs/", "a//b", "jobs\n7", "jobs\x007", "jobs\r"} {
@@ -84,14 +84,14 @@ func TestLockBadNames(t *testing.T) {
 
 // An unreachable etcd is an error within the ctx deadline, never a hang.
 func TestUnreachableEtcd(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
-	cli, err := etcdtest.NewClient([]string{"http://" + addr})
+	cli, err := etcdproc.NewClient([]string{"http://" + addr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestUnreachableEtcd(t *testing.T) {
 }
 
 func TestSessionTTLAndClose(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s, err := lease.NewSession(testCtx(t), cli, lease.WithTTL(1500*time.Millisecond))
 	if err != nil {
@@ -122,7 +122,7 @@ func TestSessionTTLAndClose(t *testing.T) {
 	if granted := time.Duration(ttl.GrantedTTL) * time.Second; s.TTL() != granted || granted < 2*time.Second {
 		t.Errorf("TTL() = %v, etcd granted %v (asked 1.5s, rounded up to 2s)", s.TTL(), granted)
 	}
-	l := mustLock(t, s, etcdtest.Name(t, "close"))
+	l := mustLock(t, s, etcdproc.Name(t, "close"))
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -143,10 +143,10 @@ func TestSessionTTLAndClose(t *testing.T) {
 
 // The session renews the lease for longer than its TTL.
 func TestSessionKeepsLeaseAlive(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli, lease.WithTTL(shortTTL))
-	l := mustLock(t, s, etcdtest.Name(t, "alive"))
+	l := mustLock(t, s, etcdproc.Name(t, "alive"))
 	select {
 	case <-l.Done():
 		t.Fatalf("lock lost while the session should keep it: %v", l.Err())

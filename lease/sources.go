@@ -100,5 +100,11 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 // feed hands the knowledge one response's events of subscription src.
 // l.mu is held.
 func (l *Lock) feed(src source, events []*clientv3.Event, epoch uint64) {
-	l.q.know.events(src, epoch, events, 0)
+	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
+	// own before: converted one by one, for both.
+	evs := make([]*mvccpb.Event, len(events))
+	for i, ev := range events {
+		evs[i] = (*mvccpb.Event)(ev)
+	}
+	l.q.know.events(src, epoch, evs, 0)
 }

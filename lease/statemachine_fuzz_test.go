@@ -8,7 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -28,7 +28,7 @@ func FuzzLockStateMachine(f *testing.F) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		cli := etcd.Client(t)
-		name := etcdtest.Name(t, "fsm")
+		name := etcdproc.Name(t, "fsm")
 
 		sessions := make([]*lease.Session, 3)
 		open := func(i int) {

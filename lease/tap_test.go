@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/leasefence/leasefence/internal/holdback"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -37,7 +38,7 @@ func newTap() *tap {
 // tapClient is a client of the package's etcd whose traffic tp sees.
 func tapClient(t *testing.T, tp *tap) *clientv3.Client {
 	t.Helper()
-	return interceptedClient(t, etcd.Endpoints(), tp.unary, watchStreams(tp, tp.released))
+	return holdback.Client(t, etcd.Endpoints(), tp.unary, holdback.WatchStreams(tp, tp.released))
 }
 
 // changed wakes awaiters. tp.mu is held.
@@ -106,7 +107,7 @@ func (tp *tap) unary(ctx context.Context, method string, req, reply any, cc *grp
 }
 
 // send records the key of a watch asked for.
-func (tp *tap) send(req *pb.WatchRequest) {
+func (tp *tap) Send(req *pb.WatchRequest) {
 	if cr := req.GetCreateRequest(); cr != nil {
 		tp.mu.Lock()
 		tp.pending = append(tp.pending, string(cr.Key))
@@ -115,7 +116,7 @@ func (tp *tap) send(req *pb.WatchRequest) {
 }
 
 // recv records a created watch, and picks the responses tp.hold picks.
-func (tp *tap) recv(wr *pb.WatchResponse) bool {
+func (tp *tap) Recv(wr *pb.WatchResponse) bool {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	if wr.Created && len(tp.pending) > 0 {
@@ -124,4 +125,13 @@ func (tp *tap) recv(wr *pb.WatchResponse) bool {
 		tp.changed()
 	}
 	return tp.hold != nil && tp.hold(wr)
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

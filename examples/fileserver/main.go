@@ -30,6 +30,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
 
+	"github.com/leasefence/leasefence/examples/internal/exampleetcd"
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fencestore"
@@ -100,7 +101,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	var res outcome
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cli, closeAll, err := exampleenv.Connect(ctx, endpoints, out)
+	cli, closeAll, err := exampleetcd.Connect(ctx, endpoints, out)
 	if err != nil {
 		return res, err
 	}
@@ -193,7 +194,7 @@ func (sc *scene) startA(res *outcome) error {
 		return err
 	}
 	sc.closers.Add(func() { httpProxy.Close() })
-	etcdProxy, cliA, closeA, err := exampleenv.ProxiedClient(sc.cli.Endpoints()[0])
+	etcdProxy, cliA, closeA, err := exampleetcd.ProxiedClient(sc.cli.Endpoints()[0])
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/leasefence/leasefence/examples/internal/exampleetcd"
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
@@ -247,7 +248,7 @@ func (o outcome) summary() string {
 func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cli, closeEtcd, err := exampleenv.Connect(ctx, endpoints, out)
+	cli, closeEtcd, err := exampleetcd.Connect(ctx, endpoints, out)
 	if err != nil {
 		return outcome{}, err
 	}

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -254,7 +255,7 @@ func waitLines(t *testing.T, out *lockedBuffer, n int) {
 // with etcdctl's flags.
 func TestLockctlTLSAndAuth(t *testing.T) {
 	etcdtest.LeakCheck(t)
-	certs, err := etcdtest.GenerateCerts(t.TempDir(), "root", "ops")
+	certs, err := etcdproc.GenerateCerts(t.TempDir(), "root", "ops")
 	if err != nil {
 		t.Fatal(err)
 	}

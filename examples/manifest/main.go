@@ -31,6 +31,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/examples/internal/exampleetcd"
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/objectfence"
 	"github.com/leasefence/leasefence/internal/exampleenv"
@@ -89,7 +90,7 @@ func (o outcome) safe() bool {
 func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a first versitygw build takes a minute
 	defer cancel()
-	cli, closeEtcd, err := exampleenv.Connect(ctx, endpoints, out)
+	cli, closeEtcd, err := exampleetcd.Connect(ctx, endpoints, out)
 	if err != nil {
 		return outcome{}, err
 	}

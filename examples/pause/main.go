@@ -28,6 +28,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/examples/internal/exampleetcd"
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
@@ -64,7 +65,7 @@ var errUnsafe = errors.New("the fenced run did not refuse A's stale write")
 func run(endpoints string, ttl time.Duration, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cli, closeAll, err := exampleenv.Connect(ctx, endpoints, out)
+	cli, closeAll, err := exampleetcd.Connect(ctx, endpoints, out)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/examples/internal/exampleetcd"
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
@@ -76,7 +77,7 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (report, error) {
 	var rep report
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cli, closeAll, err := exampleenv.Connect(ctx, endpoints, out)
+	cli, closeAll, err := exampleetcd.Connect(ctx, endpoints, out)
 	if err != nil {
 		return rep, err
 	}

@@ -39,6 +39,7 @@ import (
 	"go.etcd.io/etcd/pkg/v3/proxy"
 	_ "modernc.org/sqlite"
 
+	"github.com/leasefence/leasefence/examples/internal/exampleetcd"
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/exampleenv"
@@ -73,7 +74,7 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	var res outcome
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cli, closeAll, err := exampleenv.Connect(ctx, endpoints, out)
+	cli, closeAll, err := exampleetcd.Connect(ctx, endpoints, out)
 	if err != nil {
 		return res, err
 	}
@@ -90,7 +91,7 @@ func run(endpoints, dsn string, ttl time.Duration, out io.Writer) (outcome, erro
 	lockName := "sqlcheckpoint/" + shard
 
 	// Worker A reaches etcd through a proxy, so its network can fail.
-	p, cliA, closeA, err := exampleenv.ProxiedClient(cli.Endpoints()[0])
+	p, cliA, closeA, err := exampleetcd.ProxiedClient(cli.Endpoints()[0])
 	if err != nil {
 		return res, err
 	}

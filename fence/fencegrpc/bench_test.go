@@ -11,7 +11,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // putter is a test service whose UnaryCall writes an etcd key: plainly,
@@ -37,8 +37,8 @@ func (p putter) UnaryCall(ctx context.Context, _ *testpb.SimpleRequest) (*testpb
 // (WithCheckInHandler). All in the same run.
 func BenchmarkUnary(b *testing.B) {
 	cli := etcd.Client(b)
-	key := etcdtest.Name(b, "bench-object")
-	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(b, "bench-records")+"/")
+	key := etcdproc.Name(b, "bench-object")
+	store, err := fencestore.NewEtcdStore(cli, etcdproc.Name(b, "bench-records")+"/")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // The gap a claim closes, in four steps: A (token 3) writes; B (token 6)
@@ -25,7 +25,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 	for kind, mk := range stores() {
 		for _, claim := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/claim=%v", kind, claim), func(t *testing.T) {
-				etcdtest.LeakCheck(t)
+				etcdproc.LeakCheck(t)
 				sk := mk(t)
 				l := &ledger{write: sk.write}
 				cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler(), fencegrpc.WithUncheckedMethods(methodEmpty)})
@@ -72,7 +72,7 @@ func claimOpt(claim bool) fencegrpc.CallOption {
 // would turn the claim into a plain read that the caller believes
 // protected.
 func TestClaimKeyInOutgoingMetadata(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	// StreamingOutputCall: unchecked too, so only a claim records.

@@ -15,7 +15,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -23,14 +23,14 @@ import (
 // held; once unlocked, the next call fails before anything is sent, with
 // the lock's own reason.
 func TestLeaseLockAsHolder(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	ctx := testCtx(t)
 	s, err := lease.NewSession(ctx, etcd.Client(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	name := etcdtest.Name(t, "ledger")
+	name := etcdproc.Name(t, "ledger")
 	lock, err := s.Lock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestLeaseLockAsHolder(t *testing.T) {
 // Holders the client cannot send for are refused before sending, with
 // InvalidArgument; per-call options override the connection's default.
 func TestClientOptions(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	cl := serve(t, l, store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)}, fencegrpc.WithHolder(holder{"ledger", 3}))
@@ -176,7 +176,7 @@ func TestNewCheckerBadInput(t *testing.T) {
 // for its kind fails before sending: sent bare, a claim on an unchecked
 // method would pass unrecorded.
 func TestCallOptionWithoutInterceptor(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	ck, err := fencegrpc.NewChecker(store, fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty, methodOutput))
@@ -209,7 +209,7 @@ func TestCallOptionWithoutInterceptor(t *testing.T) {
 // call's options, and the inner one's default holder does not override the
 // per-call holder.
 func TestChainedClientInterceptors(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	ck, err := fencegrpc.NewChecker(store, fencegrpc.WithLockName("ledger"))
@@ -230,7 +230,7 @@ func TestChainedClientInterceptors(t *testing.T) {
 
 // Fencing keys sent as binary are refused, on unchecked methods too.
 func TestBinaryKeysRefused(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	l := &ledger{}
 	cl := serve(t, l, fencestore.NewMemoryStore(), []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)})
 	for _, k := range []string{"leasefence-claim-bin", "leasefence-lock-bin", "leasefence-token-bin"} {

@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-var etcd etcdtest.Env
+var etcd etcdproc.Env
 
-func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
 
-func testCtx(t testing.TB) context.Context { return etcdtest.Ctx(t, 30*time.Second) }
+func testCtx(t testing.TB) context.Context { return etcdproc.Ctx(t, 30*time.Second) }

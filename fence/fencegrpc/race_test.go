@@ -15,7 +15,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // Claims racing writes made on streams of many holders, every write
@@ -28,7 +28,7 @@ import (
 func TestClaimsRaceStreamWrites(t *testing.T) {
 	for kind, mk := range stores() {
 		t.Run(kind, func(t *testing.T) {
-			etcdtest.LeakCheck(t)
+			etcdproc.LeakCheck(t)
 			sk := mk(t)
 			l := &ledger{write: sk.write}
 			cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler(), fencegrpc.WithUncheckedMethods(methodEmpty)})

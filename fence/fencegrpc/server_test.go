@@ -18,7 +18,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // wantStale checks that err is a stale refusal naming both tokens: a
@@ -40,7 +40,7 @@ func wantStale(t *testing.T, err error, name string, token, highest int64) {
 func TestStaleCallRefused(t *testing.T) {
 	for kind, mk := range stores() {
 		t.Run(kind, func(t *testing.T) {
-			etcdtest.LeakCheck(t)
+			etcdproc.LeakCheck(t)
 			sk := mk(t)
 			var refused []string
 			hooks := &fence.Hooks{Refused: func(g string) { refused = append(refused, g) }}
@@ -86,7 +86,7 @@ func TestStaleCallRefused(t *testing.T) {
 
 // A stream that passed its check appends every message under its claim.
 func TestStreamsCarryTheClaim(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	l := &ledger{}
 	cl := serve(t, l, fencestore.NewMemoryStore(), []fencegrpc.Option{fencegrpc.WithLockName("ledger")}, fencegrpc.WithHolder(holder{"ledger", 9}))
 	ctx := testCtx(t)
@@ -147,7 +147,7 @@ func TestBadMetadataRefused(t *testing.T) {
 		{name: "claim on unchecked method, no keys", method: methodEmpty, md: []string{"leasefence-claim", "1"}, want: "leasefence-lock is missing"},
 		{name: "claim on unfenced method", method: methodUnfencedRPC, md: []string{"leasefence-lock", "ledger", "leasefence-token", "7", "leasefence-claim", "1"}, want: "does not fence"},
 	}
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	byMethod := func(_ context.Context, m string, _ any) string {
@@ -186,7 +186,7 @@ func TestBadMetadataRefused(t *testing.T) {
 // claim is checked and its token recorded. An unfenced method (no lock
 // name) passes whatever it carries, but for a claim.
 func TestUncheckedMethodPasses(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	cl := serve(t, l, store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)})
@@ -216,7 +216,7 @@ func TestUncheckedMethodPasses(t *testing.T) {
 func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 	for kind, mk := range stores() {
 		t.Run(kind, func(t *testing.T) {
-			etcdtest.LeakCheck(t)
+			etcdproc.LeakCheck(t)
 			sk := mk(t)
 			passed, release := make(chan struct{}), make(chan struct{})
 			l := &ledger{write: sk.write, hold: func(c fencestore.Claim) {
@@ -252,7 +252,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 func TestConcurrentCalls(t *testing.T) {
 	for kind, mk := range stores() {
 		t.Run(kind, func(t *testing.T) {
-			etcdtest.LeakCheck(t)
+			etcdproc.LeakCheck(t)
 			sk := mk(t)
 			l := &ledger{write: sk.write}
 			cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler()})
@@ -321,7 +321,7 @@ func (f storeFunc) Accept(ctx context.Context, name string, token int64) error {
 // policy may retry: the handler has not run. The same error from the
 // handler's own write is Unknown, which it must not.
 func TestStoreFailure(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	down := storeFunc(func(context.Context, string, int64) error {
 		return fmt.Errorf("fence: commit: %w", fence.ErrOutcomeUnknown)
 	})

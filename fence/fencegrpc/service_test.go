@@ -16,7 +16,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // Full method names of grpc-go's interop test service, the service of
@@ -104,7 +104,7 @@ func (l *ledger) CacheableUnaryCall(ctx context.Context, req *testpb.SimpleReque
 }
 
 // StreamingInputCall appends every message of the stream.
-func (l *ledger) StreamingInputCall(s grpc.ClientStreamingServer[testpb.StreamingInputCallRequest, testpb.StreamingInputCallResponse]) error {
+func (l *ledger) StreamingInputCall(s testpb.TestService_StreamingInputCallServer) error {
 	n := int32(0)
 	for {
 		m, err := s.Recv()
@@ -122,7 +122,7 @@ func (l *ledger) StreamingInputCall(s grpc.ClientStreamingServer[testpb.Streamin
 }
 
 // FullDuplexCall appends every message and answers each.
-func (l *ledger) FullDuplexCall(s grpc.BidiStreamingServer[testpb.StreamingOutputCallRequest, testpb.StreamingOutputCallResponse]) error {
+func (l *ledger) FullDuplexCall(s testpb.TestService_FullDuplexCallServer) error {
 	for {
 		m, err := s.Recv()
 		if errors.Is(err, io.EOF) {
@@ -245,7 +245,7 @@ func ledgerTokens(l *ledger) []int64 {
 // etcd's: the data key's history, read back from etcd.
 func etcdStore(t *testing.T) storeKind {
 	cli := etcd.Client(t)
-	prefix := etcdtest.Name(t, "fencegrpc")
+	prefix := etcdproc.Name(t, "fencegrpc")
 	s, err := fencestore.NewEtcdStore(cli, prefix+"/records/")
 	if err != nil {
 		t.Fatal(err)

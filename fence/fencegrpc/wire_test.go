@@ -13,7 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence/fencegrpc"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // rawCall sends one EmptyCall as raw HTTP/2 frames with the header fields
@@ -79,7 +79,7 @@ func rawCall(t *testing.T, addr string, fields [][2]string) (status string, rese
 // of them reaches the handler of an unchecked method as a plain read, and
 // the Store does not move; a well-formed claim is recorded.
 func TestRawClaimMarkers(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	keys := [][2]string{{"leasefence-lock", "ledger"}, {"leasefence-token", "4"}}
 	with := func(extra ...[2]string) [][2]string { return append(append([][2]string(nil), keys...), extra...) }
 	cases := []struct {

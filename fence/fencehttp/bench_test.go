@@ -12,7 +12,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // BenchmarkPUT is one HTTP PUT that writes an etcd key: plain; behind the
@@ -22,8 +22,8 @@ import (
 // (WithCheckInHandler). All in the same run.
 func BenchmarkPUT(b *testing.B) {
 	cli := etcd.Client(b)
-	key := etcdtest.Name(b, "bench-object")
-	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(b, "bench-records")+"/")
+	key := etcdproc.Name(b, "bench-object")
+	store, err := fencestore.NewEtcdStore(cli, etcdproc.Name(b, "bench-records")+"/")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -51,7 +51,7 @@ func send(t *testing.T, method, url, body string, attach func(*http.Request, fen
 // successor of A1. With a claim GET it is refused, and B's read stays the
 // current state until B writes.
 func TestClaimClosesReadGap(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cases := []struct {
 		name       string
 		read       func(*http.Request, fence.Holder) error // B's first request
@@ -65,7 +65,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 	for kind, mk := range stores(t) {
 		for _, tc := range cases {
 			t.Run(kind+"/"+tc.name, func(t *testing.T) {
-				name := etcdtest.Name(t, "files")
+				name := etcdproc.Name(t, "files")
 				store, highest := mk(t)
 				var reg register
 				srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
@@ -160,11 +160,11 @@ func fixtures() map[string]func(t *testing.T) fixture {
 		},
 		"etcd": func(t *testing.T) fixture {
 			cli := etcd.Client(t)
-			s, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+			s, err := fencestore.NewEtcdStore(cli, etcdproc.Name(t, "records")+"/")
 			if err != nil {
 				t.Fatal(err)
 			}
-			data := etcdtest.Name(t, "object")
+			data := etcdproc.Name(t, "object")
 			get := func(ctx context.Context, key string) (string, error) {
 				resp, err := cli.Get(ctx, key)
 				if err != nil || len(resp.Kvs) == 0 {
@@ -257,7 +257,7 @@ func (fx fixture) highestOf(t *testing.T, name string) int64 {
 // record holds the claim's token. A plain request of those methods, even
 // with a higher token, records nothing.
 func TestClaimRecordedBeforeHandler(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	steps := []struct {
 		method string
 		claim  bool
@@ -275,7 +275,7 @@ func TestClaimRecordedBeforeHandler(t *testing.T) {
 	for kind, mk := range fixtures() {
 		t.Run(kind, func(t *testing.T) {
 			fx := mk(t)
-			name := etcdtest.Name(t, "files")
+			name := etcdproc.Name(t, "files")
 			p := &probe{fx: fx, lock: name}
 			srv := serve(t, fx.store, p, fencehttp.WithLockName(name))
 			claims := 0
@@ -306,9 +306,9 @@ func TestClaimRecordedBeforeHandler(t *testing.T) {
 
 // Through a Transport, the claim header set on the request is enough.
 func TestClaimThroughTransport(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "files")
+	name := etcdproc.Name(t, "files")
 	store := fencestore.NewMemoryStore()
 	var reg register
 	srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
@@ -335,7 +335,7 @@ func TestClaimThroughTransport(t *testing.T) {
 // would. A plain checked request records nothing there, and the handler's
 // atomic write still refuses a token below the claim's.
 func TestClaimWithCheckInHandler(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	steps := []struct {
 		what   string
 		method string
@@ -353,7 +353,7 @@ func TestClaimWithCheckInHandler(t *testing.T) {
 	for kind, mk := range fixtures() {
 		t.Run(kind, func(t *testing.T) {
 			fx := mk(t)
-			name := etcdtest.Name(t, "files")
+			name := etcdproc.Name(t, "files")
 			p := &probe{fx: fx, lock: name}
 			// Every method checked, so that B's unclaimed read shows what
 			// the middleware does with a checked request in this mode.
@@ -385,7 +385,7 @@ func TestClaimWithCheckInHandler(t *testing.T) {
 // whatever the method: never a plain read the client believes claimed. The
 // handler does not run and the record is unchanged.
 func TestBadClaimRefused(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	const L, T, C = fencehttp.HeaderLock, fencehttp.HeaderToken, fencehttp.HeaderClaim
 	cases := []struct {
 		name   string
@@ -453,7 +453,7 @@ func TestBadClaimRefused(t *testing.T) {
 // not run. A claim at the record's token passes (a holder may claim again),
 // and a higher one raises it.
 func TestStaleClaim(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	steps := []struct {
 		token   int64
 		status  int
@@ -468,7 +468,7 @@ func TestStaleClaim(t *testing.T) {
 	for kind, mk := range fixtures() {
 		t.Run(kind, func(t *testing.T) {
 			fx := mk(t)
-			name := etcdtest.Name(t, "files")
+			name := etcdproc.Name(t, "files")
 			p := &probe{fx: fx, lock: name}
 			srv := serve(t, fx.store, p, fencehttp.WithLockName(name))
 			wantRuns := 0
@@ -509,7 +509,7 @@ func (h endedHolder) Err() error { return h.err }
 // would fail, fails the same way and sets nothing. Attach alone never
 // claims.
 func TestAttachClaim(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1/", nil)
 	if err := fencehttp.Attach(req, fixedHolder{"jobs", 42}); err != nil || req.Header.Get(fencehttp.HeaderClaim) != "" {
 		t.Fatalf("Attach: %v, claim header %q", err, req.Header.Get(fencehttp.HeaderClaim))

@@ -17,7 +17,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -97,7 +97,7 @@ func stores(t *testing.T) map[string]func(t *testing.T) (fencestore.Store, func(
 		},
 		"etcd": func(t *testing.T) (fencestore.Store, func(string) int64) {
 			cli := etcd.Client(t)
-			s, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+			s, err := fencestore.NewEtcdStore(cli, etcdproc.Name(t, "records")+"/")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,11 +123,11 @@ func stores(t *testing.T) map[string]func(t *testing.T) (fencestore.Store, func(
 // request: refused with 409 naming both tokens, and the resource keeps the
 // second holder's value.
 func TestStaleRequestRefused(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for kind, mk := range stores(t) {
 		t.Run(kind, func(t *testing.T) {
 			cli := etcd.Client(t)
-			name := etcdtest.Name(t, "files")
+			name := etcdproc.Name(t, "files")
 			store, highest := mk(t)
 			var reg register
 			srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
@@ -198,7 +198,7 @@ func TestStaleRequestRefused(t *testing.T) {
 // A bad header is a 400 that says what is wrong; the handler never runs and
 // the store is unchanged.
 func TestBadRequestsNeverPass(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for kind, mk := range stores(t) {
 		t.Run(kind, func(t *testing.T) {
 			store, highest := mk(t)
@@ -246,7 +246,7 @@ func TestBadRequestsNeverPass(t *testing.T) {
 }
 
 func TestUncheckedMethods(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	var reg register
 	store := fencestore.NewMemoryStore()
 	reads := serve(t, store, reg.handler(), fencehttp.WithLockName("files"))
@@ -267,13 +267,13 @@ func TestUncheckedMethods(t *testing.T) {
 // transaction as the check. Token 5's request passes the middleware, then
 // waits while token 6's request passes and writes: 5's write is refused.
 func TestHandlerWriteAtomicWithCheck(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+	store, err := fencestore.NewEtcdStore(cli, etcdproc.Name(t, "records")+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := etcdtest.Name(t, "object")
+	data := etcdproc.Name(t, "object")
 	passed, release := make(chan struct{}), make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := fencehttp.ClaimFrom(r.Context())
@@ -330,7 +330,7 @@ func (f storeFunc) Accept(ctx context.Context, name string, token int64) error {
 }
 
 func TestStoreFailureIs503(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	var reg register
 	down := storeFunc(func(context.Context, string, int64) error {
 		return fmt.Errorf("fence: commit: %w", fence.ErrOutcomeUnknown)
@@ -345,7 +345,7 @@ func TestStoreFailureIs503(t *testing.T) {
 }
 
 func TestNewMiddlewareBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	store := fencestore.NewMemoryStore()
 	cases := []struct {
 		name  string
@@ -382,13 +382,13 @@ func TestNewMiddlewareBadInput(t *testing.T) {
 // from the handler's own fenced transaction, and bad headers still get a
 // 400 from the middleware.
 func TestCheckInHandler(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	store, err := fencestore.NewEtcdStore(cli, etcdtest.Name(t, "records")+"/")
+	store, err := fencestore.NewEtcdStore(cli, etcdproc.Name(t, "records")+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := etcdtest.Name(t, "object")
+	data := etcdproc.Name(t, "object")
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _ := fencehttp.ClaimFrom(r.Context())
 		body, _ := io.ReadAll(r.Body)

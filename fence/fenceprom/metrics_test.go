@@ -28,13 +28,13 @@ import (
 	"github.com/leasefence/leasefence/fence/fenceprom"
 	"github.com/leasefence/leasefence/fence/fencestore"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
-var etcd etcdtest.Env
+var etcd etcdproc.Env
 
-func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
 
 // value reads one series from the registry: a counter's or gauge's value,
 // or a histogram's sample count.
@@ -80,7 +80,7 @@ func matches(m *dto.Metric, labels []string) bool {
 }
 
 func TestMetricsFromRealEvents(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	reg := prometheus.NewRegistry()
 	m, err := fenceprom.New(fenceprom.WithNameLabel(func(n string) string { return n[:strings.LastIndex(n, "/")] }))
 	if err != nil {
@@ -90,7 +90,7 @@ func TestMetricsFromRealEvents(t *testing.T) {
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	base := etcdtest.Name(t, "prom")
+	base := etcdproc.Name(t, "prom")
 	name, label := base+"/7", base // mapped to the prefix
 	// The registry is read after events the test awaits: a waiter counted
 	// in is one of them, so the hooks also say when one arrives.
@@ -247,14 +247,14 @@ func TestMetricsFromRealEvents(t *testing.T) {
 
 // A lease grant that etcd leaves unanswered is counted.
 func TestUnansweredGrantCounted(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	reg := prometheus.NewRegistry()
 	m, err := fenceprom.New()
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg.MustRegister(m)
-	cli, _ := etcdtest.Unanswered(t)
+	cli, _ := etcdproc.Unanswered(t)
 	hooks := m.LeaseHooks()
 	reported := make(chan struct{})
 	count := hooks.Unanswered

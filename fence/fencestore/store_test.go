@@ -10,13 +10,13 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-func testCtx(t *testing.T) context.Context { return etcdtest.Ctx(t, 10*time.Second) }
+func testCtx(t *testing.T) context.Context { return etcdproc.Ctx(t, 10*time.Second) }
 
 func TestMemoryStoreDo(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	s := fencestore.NewMemoryStore()
 	ctx := testCtx(t)
 	var log []int64

@@ -7,15 +7,15 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/fence/objectfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/s3test"
 )
 
-var etcd etcdtest.Env
+var etcd etcdproc.Env
 
-func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
 
-func testCtx(t testing.TB) context.Context { return etcdtest.Ctx(t, 60*time.Second) }
+func testCtx(t testing.TB) context.Context { return etcdproc.Ctx(t, 60*time.Second) }
 
 // newFence is a Fence on a fresh bucket of a real versitygw, with its store.
 func newFence(t *testing.T, opts ...objectfence.Option) (*objectfence.Fence, objectfence.Store, *s3test.Server) {

@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/internal/netlab"
@@ -26,7 +27,7 @@ type labCluster struct {
 	lab     *netlab.Lab
 	members []*netlab.Host
 	obs     *netlab.Host
-	procs   *etcdtest.ProcCluster
+	procs   *etcdproc.ProcCluster
 	// oracle, once watchLocks has started it, is told the grants of the
 	// children started after.
 	oracle   *Oracle
@@ -53,19 +54,19 @@ func newLabCluster(t *testing.T, ctx context.Context) *labCluster {
 		}
 	})
 	lc := &labCluster{lab: lab}
-	var hosts []etcdtest.ProcHost
+	var hosts []etcdproc.ProcHost
 	for i := 0; i < 3; i++ {
 		h := lc.host(t, ctx, fmt.Sprintf("m%d", i))
 		lc.members = append(lc.members, h)
-		hosts = append(hosts, etcdtest.ProcHost{IP: h.IP, ClientPort: 2379, PeerPort: 2380, Wrap: h.Wrap()})
+		hosts = append(hosts, etcdproc.ProcHost{IP: h.IP, ClientPort: 2379, PeerPort: 2380, Wrap: h.Wrap()})
 	}
 	lc.obs = lc.host(t, ctx, "obs")
 	dir := t.TempDir()
-	bin, err := etcdtest.BuildEtcd(ctx, dir)
+	bin, err := etcdproc.Binary(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lc.procs, err = etcdtest.StartProcessesOn(ctx, bin, dir, hosts, 50, 500, lc.clientFromObs)
+	lc.procs, err = etcdproc.StartProcessesOn(ctx, bin, dir, hosts, 50, 500, lc.clientFromObs)
 	if err != nil {
 		t.Fatal(err)
 	}

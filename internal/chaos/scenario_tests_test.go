@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -144,11 +145,11 @@ func TestScenarioMinorityPartition(t *testing.T) {
 func TestScenario8LeaderKilled(t *testing.T) {
 	ctx := plain(t)
 	dir := t.TempDir()
-	bin, err := etcdtest.BuildEtcd(ctx, dir)
+	bin, err := etcdproc.Binary(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := etcdtest.StartProcesses(ctx, bin, dir, 3, 50, 500)
+	c, err := etcdproc.StartProcesses(ctx, bin, dir, 3, 50, 500)
 	if err != nil {
 		t.Fatal(err)
 	}

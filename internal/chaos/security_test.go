@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -22,7 +23,7 @@ import (
 // only TLS, requires client certificates, and has authentication on: only
 // who belongs gets in, and nobody else can move a fence or write a byte.
 func TestTLSAndAuth(t *testing.T) {
-	certs, err := etcdtest.GenerateCerts(t.TempDir(), "root", "locker", "nofence", "nobody")
+	certs, err := etcdproc.GenerateCerts(t.TempDir(), "root", "locker", "nofence", "nobody")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func TestTLSAndAuth(t *testing.T) {
 
 	// A handshake that fails for a certificate reason fails NewSession at
 	// once, with the reason, instead of when its ctx ends.
-	other, err := etcdtest.GenerateCerts(t.TempDir(), "stranger")
+	other, err := etcdproc.GenerateCerts(t.TempDir(), "stranger")
 	if err != nil {
 		t.Fatal(err)
 	}

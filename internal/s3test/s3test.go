@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/leasefence/leasefence/internal/toolcache"
 )
 
 // VersityVersion is the versitygw release the tests run.
@@ -179,12 +179,12 @@ func s3rverScript(ctx context.Context) (string, error) {
 	if p := os.Getenv("LEASEFENCE_S3RVER"); p != "" {
 		return p, nil
 	}
-	dir, err := cacheDir("s3rver-" + S3rverVersion)
+	dir, err := toolcache.Dir("s3rver-" + S3rverVersion)
 	if err != nil {
 		return "", err
 	}
 	script := filepath.Join(dir, "node_modules", "s3rver", "bin", "s3rver.js")
-	return script, once(ctx, dir, script, func() *exec.Cmd {
+	return script, toolcache.Once(ctx, dir, script, func() *exec.Cmd {
 		return exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--prefix", dir, "s3rver@"+S3rverVersion)
 	})
 }
@@ -195,49 +195,16 @@ func VersityBinary(ctx context.Context) (string, error) {
 	if p := os.Getenv("LEASEFENCE_VERSITYGW"); p != "" {
 		return p, nil
 	}
-	dir, err := cacheDir("versitygw-" + VersityVersion)
+	dir, err := toolcache.Dir("versitygw-" + VersityVersion)
 	if err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "versitygw")
-	return bin, once(ctx, dir, bin, func() *exec.Cmd {
+	return bin, toolcache.Once(ctx, dir, bin, func() *exec.Cmd {
 		cmd := exec.CommandContext(ctx, "go", "install", "github.com/versity/versitygw/cmd/versitygw@"+VersityVersion)
 		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
 		return cmd
 	})
-}
-
-func cacheDir(name string) (string, error) {
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return "", err
-	}
-	dir := filepath.Join(base, "leasefence", name)
-	return dir, os.MkdirAll(dir, 0o755)
-}
-
-// once runs install unless target exists, holding a lock file in dir so
-// that test binaries of several packages build it once between them.
-func once(ctx context.Context, dir, target string, install func() *exec.Cmd) error {
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return err
-	}
-	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
-	if _, err := os.Stat(target); err == nil {
-		return nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	cmd := install()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s: %w\n%s", cmd.String(), err, out)
-	}
-	return ctx.Err()
 }
 
 func freePort() (string, error) {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/leasefence/leasefence/internal/etcdcompat"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -57,7 +58,7 @@ func writerWins(cmps []clientv3.Cmp) []clientv3.Cmp {
 	out := make([]clientv3.Cmp, len(cmps))
 	for i, c := range cmps {
 		op := ">" // always true
-		if pc := c.GetCompare(); pc.GetTarget() == pb.Compare_VALUE && pc.GetResult() == pb.Compare_GREATER {
+		if pc := etcdcompat.Compare(c); pc.GetTarget() == pb.Compare_VALUE && pc.GetResult() == pb.Compare_GREATER {
 			op = "<" // always false
 		}
 		out[i] = clientv3.Compare(clientv3.CreateRevision(string(c.KeyBytes())), op, -1)

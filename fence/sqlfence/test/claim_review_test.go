@@ -1,4 +1,4 @@
-package sqlfence_test
+package test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // reviewSQLOp is one fenced transaction of TestReviewClaimConcurrent.
@@ -31,7 +31,7 @@ type reviewSQLOp struct {
 // every refusal is a StaleError naming a higher token (or ErrMissing for
 // an Update of a row not there yet, or ErrChanged, which writes nothing).
 func TestReviewClaimConcurrent(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := newTable(t, b, "payload TEXT", true)
@@ -190,7 +190,7 @@ func checkSQLLog(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fenc
 // not visible to it yet): it reports ErrMissing at once and writes
 // nothing, and once the claim commits it is refused as stale.
 func TestReviewClaimInsertedRowOpenTx(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	pg := backends()[1]
 	db, f, table := newTable(t, pg, "payload TEXT", true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

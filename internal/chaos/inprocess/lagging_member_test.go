@@ -1,4 +1,4 @@
-package lease_test
+package inprocess_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/holdback"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -84,7 +85,7 @@ func laggingRound(t *testing.T, serving, lagging *etcdtest.Member) {
 	gate := &queueWatchGate{prefix: name + "/", asked: make(chan struct{}), open: make(chan struct{}), ctx: wctx}
 	// W's client: its reads go to the lagging member, its queue watch
 	// waits for gate.
-	wcli := interceptedClient(t, []string{serving.ClientURL}, reads.route, watchStreams(gate, nil))
+	wcli := holdback.Client(t, []string{serving.ClientURL}, reads.route, holdback.WatchStreams(gate, nil))
 
 	h := mustLock(t, newSession(t, onServing), name)
 	w := newSession(t, wcli)
@@ -295,7 +296,7 @@ type queueWatchGate struct {
 }
 
 // send holds back the first request to watch the queue.
-func (g *queueWatchGate) send(req *pb.WatchRequest) {
+func (g *queueWatchGate) Send(req *pb.WatchRequest) {
 	cr := req.GetCreateRequest()
 	if cr == nil || string(cr.Key) != g.prefix || len(cr.RangeEnd) == 0 || g.sent.Swap(true) {
 		return
@@ -309,7 +310,7 @@ func (g *queueWatchGate) send(req *pb.WatchRequest) {
 
 // recv records the revision the queue watch came up at, and holds back
 // no response.
-func (g *queueWatchGate) recv(wr *pb.WatchResponse) bool {
+func (g *queueWatchGate) Recv(wr *pb.WatchResponse) bool {
 	// The client asks for one watch at a time, each once the one before
 	// is up: the first to come up after the queue's was asked for is it.
 	if wr.Created && g.sent.Load() {

@@ -1,4 +1,4 @@
-package sqlfence_test
+package test
 
 import (
 	"context"

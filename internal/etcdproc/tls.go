@@ -1,4 +1,4 @@
-package etcdtest
+package etcdproc
 
 import (
 	"crypto/ecdsa"

@@ -1,4 +1,4 @@
-package sqlfence_test
+package test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // readOffset is a plain read of the shard's offset, on a *sql.DB or in a
@@ -59,7 +59,7 @@ type resumeFunc func(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table s
 // was fenced. With a claim in the read's transaction, A's late commit is
 // refused and the offset never moves back.
 func TestClaimClosesReadGap(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	const tokenA, tokenB = 3, 6
 	resumes := []struct {
 		name   string
@@ -156,7 +156,7 @@ func row(t *testing.T, db *sql.DB, table, id string) (string, int64, int) {
 // higher one without changing anything; refusals reach the hooks, and
 // writes below a claim are refused.
 func TestClaim(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			var refused refusals
@@ -242,7 +242,7 @@ func (s sendsNothing) QueryRowContext(_ context.Context, q string, _ ...any) *sq
 }
 
 func TestClaimBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	f, err := sqlfence.New(sqlfence.SQLite, "t", "id")
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func driverError(err error) bool {
 // default, the claim of a missing row fails with an error that says what
 // to do and changes nothing; the claim of a row that exists goes through.
 func TestClaimNeedsDefaults(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := newTable(t, b, "payload TEXT NOT NULL", true)
@@ -327,7 +327,7 @@ var fenceOps = []fenceOp{
 // fails with an error that says so and names AddColumnDDL, wrapping the
 // driver's, and changes nothing.
 func TestNoFenceColumn(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		for _, column := range []string{sqlfence.DefaultTokenColumn, `fence "tok"`} {
 			for _, op := range fenceOps {
@@ -363,7 +363,7 @@ func noFenceColumn(t *testing.T, b backend, column string, op fenceOp) {
 // TestOtherColumnMissing: a write naming a missing column that is not the
 // fence column gets the driver's error, not the fence column's.
 func TestOtherColumnMissing(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, _ := newTable(t, b, "payload TEXT", true)
@@ -386,7 +386,7 @@ func TestOtherColumnMissing(t *testing.T) {
 // back, the Update goes through. The order comes from the claim's
 // transaction boundary, not from timing.
 func TestClaimLocksRow(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	pg := backends()[1]
 	for _, end := range []string{"commit", "rollback"} {
 		t.Run(end, func(t *testing.T) {

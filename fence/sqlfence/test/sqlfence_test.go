@@ -1,4 +1,7 @@
-package sqlfence_test
+// Package test runs package sqlfence against real databases (SQLite, and
+// PostgreSQL when LEASEFENCE_POSTGRES_DSN names one). It is a module of its
+// own so that the drivers stay out of the graph of sqlfence's users.
+package test
 
 import (
 	"context"
@@ -19,7 +22,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // EnvPostgres points the PostgreSQL tests at a server; .ci/run starts one.
@@ -111,7 +114,7 @@ func payload(t testing.TB, db *sql.DB, table, id string) (string, int64) {
 }
 
 func TestFencedWrites(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := setup(t, b)
@@ -163,7 +166,7 @@ func rolledBack(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fence
 }
 
 func TestBadInput(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	if _, err := sqlfence.New(sqlfence.SQLite, "", "id"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("empty table: %v", err)
 	}
@@ -196,7 +199,7 @@ func TestBadInput(t *testing.T) {
 // finished before another started must not have a higher token than it if
 // both were accepted, and the row ends with the highest token's payload.
 func TestConcurrentWriters(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := setup(t, b)

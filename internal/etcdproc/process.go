@@ -1,4 +1,4 @@
-package etcdtest
+package etcdproc
 
 import (
 	"context"
@@ -14,17 +14,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// BuildEtcd builds the real etcd server from the module's own dependency
-// (its root is a main package) into dir and returns the binary's path.
-func BuildEtcd(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "etcd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "go.etcd.io/etcd/server/v3")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("etcdtest: building etcd: %v\n%s", err, out)
-	}
-	return bin, nil
-}
 
 // ProcCluster is a cluster of etcd child processes, which unlike embedded
 // members can be killed outright.
@@ -74,6 +63,13 @@ type ProcHost struct {
 // StartProcesses does, and waits, through clients from newClient, until
 // each serves requests.
 func StartProcessesOn(ctx context.Context, bin, dir string, hosts []ProcHost, tickMs, electionMs uint, newClient func([]string) (*clientv3.Client, error)) (*ProcCluster, error) {
+	timing := []string{"--heartbeat-interval", fmt.Sprint(tickMs), "--election-timeout", fmt.Sprint(electionMs)}
+	return startOn(ctx, bin, dir, hosts, timing, newClient)
+}
+
+// startOn starts one etcd process per host with the extra flags, and waits
+// until each serves requests.
+func startOn(ctx context.Context, bin, dir string, hosts []ProcHost, extra []string, newClient func([]string) (*clientv3.Client, error)) (*ProcCluster, error) {
 	var initial []string
 	for i, h := range hosts {
 		initial = append(initial, fmt.Sprintf("p%d=http://%s:%d", i, h.IP, h.PeerPort))
@@ -86,9 +82,9 @@ func StartProcessesOn(ctx context.Context, bin, dir string, hosts []ProcHost, ti
 			"--listen-client-urls", client, "--advertise-client-urls", client,
 			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-token", "leasefence-proc",
-			"--heartbeat-interval", fmt.Sprint(tickMs), "--election-timeout", fmt.Sprint(electionMs),
 			"--log-level", "error",
 		}}
+		p.args = append(p.args, extra...)
 		c.Members = append(c.Members, p)
 		if err := p.start("new"); err != nil {
 			c.Close()
@@ -109,8 +105,10 @@ func (p *Proc) start(state string) error {
 	argv = append(argv, "--initial-cluster-state", state)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// A test binary that dies (a panic, a timeout) takes its members along.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("etcdtest: start %s: %w", p.Name, err)
+		return fmt.Errorf("etcdproc: start %s: %w", p.Name, err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
@@ -136,7 +134,7 @@ func (p *Proc) waitServing(ctx context.Context) error {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("etcdtest: %s not serving: %w", p.Name, err)
+			return fmt.Errorf("etcdproc: %s not serving: %w", p.Name, err)
 		}
 	}
 }
@@ -186,7 +184,7 @@ func (c *ProcCluster) Leader(ctx context.Context) (*Proc, error) {
 			return p, nil
 		}
 	}
-	return nil, errors.New("etcdtest: no member leads")
+	return nil, errors.New("etcdproc: no member leads")
 }
 
 // Close kills every member.

@@ -1,7 +1,11 @@
-package lease_test
+// Package holdback holds back a client's etcd traffic through its gRPC
+// interceptors, for tests that need an order etcd allows but seldom shows:
+// the client cannot tell that from a slow network or member.
+package holdback
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -10,17 +14,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 )
 
-// Tests that need an order etcd allows but seldom shows (tap, and
-// TestWaiterNotStrandedByLaggingMember) hold back a client's etcd
-// traffic through its gRPC interceptors: the client cannot tell that from
-// a slow network or member.
-
-// interceptedClient opens a client of endpoints whose calls go through
+// Client opens a client of endpoints whose calls go through
 // unary and whose streams through stream, closed when the test ends.
-func interceptedClient(t *testing.T, endpoints []string, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
+func Client(t testing.TB, endpoints []string, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{
@@ -34,18 +32,18 @@ func interceptedClient(t *testing.T, endpoints []string, unary grpc.UnaryClientI
 	return cli
 }
 
-// watchHook sees the messages of a client's watch streams.
-type watchHook interface {
-	// send sees a request before it goes: blocking holds it back.
-	send(*pb.WatchRequest)
-	// recv sees a response as it comes, and tells whether to hold it
+// WatchHook sees the messages of a client's watch streams.
+type WatchHook interface {
+	// Send sees a request before it goes: blocking holds it back.
+	Send(*pb.WatchRequest)
+	// Recv sees a response as it comes, and tells whether to hold it
 	// back until the release.
-	recv(*pb.WatchResponse) bool
+	Recv(*pb.WatchResponse) bool
 }
 
-// watchStreams shows h the client's watch streams; the responses h holds
+// WatchStreams shows h the client's watch streams; the responses h holds
 // back go once release is closed (nil: never).
-func watchStreams(h watchHook, release <-chan struct{}) grpc.StreamClientInterceptor {
+func WatchStreams(h WatchHook, release <-chan struct{}) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil || !strings.HasSuffix(method, "/Watch") {
@@ -66,7 +64,7 @@ type recvd struct {
 // heldStream is a watch stream whose messages a hook sees and holds back.
 type heldStream struct {
 	grpc.ClientStream
-	hook    watchHook
+	hook    WatchHook
 	release <-chan struct{}
 	in      chan recvd
 	stash   []*pb.WatchResponse
@@ -94,7 +92,7 @@ func (s *heldStream) pump() {
 
 func (s *heldStream) SendMsg(m any) error {
 	if req, ok := m.(*pb.WatchRequest); ok {
-		s.hook.send(req)
+		s.hook.Send(req)
 	}
 	return s.ClientStream.SendMsg(m)
 }
@@ -106,7 +104,7 @@ func (s *heldStream) RecvMsg(m any) error {
 			if closed(s.release) {
 				// Held responses go before any read since: each watch's
 				// order is kept.
-				proto.Merge(m.(proto.Message), s.stash[0])
+				deliver(m, s.stash[0])
 				s.stash = s.stash[1:]
 				return nil
 			}
@@ -121,7 +119,7 @@ func (s *heldStream) RecvMsg(m any) error {
 				return r.err
 			}
 			if !s.holds(r.wr) {
-				proto.Merge(m.(proto.Message), r.wr)
+				deliver(m, r.wr)
 				return nil
 			}
 		}
@@ -132,7 +130,7 @@ func (s *heldStream) RecvMsg(m any) error {
 // the release or its watch has a response held back; it reports whether
 // it did.
 func (s *heldStream) holds(wr *pb.WatchResponse) bool {
-	pick := s.hook.recv(wr)
+	pick := s.hook.Recv(wr)
 	if !s.heldIDs[wr.WatchId] && (!pick || closed(s.release)) {
 		return false
 	}
@@ -151,4 +149,11 @@ func closed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// deliver copies wr into m, the caller's *pb.WatchResponse. The message is
+// a protobuf of Google's runtime from etcd's client v3.7 on and of gogo's
+// before; copying the struct works for both, and wr is not used again.
+func deliver(m any, wr *pb.WatchResponse) {
+	reflect.ValueOf(m).Elem().Set(reflect.ValueOf(wr).Elem())
 }

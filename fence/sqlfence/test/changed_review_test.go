@@ -1,4 +1,4 @@
-package sqlfence_test
+package test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // afterFirstExec runs then once, right after the first statement sent
@@ -38,7 +38,7 @@ func (a *afterFirstExec) ExecContext(ctx context.Context, q string, args ...any)
 // stop at ErrChanged ("refused by a higher token", which Claim's doc does
 // not list) and leave the row at 1, as it once did.
 func TestReviewClaimRowInsertedMeanwhile(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	pg := backends()[1]
 	db, f, table := newTable(t, pg, "payload TEXT", true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -1,4 +1,4 @@
-package sqlfence_test
+package test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // TestTriggerRefusesLowering installs the trigger (twice) and checks that
@@ -19,7 +19,7 @@ import (
 // itself, that one that raises it passes, and that the fence's own writes
 // and claims keep working and keep reporting stale tokens as such.
 func TestTriggerRefusesLowering(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := setup(t, b)
@@ -110,7 +110,7 @@ func fencedBesideTrigger(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfe
 // TestSchemaQualifiedTable: "main.t" and "public.t" name a table in a
 // schema, each part quoted, for every statement the fence writes.
 func TestSchemaQualifiedTable(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db := b.open(t)
@@ -150,7 +150,7 @@ func TestSchemaQualifiedTable(t *testing.T) {
 // TestBadColumns: writes that set the id or fence column, or a column
 // twice, and names with too many dots, are refused before anything is sent.
 func TestBadColumns(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	if _, err := sqlfence.New(sqlfence.SQLite, "a.b.c", "id"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("table a.b.c: %v", err)
 	}

@@ -1,0 +1,67 @@
+// Package exampleetcd gives the runnable examples an etcd client: to the
+// endpoints given with -endpoints or ETCD_ENDPOINTS, or else to an embedded
+// etcd started for the run, and says which.
+package exampleetcd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+)
+
+// Connect returns a client and a function that closes it (and stops the
+// embedded etcd, if one was started). endpoints is a comma-separated list;
+// empty means ETCD_ENDPOINTS, and if that is empty too, an embedded etcd.
+func Connect(ctx context.Context, endpoints string, out io.Writer) (*clientv3.Client, func(), error) {
+	var eps []string
+	for _, e := range strings.Split(endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	if len(eps) == 0 {
+		eps, _ = etcdtest.External()
+	}
+	stop := func() {}
+	if len(eps) == 0 {
+		start := time.Now()
+		c, err := etcdtest.Start(ctx, etcdtest.Config{})
+		if err != nil {
+			return nil, nil, err
+		}
+		fmt.Fprintf(out, "no -endpoints or %s given: started an embedded etcd at %s in %v\n",
+			etcdtest.EnvEndpoints, c.Endpoints()[0], time.Since(start).Round(time.Millisecond))
+		eps, stop = c.Endpoints(), c.Close
+	} else {
+		fmt.Fprintf(out, "using etcd at %s\n", strings.Join(eps, ","))
+	}
+	cli, err := etcdtest.NewClient(eps)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return cli, func() { cli.Close(); stop() }, nil
+}
+
+// ProxiedClient puts etcd's fault proxy in front of target and returns a
+// client that reaches etcd only through it, so that the example can cut
+// that client's network. close closes both.
+func ProxiedClient(target string) (p proxy.Server, cli *clientv3.Client, close func(), err error) {
+	p, url, err := etcdtest.NewProxy("", target)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cli, err = etcdtest.NewClient([]string{url})
+	if err != nil {
+		p.Close()
+		return nil, nil, nil, err
+	}
+	return p, cli, func() { cli.Close(); p.Close() }, nil
+}

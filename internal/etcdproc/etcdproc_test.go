@@ -1,0 +1,46 @@
+package etcdproc_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/internal/etcdproc"
+)
+
+// The member serves, and the proxy in front of it cuts and restores the
+// link on command.
+func TestMemberAndProxy(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	c := etcdproc.StartT(t, etcdproc.Config{NoFsync: true})
+	cli := c.ClientT(t)
+	if _, err := cli.Put(etcdproc.Ctx(t, 10*time.Second), "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	p, via, _ := etcdproc.ProxiedClient(t, c.Endpoints()[0])
+	get := func(d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := via.Get(ctx, "k")
+		return err
+	}
+	if err := get(10 * time.Second); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	p.BlackholeTx()
+	p.BlackholeRx()
+	if err := get(time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("blackholed: got %v, want the deadline", err)
+	}
+	p.UnblackholeTx()
+	p.UnblackholeRx()
+	// A stream that lost bytes in the blackhole may be broken; the client
+	// reconnects within its dial timeout.
+	deadline := time.Now().Add(20 * time.Second)
+	for get(2*time.Second) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no answer 20s after the blackhole was lifted")
+		}
+	}
+}
