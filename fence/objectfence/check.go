@@ -25,7 +25,7 @@ func (f *Fence) Check(ctx context.Context) error {
 	f.checking.Lock()
 	defer f.checking.Unlock()
 	if err := f.checkLocked(ctx); err != nil {
-		return fmt.Errorf("objectfence: %w", err)
+		return failed("check", f.key, err)
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func (f *Fence) checkLocked(ctx context.Context) error {
 	case errors.Is(err, ErrConditionsIgnored):
 		f.checked = err
 	}
-	return fmt.Errorf("check %q: %w", key, err)
+	return fmt.Errorf("probe %q: %w", key, err)
 }
 
 // check runs the probe's puts in order; each step after the first needs

@@ -29,7 +29,9 @@ func (f *Fence) DataKey(token int64, name string) (string, error) {
 // does not report as named by the current manifest. Objects of the
 // manifest's own token or higher are never listed: their holder may still
 // commit them. Keys under the data prefix that DataKey did not make are
-// left alone. With no manifest yet, nothing is an orphan.
+// left alone. With no manifest yet, nothing is an orphan; a manifest
+// fenced by another lock than the Fence's gives an error wrapping
+// ErrOtherLock.
 func (f *Fence) Orphans(ctx context.Context, referenced func(key string) bool) ([]string, error) {
 	if referenced == nil {
 		return nil, fmt.Errorf("objectfence: orphans: %w: nil referenced", fence.ErrInvalidArgument)
@@ -37,13 +39,18 @@ func (f *Fence) Orphans(ctx context.Context, referenced func(key string) bool) (
 	m, err := f.read(ctx)
 	if err != nil || m == nil {
 		if err != nil {
-			return nil, fmt.Errorf("objectfence: orphans: %w", err)
+			return nil, failed("orphans", f.data, err)
 		}
 		return nil, nil
 	}
+	if m.Lock != "" && m.Lock != f.lock {
+		// The data keys carry tokens of the Fence's lock: a token of
+		// another lock says nothing about them.
+		return nil, failed("orphans", f.data, fmt.Errorf("%w: %q (this Fence's lock: %q)", ErrOtherLock, m.Lock, f.lock))
+	}
 	keys, err := f.store.List(ctx, f.data)
 	if err != nil {
-		return nil, fmt.Errorf("objectfence: orphans: list %q: %w", f.data, err)
+		return nil, failed("orphans", f.data, err)
 	}
 	var out []string
 	for _, k := range keys {

@@ -1,14 +1,12 @@
-// Package objectfence fences the commits of an object store's manifest
-// with lock tokens, so that a writer whose lock has passed on cannot make
-// its data visible.
+// Package objectfence fences the commits of a manifest object in an object
+// store with the tokens of one lock, so that a writer whose lock has
+// passed on cannot make its data visible, and no commit replaces a
+// manifest its writer has not seen.
 //
 // Object stores, like S3, compare no numbers; they can only put an object
 // on the condition that its current version (its ETag) is a given one, or
-// that it is absent. A Fence builds the token check from that: Commit
-// reads the manifest, refuses if it holds a higher token, and puts the new
-// manifest on the condition that it is still the one read. Any write in
-// between changes the version and fails the put, which is retried from a
-// new read only while the manifest's token stays at or below the caller's.
+// that it is absent. A Fence builds the fence from that, on any store that
+// honours those conditions (Check proves it does).
 //
 // The pattern is the one table formats use: data objects go under keys no
 // other writer uses (DataKey puts the token in the key) and become visible
@@ -16,43 +14,74 @@
 // then the objects it names. Orphans lists the data objects of writers
 // that can no longer commit, for cleanup.
 //
-// # Resuming a holding: Claim
+// # A holding: Claim, then Commit on what it returned
 //
-// A new holder that reads the manifest before its first commit must read
-// it with Claim, which raises the manifest's token to its own. Without the
-// claim, the manifest still accepts the previous holder's token until the
-// new holder's first commit, so a commit the previous holder had in flight
-// can land after the new holder's read, and the new holder then builds on
-// a state that changed under it.
+// A Fence is made for one manifest and one lock name (New). A new holder
+// of the lock starts with Claim, with its token: from then on the
+// manifest accepts no lower token, and Claim returns it as it is. Each
+// Commit names its base, the Manifest that the holder's Claim or its
+// previous Commit returned, and returns the base of the next:
+//
+//	base, err := f.Claim(ctx, lock.Token())
+//	...
+//	base, err = f.Commit(ctx, base, payload)
+//
+// A Manifest from Read is no base. Without the claim, the manifest would
+// still accept the previous holder's token, and a commit the previous
+// holder had in flight could land after the read: a commit built on what
+// was read would then replace it unseen.
+//
+// After a Commit fails, the holder claims again with the same token. That
+// returns the manifest as it is, with the holder's own commit in it if
+// that commit landed after all, and writes nothing when the manifest
+// already has the token; or a *fence.StaleError if a newer holder has
+// taken over.
 //
 // # Guaranteed
 //
-//   - A commit or claim whose token is lower than one the manifest has
-//     accepted never lands, provided every writer of the manifest goes
-//     through a Fence and the store honours conditional puts. It fails with
-//     a *fence.StaleError naming both tokens. An equal token passes: one
-//     holder may commit many times.
+// Provided every writer of the manifest goes through a Fence and the store
+// honours conditional puts:
+//
+//   - A Commit lands only on its base: if anything was written to the
+//     manifest since the Claim or Commit that returned the base, nothing is
+//     written. The error is then a *fence.StaleError if a higher token has
+//     claimed or committed, one wrapping ErrOtherLock if another lock
+//     fences it now, and one wrapping ErrNotClaimed otherwise
+//     (another commit of the same holding, say). Of several commits on one
+//     base, at most one lands. A Commit on a Manifest from Read is refused
+//     before anything is sent, with an error wrapping ErrNotClaimed.
+//   - A Claim or Commit whose token is lower than one the manifest has
+//     accepted never lands. It fails with a *fence.StaleError naming both
+//     tokens. An equal token passes: one holder claims once and commits
+//     many times.
+//   - The manifest records the name of the lock that fences it. A Claim
+//     or Commit through a Fence of another lock name is refused with an
+//     error wrapping ErrOtherLock, and writes nothing; Orphans lists
+//     nothing then, with the same error. A manifest written by an earlier
+//     version of this package, which recorded no name, is read as it is,
+//     and its first Claim records the name.
 //   - The store is checked before a Fence's first write (Check): a store
 //     that writes a put whose If-Match or If-None-Match: * does not hold is
 //     refused with ErrConditionsIgnored, and nothing is committed through
 //     it. Some S3 emulators ignore these headers.
-//   - A put whose outcome is unknown (no answer, a timeout, a 5xx) gives an
-//     error wrapping fence.ErrOutcomeUnknown and is never retried, by the
-//     Fence or, through NewS3Store, by the S3 client's own retryer,
-//     whatever client is passed: read the manifest before trying again.
-//   - Bad input (a nil store, an empty key or bucket, a token below 1) is
-//     refused with an error wrapping fence.ErrInvalidArgument before
-//     anything is sent.
+//   - A write whose outcome is unknown (no answer, a timeout, a 5xx) gives
+//     an error wrapping fence.ErrOutcomeUnknown and is never retried, by
+//     the Fence or, through NewS3Store, by the S3 client's own retryer,
+//     whatever client is passed: claim again before going on.
+//   - Bad input (a nil store, an empty key, bucket or lock name, a token
+//     below 1, a Commit on a Manifest that Claim or Commit did not return
+//     for this manifest and lock name) is refused with an error wrapping
+//     fence.ErrInvalidArgument before anything is sent.
 //
 // # Not guaranteed
 //
 // A store whose conditional puts are not atomic with the read of the
 // version they compare (a gateway over a shared file system mounted
 // without locking, say) can pass the check and still let two writers
-// through. Tokens of different lock names are unrelated: fence a manifest
-// with one lock name only. A data object written under a token is
-// visible to anyone who lists the data prefix; only the manifest says
-// which objects are committed.
+// through. The Fence cannot tell which lock a token comes from: the
+// tokens passed to Claim must be those of the lock named in New. A data
+// object written under a token is visible to anyone who lists the data
+// prefix; only the manifest says which objects are committed.
 //
 // NewS3Store adapts an S3 client (github.com/aws/aws-sdk-go-v2/service/s3)
 // to the Store interface; other stores plug in by implementing Store.

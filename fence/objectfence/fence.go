@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/leasefence/leasefence/fence"
 )
@@ -22,19 +23,31 @@ var (
 	// ErrContended reports a write that kept meeting other writers' puts
 	// and gave up; nothing of it was written.
 	ErrContended = errors.New("objectfence: too many conflicting writes")
+	// ErrNotClaimed reports a Commit whose base is not the manifest as it
+	// is: the base came from Read (or was made by hand), or the manifest
+	// has been written since the Claim or Commit that returned the base.
+	// Nothing was written. Claim again, with the same token, to get the
+	// manifest as it is now.
+	ErrNotClaimed = errors.New("objectfence: not the claimed manifest")
+	// ErrOtherLock reports a manifest fenced by another lock than the
+	// Fence's. Tokens of different locks do not compare, so nothing was
+	// written.
+	ErrOtherLock = errors.New("objectfence: manifest fenced by another lock")
 )
 
 // DefaultAttempts is how many conditional puts a write makes before it
 // gives up with ErrContended, unless WithAttempts says otherwise.
 const DefaultAttempts = 16
 
-// Fence commits a manifest object fenced by lock tokens: each commit
-// records its token in the manifest, and a commit whose token is lower
-// than the manifest's is refused. It holds no connection and is safe for
-// concurrent use.
+// Fence commits a manifest object fenced by the tokens of one lock: each
+// write records its token and the lock's name in the manifest, a write
+// whose token is lower than the manifest's is refused, and a commit lands
+// only on the manifest version it names as its base. It holds no
+// connection and is safe for concurrent use.
 type Fence struct {
 	store    Store
 	key      string
+	lock     string // the name of the lock whose tokens fence the manifest
 	data     string // prefix of the data objects
 	probe    string // prefix of the probe objects
 	attempts int
@@ -89,17 +102,26 @@ func WithAttempts(n int) Option {
 	}
 }
 
-// New returns a Fence for the manifest object key in store. It sends
-// nothing: the store's conditions are checked by the first write (see
-// Check).
-func New(store Store, key string, opts ...Option) (*Fence, error) {
+// New returns a Fence for the manifest object key in store, fenced by the
+// tokens of the lock named lock (lease.Lock.Name): the tokens passed to
+// Claim must be that lock's. The name is recorded in the manifest, and a
+// manifest that records another is neither claimed nor committed. New
+// sends nothing: the store's conditions are checked by the first write
+// (see Check).
+func New(store Store, key, lock string, opts ...Option) (*Fence, error) {
 	switch {
 	case store == nil:
 		return nil, fmt.Errorf("objectfence: %w: nil store", fence.ErrInvalidArgument)
 	case key == "":
 		return nil, fmt.Errorf("objectfence: %w: empty manifest key", fence.ErrInvalidArgument)
+	case lock == "":
+		return nil, fmt.Errorf("objectfence: %w: empty lock name", fence.ErrInvalidArgument)
+	case !utf8.ValidString(lock):
+		// JSON would replace the bad bytes: the name would not read back
+		// as written, and every later write would be refused.
+		return nil, fmt.Errorf("objectfence: %w: lock name %q is not UTF-8", fence.ErrInvalidArgument, lock)
 	}
-	f := &Fence{store: store, key: key, data: key + ".data/", probe: key + ".probe-", attempts: DefaultAttempts}
+	f := &Fence{store: store, key: key, lock: lock, data: key + ".data/", probe: key + ".probe-", attempts: DefaultAttempts}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("objectfence: %w: nil option", fence.ErrInvalidArgument)
@@ -115,89 +137,205 @@ func New(store Store, key string, opts ...Option) (*Fence, error) {
 func (f *Fence) Key() string { return f.key }
 
 // Read returns the manifest as it is now, or an error wrapping ErrNotFound
-// if none was committed yet. A holder that reads before it writes must
-// Claim instead: a plain read does not keep a lower token out.
+// if none was written yet. What it returns is no base for Commit: a holder
+// that reads before it writes must Claim instead, since a plain read does
+// not keep a lower token out.
 func (f *Fence) Read(ctx context.Context) (Manifest, error) {
 	m, err := f.read(ctx)
 	if err != nil {
-		return Manifest{}, fmt.Errorf("objectfence: read %q: %w", f.key, err)
+		return Manifest{}, failed("read", f.key, err)
 	}
 	if m == nil {
-		return Manifest{}, fmt.Errorf("objectfence: read %q: %w", f.key, ErrNotFound)
+		return Manifest{}, failed("read", f.key, ErrNotFound)
 	}
 	return *m, nil
 }
 
-// Commit makes payload the manifest's, with token, if no higher token has
-// committed or claimed it: one read and one conditional put, repeated
-// only while the manifest's token stays at or below token. A higher token
-// gives a *fence.StaleError naming both. An error wrapping
-// fence.ErrOutcomeUnknown means the put may or may not have been written:
-// read the manifest before trying again.
-func (f *Fence) Commit(ctx context.Context, token int64, payload []byte) (Manifest, error) {
-	return f.write(ctx, "commit", token, func(*Manifest) ([]byte, bool) { return payload, true })
-}
-
-// Claim raises the manifest's token to token, keeping its payload, and
-// returns the manifest: from then on no lower token commits. A new holder
-// claims before it reads, so that a commit the previous holder still had
-// in flight cannot land after the read. A manifest already at token is
-// returned as it is, with nothing written; a missing one is created with
-// an empty payload. A higher token gives a *fence.StaleError.
+// Claim raises the manifest's token to token and records the Fence's lock
+// name in it, keeping its payload, and returns it as the base of the
+// holder's next Commit. From then on no lower token commits or claims: a
+// new holder claims before it reads, so that a commit the previous holder
+// still had in flight cannot land after the read. A manifest already at
+// token, under the Fence's lock name, is returned as it is, with nothing
+// written; a missing one is created with an empty payload. A higher token
+// gives a *fence.StaleError naming both, a manifest that records another
+// lock name an error wrapping ErrOtherLock. An error wrapping
+// fence.ErrOutcomeUnknown means the claim may or may not have been
+// written: claim again.
+//
+// Claiming again with the same token is also how a holder continues after
+// any failed Commit: it returns the manifest as it is, whatever landed.
 func (f *Fence) Claim(ctx context.Context, token int64) (Manifest, error) {
-	return f.write(ctx, "claim", token, func(cur *Manifest) ([]byte, bool) {
-		if cur == nil {
-			return nil, true
-		}
-		return cur.Payload, cur.Token != token
-	})
-}
-
-// write reads the manifest and puts next's payload with token, on the
-// condition that the manifest is still the one read: any write between
-// the read and the put changes its version and fails the put, which is
-// then retried from a new read. next says what to write given the
-// manifest (nil if absent), or that nothing need be written.
-func (f *Fence) write(ctx context.Context, op string, token int64, next func(*Manifest) ([]byte, bool)) (Manifest, error) {
 	if token <= 0 {
-		return Manifest{}, fmt.Errorf("objectfence: %s %q: %w: token %d", op, f.key, fence.ErrInvalidArgument, token)
+		return Manifest{}, failed("claim", f.key, fmt.Errorf("%w: token %d", fence.ErrInvalidArgument, token))
 	}
 	if err := f.checkOnce(ctx); err != nil {
-		return Manifest{}, fmt.Errorf("objectfence: %s %q: %w", op, f.key, err)
+		return Manifest{}, failed("claim", f.key, err)
 	}
 	for attempt := 1; ; attempt++ {
 		cur, err := f.read(ctx)
 		if err != nil {
-			return Manifest{}, fmt.Errorf("objectfence: %s %q: %w", op, f.key, err)
+			return Manifest{}, failed("claim", f.key, err)
 		}
-		if cur != nil && cur.Token > token {
-			return Manifest{}, &fence.StaleError{Key: f.key, Token: token, Highest: cur.Token}
+		if err := f.refuse("claim", cur, token); err != nil {
+			return Manifest{}, err
 		}
-		payload, put := next(cur)
-		if !put {
-			return *cur, nil
-		}
-		cond := Condition{IfAbsent: true}
+		next, cond := Manifest{Token: token, Lock: f.lock}, Condition{IfAbsent: true}
 		if cur != nil {
-			cond = Condition{IfMatch: cur.Version}
+			if cur.Token == token && cur.Lock == f.lock {
+				return f.base(*cur), nil
+			}
+			next.Payload, next.seq, cond = cur.Payload, cur.seq, Condition{IfMatch: cur.Version}
 		}
-		version, err := f.store.Put(ctx, f.key, encodeManifest(token, payload), cond)
-		switch {
-		case err == nil:
-			return Manifest{Token: token, Payload: payload, Version: version}, nil
-		case errors.Is(err, ErrPreconditionFailed), errors.Is(err, ErrConflict):
-			if attempt >= f.attempts {
-				return Manifest{}, fmt.Errorf("objectfence: %s %q: %w (%d attempts): %w", op, f.key, ErrContended, attempt, err)
-			}
-			if err := backoff(ctx, attempt, errors.Is(err, ErrConflict)); err != nil {
-				return Manifest{}, fmt.Errorf("objectfence: %s %q: %w", op, f.key, err)
-			}
-		case errors.Is(err, ErrRefused):
-			return Manifest{}, fmt.Errorf("objectfence: %s %q: %w", op, f.key, err)
-		default:
-			return Manifest{}, fmt.Errorf("objectfence: %s %q: %w: %w", op, f.key, fence.ErrOutcomeUnknown, err)
+		m, err := f.put(ctx, next, cond)
+		if err == nil {
+			return m, nil
+		}
+		// Refused for a write between the read and the put: read again.
+		if err := f.again(ctx, attempt, err); err != nil {
+			return Manifest{}, failed("claim", f.key, err)
 		}
 	}
+}
+
+// Commit makes payload the manifest's, with base's token, only if the
+// manifest is still base: the Manifest that the holder's Claim, or its
+// previous Commit, returned. It returns the new manifest, the base of the
+// next Commit.
+//
+// A Manifest that is no base (from Read, made by hand, or of another
+// manifest or lock name) is refused before anything is sent, with an
+// error wrapping fence.ErrInvalidArgument and ErrNotClaimed (ErrOtherLock
+// for another lock name). If anything was written to the manifest since
+// base, nothing is written: a higher token gives a *fence.StaleError
+// naming both, a manifest fenced by another lock now an error wrapping
+// ErrOtherLock, and anything else (another commit of the same holding,
+// or one of its own whose answer was lost) an error wrapping
+// ErrNotClaimed.
+//
+// An error wrapping fence.ErrOutcomeUnknown means the put may or may not
+// have been written. The holder goes on with Claim, with the same token,
+// which returns the manifest as it is: with payload if the put landed.
+// Committing on the same base once more is safe too: at most one of the
+// two lands, and the second gives ErrNotClaimed if the first landed
+// before it.
+func (f *Fence) Commit(ctx context.Context, base Manifest, payload []byte) (Manifest, error) {
+	if err := f.isBase(base); err != nil {
+		return Manifest{}, failed("commit", f.key, err)
+	}
+	if err := f.checkOnce(ctx); err != nil {
+		return Manifest{}, failed("commit", f.key, err)
+	}
+	next := base
+	next.Payload = payload
+	for attempt := 1; ; attempt++ {
+		m, err := f.put(ctx, next, Condition{IfMatch: base.Version})
+		switch {
+		case err == nil:
+			return m, nil
+		case !raced(err):
+			return Manifest{}, failed("commit", f.key, err)
+		}
+		// Refused for its condition: the manifest as it is now says why.
+		cur, rerr := f.read(ctx)
+		if rerr != nil {
+			return Manifest{}, failed("commit", f.key, fmt.Errorf("%w; reading the manifest then: %w", err, rerr))
+		}
+		if err := f.moved(cur, base); err != nil {
+			return Manifest{}, err
+		}
+		// Still base: the put met another conditional put (S3's 409)
+		// that has not landed, or not yet; try again.
+		if err := f.again(ctx, attempt, err); err != nil {
+			return Manifest{}, failed("commit", f.key, err)
+		}
+	}
+}
+
+// isBase tells whether base is one that Claim or Commit returned for this
+// manifest and this lock; it sends nothing.
+func (f *Fence) isBase(base Manifest) error {
+	switch {
+	case base.key == "":
+		return fmt.Errorf("%w: %w: the base did not come from Claim or Commit; claim the manifest and commit on what it returns",
+			fence.ErrInvalidArgument, ErrNotClaimed)
+	case base.key != f.key:
+		return fmt.Errorf("%w: %w: the base is of manifest %q", fence.ErrInvalidArgument, ErrNotClaimed, base.key)
+	case base.Lock != f.lock:
+		return fmt.Errorf("%w: %w: the base was claimed under %q (this Fence's lock: %q)", fence.ErrInvalidArgument, ErrOtherLock, base.Lock, f.lock)
+	}
+	return nil
+}
+
+// refuse says why token may not write over cur (nil: absent): cur is
+// fenced by another lock, or has accepted a higher token. A manifest
+// that records no lock name, written before manifests recorded it, is
+// compared by token alone, as it was then.
+func (f *Fence) refuse(op string, cur *Manifest, token int64) error {
+	switch {
+	case cur == nil:
+		return nil
+	case cur.Lock != "" && cur.Lock != f.lock:
+		return failed(op, f.key, fmt.Errorf("%w: %q (this Fence's lock: %q)", ErrOtherLock, cur.Lock, f.lock))
+	case cur.Token > token:
+		return &fence.StaleError{Key: f.key, Token: token, Highest: cur.Token}
+	}
+	return nil
+}
+
+// moved says why a commit on base was refused, given the manifest as it
+// is now (nil: absent); nil if it is still base.
+func (f *Fence) moved(cur *Manifest, base Manifest) error {
+	if err := f.refuse("commit", cur, base.Token); err != nil {
+		return err
+	}
+	switch {
+	case cur == nil:
+		return failed("commit", f.key, fmt.Errorf("%w: the manifest is gone; claim it again", ErrNotClaimed))
+	case cur.Version != base.Version:
+		return failed("commit", f.key, fmt.Errorf("%w: it has been written since the base (now version %s, token %d); claim it again",
+			ErrNotClaimed, cur.Version, cur.Token))
+	}
+	return nil
+}
+
+// put writes next as the manifest's next version on cond, and returns it
+// as a base. A failed condition or a conflict is returned as it is, for
+// the caller to decide; a refusal by the store wrote nothing; any other
+// error leaves the outcome unknown, and is never retried here.
+func (f *Fence) put(ctx context.Context, next Manifest, cond Condition) (Manifest, error) {
+	next.seq++
+	version, err := f.store.Put(ctx, f.key, encodeManifest(next), cond)
+	switch {
+	case err == nil && version == "":
+		// A base with no version would make the next commit's put
+		// unconditional.
+		return Manifest{}, fmt.Errorf("%w: the store gave no version for its put", fence.ErrOutcomeUnknown)
+	case err == nil:
+		next.Version, next.key = version, f.key
+		return next, nil
+	case raced(err), errors.Is(err, ErrRefused):
+		return Manifest{}, err
+	}
+	return Manifest{}, fmt.Errorf("%w: %w", fence.ErrOutcomeUnknown, err)
+}
+
+// raced tells whether a put was refused because of another write: its
+// condition failed, or it met a concurrent conditional put.
+func raced(err error) bool {
+	return errors.Is(err, ErrPreconditionFailed) || errors.Is(err, ErrConflict)
+}
+
+// again decides whether a write whose put failed with err tries again:
+// only for a race, and not past the Fence's attempts.
+func (f *Fence) again(ctx context.Context, attempt int, err error) error {
+	switch {
+	case !raced(err):
+		return err
+	case attempt >= f.attempts:
+		return fmt.Errorf("%w (%d attempts): %w", ErrContended, attempt, err)
+	}
+	return backoff(ctx, attempt, errors.Is(err, ErrConflict))
 }
 
 // backoff waits before another attempt: none after a failed condition
@@ -218,6 +356,12 @@ func backoff(ctx context.Context, attempt int, conflict bool) error {
 	}
 }
 
+// base is m as a base of this Fence's manifest.
+func (f *Fence) base(m Manifest) Manifest {
+	m.key = f.key
+	return m
+}
+
 // read returns the manifest, nil if there is none.
 func (f *Fence) read(ctx context.Context) (*Manifest, error) {
 	body, version, err := f.store.Get(ctx, f.key)
@@ -227,9 +371,14 @@ func (f *Fence) read(ctx context.Context) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	if version == "" {
+		// A put on its If-Match would be unconditional.
+		return nil, fmt.Errorf("get %q: the store gave no version", f.key)
+	}
 	m, err := decodeManifest(f.key, body)
 	if err != nil {
 		return nil, err
 	}
-	return &Manifest{Token: m.Token, Payload: m.Payload, Version: version}, nil
+	m.Version = version
+	return &m, nil
 }

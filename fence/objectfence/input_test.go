@@ -44,26 +44,54 @@ func TestBadInputSendsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := &counting{Store: real}
-	f, err := objectfence.New(store, "m")
+	f, err := objectfence.New(store, "m", lockName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := testCtx(t)
+	// Bases of another manifest, and of this one under another lock,
+	// claimed through the real store before counting starts.
+	claim := func(key, lock string) objectfence.Manifest {
+		g, err := objectfence.New(real, key, lock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := g.Claim(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	otherManifest, otherLock := claim("other", lockName), claim("m", "tables/customers")
 	for _, tc := range []struct {
 		name string
 		call func() error
 	}{
 		{"nil S3 client", func() error { _, err := objectfence.NewS3Store(nil, "b"); return err }},
 		{"empty bucket", func() error { _, err := objectfence.NewS3Store(srv.Client(), ""); return err }},
-		{"nil store", func() error { _, err := objectfence.New(nil, "m"); return err }},
-		{"empty key", func() error { _, err := objectfence.New(store, ""); return err }},
-		{"nil option", func() error { _, err := objectfence.New(store, "m", nil); return err }},
-		{"empty data prefix", func() error { _, err := objectfence.New(store, "m", objectfence.WithDataPrefix("")); return err }},
-		{"empty probe prefix", func() error { _, err := objectfence.New(store, "m", objectfence.WithProbePrefix("")); return err }},
-		{"zero attempts", func() error { _, err := objectfence.New(store, "m", objectfence.WithAttempts(0)); return err }},
-		{"commit token 0", func() error { _, err := f.Commit(ctx, 0, nil); return err }},
-		{"commit token -1", func() error { _, err := f.Commit(ctx, -1, nil); return err }},
+		{"nil store", func() error { _, err := objectfence.New(nil, "m", lockName); return err }},
+		{"empty key", func() error { _, err := objectfence.New(store, "", lockName); return err }},
+		{"empty lock name", func() error { _, err := objectfence.New(store, "m", ""); return err }},
+		{"lock name not UTF-8", func() error { _, err := objectfence.New(store, "m", "tables/\xff"); return err }},
+		{"nil option", func() error { _, err := objectfence.New(store, "m", lockName, nil); return err }},
+		{"empty data prefix", func() error {
+			_, err := objectfence.New(store, "m", lockName, objectfence.WithDataPrefix(""))
+			return err
+		}},
+		{"empty probe prefix", func() error {
+			_, err := objectfence.New(store, "m", lockName, objectfence.WithProbePrefix(""))
+			return err
+		}},
+		{"zero attempts", func() error { _, err := objectfence.New(store, "m", lockName, objectfence.WithAttempts(0)); return err }},
+		{"commit on no base", func() error { _, err := f.Commit(ctx, objectfence.Manifest{}, nil); return err }},
+		{"commit on a made base", func() error {
+			_, err := f.Commit(ctx, objectfence.Manifest{Token: 5, Lock: lockName, Version: `"abc"`}, nil)
+			return err
+		}},
+		{"commit on a base of another manifest", func() error { _, err := f.Commit(ctx, otherManifest, nil); return err }},
+		{"commit on a base of another lock", func() error { _, err := f.Commit(ctx, otherLock, nil); return err }},
 		{"claim token 0", func() error { _, err := f.Claim(ctx, 0); return err }},
+		{"claim token -1", func() error { _, err := f.Claim(ctx, -1); return err }},
 		{"data key token 0", func() error { _, err := f.DataKey(0, "x"); return err }},
 		{"data key empty name", func() error { _, err := f.DataKey(1, ""); return err }},
 		{"orphans nil func", func() error { _, err := f.Orphans(ctx, nil); return err }},

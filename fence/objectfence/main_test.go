@@ -17,6 +17,9 @@ func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
 
 func testCtx(t testing.TB) context.Context { return etcdproc.Ctx(t, 60*time.Second) }
 
+// lockName is the lock whose tokens fence the tests' manifests.
+const lockName = "tables/orders"
+
 // newFence is a Fence on a fresh bucket of a real versitygw, with its store.
 func newFence(t *testing.T, opts ...objectfence.Option) (*objectfence.Fence, objectfence.Store, *s3test.Server) {
 	t.Helper()
@@ -25,7 +28,7 @@ func newFence(t *testing.T, opts ...objectfence.Option) (*objectfence.Fence, obj
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := objectfence.New(store, "tables/orders/manifest", opts...)
+	f, err := objectfence.New(store, "tables/orders/manifest", lockName, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

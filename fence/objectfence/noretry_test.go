@@ -2,6 +2,7 @@ package objectfence_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -64,49 +65,65 @@ func newLoseAnswers(t *testing.T, upstream string, closeConn bool) *loseAnswers 
 
 // A conditional put that lands but loses its answer is not sent again:
 // the client's retryer would meet the put's own write, fail its condition
-// and make the fence report "stale" (or, alone, succeed after three puts)
-// for a commit that is in the manifest. The fence says the outcome is
-// unknown, after one put, through the real SDK client with its default
-// retryer, for a 503 and for a closed connection.
+// and make the fence report "not claimed" (or, alone, succeed after three
+// puts) for a commit that is in the manifest. The fence says the outcome
+// is unknown, after one put, through the real SDK client with its default
+// retryer and with one that asks for more attempts, for a 503 and for a
+// closed connection. The holder then goes on as the package says: the
+// same commit again on the same base is refused, since the first landed,
+// and a claim with the same token writes nothing and returns the manifest
+// with the commit in it, the base of the next commit.
 func TestCommitWithLostAnswerIsUnknownNotRetried(t *testing.T) {
 	srv, bucket := s3test.StartVersityT(t)
 	for _, closeConn := range []bool{false, true} {
-		name := map[bool]string{false: "503", true: "closed connection"}[closeConn]
-		t.Run(name, func(t *testing.T) {
-			p := newLoseAnswers(t, srv.Endpoint, closeConn)
-			cli := s3.New(s3.Options{ // the SDK's default retryer, as a user's client has
-				BaseEndpoint: aws.String(p.srv.URL),
-				Region:       "us-east-1",
-				Credentials:  credentials.NewStaticCredentialsProvider(srv.Access, srv.Secret, ""),
-				UsePathStyle: true,
+		for _, attempts := range []int{0, 5} { // 0: the SDK's default
+			name := fmt.Sprintf("%s, retry attempts %d", map[bool]string{false: "503", true: "closed connection"}[closeConn], attempts)
+			t.Run(name, func(t *testing.T) {
+				p := newLoseAnswers(t, srv.Endpoint, closeConn)
+				cli := s3.New(s3.Options{ // a retryer, as a user's client has
+					BaseEndpoint:     aws.String(p.srv.URL),
+					Region:           "us-east-1",
+					Credentials:      credentials.NewStaticCredentialsProvider(srv.Access, srv.Secret, ""),
+					UsePathStyle:     true,
+					RetryMaxAttempts: attempts,
+				})
+				store, err := objectfence.NewS3Store(cli, bucket)
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := fmt.Sprintf("lost-%t-%d/manifest", closeConn, attempts)
+				f, err := objectfence.New(store, key, lockName)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := testCtx(t)
+				base := mustCommit(t, f, 5, "batch-1")
+				p.armed.Store(true)
+				before := p.puts.Load()
+				_, err = f.Commit(ctx, base, []byte("batch-2"))
+				if !errors.Is(err, fence.ErrOutcomeUnknown) {
+					t.Fatalf("commit whose answer was lost: %v, want ErrOutcomeUnknown", err)
+				}
+				if errors.Is(err, objectfence.ErrNotClaimed) || errors.Is(err, fence.ErrStale) {
+					t.Fatalf("commit whose answer was lost reported refused: %v", err)
+				}
+				if n := p.puts.Load() - before; n != 1 {
+					t.Fatalf("%d puts reached the server for one commit, want 1 (no retry)", n)
+				}
+				p.armed.Store(false)
+				wantManifest(t, f, 5, "batch-2") // it landed
+				_, err = f.Commit(ctx, base, []byte("batch-2"))
+				wantErr(t, err, objectfence.ErrNotClaimed)
+				before = p.puts.Load()
+				again := mustClaim(t, f, 5)
+				if string(again.Payload) != "batch-2" || p.puts.Load() != before {
+					t.Fatalf("claim after the lost answer = %q with %d puts; want batch-2, none", again.Payload, p.puts.Load()-before)
+				}
+				if _, err := f.Commit(ctx, again, []byte("batch-3")); err != nil {
+					t.Fatalf("commit on the new claim: %v", err)
+				}
+				wantManifest(t, f, 5, "batch-3")
 			})
-			store, err := objectfence.NewS3Store(cli, bucket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := objectfence.New(store, "lost-"+strings.ReplaceAll(name, " ", "-")+"/manifest")
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustCommit(t, f, 5, "batch-1")
-			p.armed.Store(true)
-			before := p.puts.Load()
-			_, err = f.Commit(testCtx(t), 5, []byte("batch-2"))
-			if !errors.Is(err, fence.ErrOutcomeUnknown) {
-				t.Fatalf("commit whose answer was lost: %v, want ErrOutcomeUnknown", err)
-			}
-			var se *fence.StaleError
-			if errors.As(err, &se) {
-				t.Fatalf("commit whose answer was lost reported stale: %v", err)
-			}
-			if n := p.puts.Load() - before; n != 1 {
-				t.Fatalf("%d puts reached the server for one commit, want 1 (no retry)", n)
-			}
-			p.armed.Store(false)
-			m, err := f.Read(testCtx(t))
-			if err != nil || string(m.Payload) != "batch-2" {
-				t.Fatalf("the manifest after the lost answer: %+v, %v; want batch-2, which landed", m, err)
-			}
-		})
+		}
 	}
 }

@@ -10,10 +10,11 @@ import (
 // absent. NewS3Store adapts an S3 client; other stores (GCS, Azure Blob,
 // minio-go) plug in by implementing it.
 type Store interface {
-	// Get returns the object's body and its version (the S3 ETag), or an
-	// error wrapping ErrNotFound.
+	// Get returns the object's body and its version (the S3 ETag; never
+	// empty), or an error wrapping ErrNotFound.
 	Get(ctx context.Context, key string) (body []byte, version string, err error)
-	// Put writes body under key if cond holds, and returns the new version.
+	// Put writes body under key if cond holds, and returns the new version
+	// (never empty).
 	// A condition that does not hold gives an error wrapping
 	// ErrPreconditionFailed, a concurrent conditional write one wrapping
 	// ErrConflict, and a request the store refused before applying it one
