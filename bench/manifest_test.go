@@ -23,26 +23,28 @@ import (
 // loopback, started once for the run, each case on a manifest key of its
 // own.
 //
-// uncontended: one holder's Commit (one read, one conditional put),
-// a plain unconditional PutObject of the same object with the same bytes,
-// and a Read, in turns (interleave): commit/plain is the fence's cost,
-// whose target is at most 2.2x. gets/commit and puts/commit count what
-// the commits sent.
+// uncontended: one holder's Commit on the manifest its previous commit
+// returned (one conditional put), a plain unconditional PutObject of the
+// same bytes to a key of its own (over the manifest it would replace the
+// holder's base), and a Read, in turns (interleave): commit/plain is the
+// fence's cost, whose target is at most 2.2x. gets/commit and puts/commit
+// count what the commits sent.
 //
-// committers=N: N goroutines commit to one manifest, each commit with a
-// token of its own drawn from one counter (a new holder each time, so
-// tokens increase in the order drawn, not in the order commits land), in
-// rounds of 4N commits that alternate with rounds of 4N plain puts by N
-// goroutines (to a key of their own, so as not to move the fenced
-// manifest's token back), each kind going first every other time. It
-// reports commits/s (commits written per second of the fenced rounds),
-// plain-puts/s, commit/plain (the median over pairs of rounds of the
-// fenced round's time over the plain one's), and per attempted commit:
-// stale/op (refused with a *fence.StaleError, a higher token having
-// landed first), retries/op (conditional puts refused by a race, each
-// sending the commit back to a new read) and contended/op (commits that
-// gave up with ErrContended). After the run the manifest must hold the
-// highest token that committed.
+// committers=N: N goroutines commit to one manifest, each commit by a new
+// holder: a Claim with a token of its own drawn from one counter (so
+// tokens increase in the order drawn, not in the order claims land), then
+// a Commit on what the claim returned, in rounds of 4N commits that
+// alternate with rounds of 4N plain puts by N goroutines (to a key of
+// their own, so as not to move the fenced manifest's token back), each
+// kind going first every other time. It reports commits/s (commits
+// written per second of the fenced rounds), plain-puts/s, commit/plain
+// (the median over pairs of rounds of the fenced round's time over the
+// plain one's), and per attempted commit: stale/op (its claim or commit
+// refused with a *fence.StaleError, a higher token having landed first),
+// retries/op (conditional puts refused by a race: a claim's, sent back to
+// a new read, or a commit's, which then reads why) and contended/op
+// (claims or commits that gave up with ErrContended). After the run the
+// manifest must hold the highest token that claimed it.
 func BenchmarkManifest(b *testing.B) {
 	srv, bucket := s3test.StartVersityT(b)
 	client := s3.New(srv.Client().Options(), func(o *s3.Options) {
@@ -89,28 +91,37 @@ func (s *countingStore) Put(ctx context.Context, key string, body []byte, cond o
 	return v, err
 }
 
+// manifestLock is the lock whose tokens fence the benchmarks' manifests.
+const manifestLock = "bench/manifest"
+
 // manifestFence is a checked Fence on key through a counting store, with
-// a first commit of token written, and the manifest object's bytes as it
-// left them.
-func manifestFence(b *testing.B, store objectfence.Store, key string, token int64) (*objectfence.Fence, *countingStore, []byte) {
+// a first claim and commit of token written; it returns the manifest that
+// commit returned, the base of the next, and the manifest object's bytes
+// as it left them.
+func manifestFence(b *testing.B, store objectfence.Store, key string, token int64) (*objectfence.Fence, *countingStore, objectfence.Manifest, []byte) {
 	b.Helper()
 	ctx := context.Background()
 	counted := &countingStore{Store: store}
-	f, err := objectfence.New(counted, key)
+	f, err := objectfence.New(counted, key, manifestLock)
 	if err != nil {
 		b.Fatal(err)
 	}
 	if err := f.Check(ctx); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := f.Commit(ctx, token, batchPointer(b, f, token)); err != nil {
+	claimed, err := f.Claim(ctx, token)
+	if err != nil {
+		b.Fatal(err)
+	}
+	base, err := f.Commit(ctx, claimed, batchPointer(b, f, token))
+	if err != nil {
 		b.Fatal(err)
 	}
 	body, _, err := store.Get(ctx, key)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return f, counted, body
+	return f, counted, base, body
 }
 
 // batchPointer is a manifest's payload: the data key of a batch.
@@ -125,20 +136,22 @@ func batchPointer(b *testing.B, f *objectfence.Fence, token int64) []byte {
 func manifestUncontended(b *testing.B, store objectfence.Store, key string) {
 	ctx := context.Background()
 	const token = 7
-	f, counted, body := manifestFence(b, store, key, token)
-	reader, err := objectfence.New(store, key)
+	f, counted, base, body := manifestFence(b, store, key, token)
+	reader, err := objectfence.New(store, key, manifestLock)
 	if err != nil {
 		b.Fatal(err)
 	}
 	payload := batchPointer(b, f, token)
+	plainKey := key + ".plain"
 	gets, puts := counted.gets.Load(), counted.puts.Load()
 	interleave(b, []turn{
 		{"plain", func() error {
-			_, err := store.Put(ctx, key, body, objectfence.Condition{})
+			_, err := store.Put(ctx, plainKey, body, objectfence.Condition{})
 			return err
 		}},
 		{"commit", func() error {
-			_, err := f.Commit(ctx, token, payload)
+			var err error
+			base, err = f.Commit(ctx, base, payload)
 			return err
 		}},
 		{"read", func() error {
@@ -153,16 +166,20 @@ func manifestUncontended(b *testing.B, store objectfence.Store, key string) {
 // commitTally counts the outcomes of contended commits.
 type commitTally struct {
 	committed, stale, contended atomic.Int64
-	highest                     atomic.Int64 // the highest token committed
+	highest                     atomic.Int64 // the highest token claimed
 }
 
-func (t *commitTally) add(token int64, err error) error {
+// claimed records a claim of token that landed.
+func (t *commitTally) claimed(token int64) {
+	for h := t.highest.Load(); token > h && !t.highest.CompareAndSwap(h, token); h = t.highest.Load() {
+	}
+}
+
+func (t *commitTally) add(err error) error {
 	var se *fence.StaleError
 	switch {
 	case err == nil:
 		t.committed.Add(1)
-		for h := t.highest.Load(); token > h && !t.highest.CompareAndSwap(h, token); h = t.highest.Load() {
-		}
 	case errors.As(err, &se):
 		t.stale.Add(1)
 	case errors.Is(err, objectfence.ErrContended):
@@ -175,18 +192,23 @@ func (t *commitTally) add(token int64, err error) error {
 
 func manifestContended(b *testing.B, store objectfence.Store, key string, n int) {
 	ctx := context.Background()
-	f, counted, body := manifestFence(b, store, key, 1)
+	f, counted, _, body := manifestFence(b, store, key, 1)
 	var tokens atomic.Int64
 	tokens.Store(1)
 	var tally commitTally
+	tally.claimed(1)
 	commit := func() error {
 		t := tokens.Add(1)
 		batch, err := f.DataKey(t, "batch-000001.parquet")
 		if err != nil {
 			return err
 		}
-		_, err = f.Commit(ctx, t, []byte(batch))
-		return tally.add(t, err)
+		base, err := f.Claim(ctx, t)
+		if err == nil {
+			tally.claimed(t)
+			_, err = f.Commit(ctx, base, []byte(batch))
+		}
+		return tally.add(err)
 	}
 	plainKey := key + ".plain"
 	plain := func() error {
@@ -221,8 +243,8 @@ func reportContended(b *testing.B, f *objectfence.Fence, tally *commitTally, rac
 	if err != nil {
 		b.Fatal(err)
 	}
-	if h := tally.highest.Load(); h > 0 && m.Token != h {
-		b.Fatalf("the manifest holds token %d; the highest that committed is %d", m.Token, h)
+	if h := tally.highest.Load(); m.Token != h {
+		b.Fatalf("the manifest holds token %d; the highest that claimed it is %d", m.Token, h)
 	}
 	per := func(n int64) float64 { return float64(n) / float64(b.N) }
 	b.ReportMetric(float64(tally.committed.Load())/fenced.Seconds(), "commits/s")

@@ -109,13 +109,14 @@ func run(endpoints string, ttl time.Duration, out io.Writer) (outcome, error) {
 	if err != nil {
 		return outcome{}, err
 	}
-	f, store, err := openFence(srv, bucket)
+	lockName := fmt.Sprintf("manifest-%x/orders", time.Now().UnixNano()&0xffffff)
+	f, store, err := openFence(srv, bucket, lockName)
 	if err != nil {
 		return outcome{}, err
 	}
 	fmt.Fprintf(out, "versitygw %s at %s, bucket %s\n", s3test.VersityVersion, srv.Endpoint, bucket)
 	s := &scene{ctx: ctx, cli: cli, store: store, f: f, ttl: ttl, tl: exampleenv.NewTimeline(out),
-		lockName: fmt.Sprintf("manifest-%x/orders", time.Now().UnixNano()&0xffffff),
+		lockName: lockName,
 		s3env:    strings.Join([]string{srv.Endpoint, srv.Access, srv.Secret, bucket}, " ")}
 	res, err := s.play()
 	if err != nil {
@@ -137,13 +138,14 @@ func (o outcome) summary() string {
 		o.refused, o.tokens, o.wentBack, o.missing, o.final.Token, o.final.Payload)
 }
 
-// openFence is the manifest's Fence on bucket of srv, and its store.
-func openFence(srv *s3test.Server, bucket string) (*objectfence.Fence, objectfence.Store, error) {
+// openFence is the manifest's Fence on bucket of srv, fenced by the lock
+// named lockName, and its store.
+func openFence(srv *s3test.Server, bucket, lockName string) (*objectfence.Fence, objectfence.Store, error) {
 	store, err := objectfence.NewS3Store(srv.Client(), bucket)
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := objectfence.New(store, manifestKey)
+	f, err := objectfence.New(store, manifestKey, lockName)
 	return f, store, err
 }
 
@@ -271,7 +273,7 @@ func (s *scene) bTakesOver(res *outcome) error {
 		return err
 	}
 	s.tl.Printf("B", "writes its batch to %s", res.bBatch)
-	if _, err := s.f.Commit(s.ctx, lb.Token(), []byte(res.bBatch)); err != nil {
+	if _, err := s.f.Commit(s.ctx, m, []byte(res.bBatch)); err != nil {
 		return err
 	}
 	s.tl.Printf("B", "commits a pointer to %s", res.bBatch)
@@ -402,7 +404,7 @@ func workerA(in io.Reader, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out, "LOCKED", l.Token())
-	next, err := aFirstBatch(ctx, out, f, store, l.Token())
+	next, base, err := aFirstBatch(ctx, out, f, store, l.Token())
 	if err != nil {
 		return err
 	}
@@ -413,7 +415,7 @@ func workerA(in io.Reader, out io.Writer) error {
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
 		return err
 	}
-	_, err = f.Commit(ctx, l.Token(), []byte(next))
+	_, err = f.Commit(ctx, base, []byte(next))
 	var stale *fence.StaleError
 	switch {
 	case errors.As(err, &stale):
@@ -429,11 +431,12 @@ func workerA(in io.Reader, out io.Writer) error {
 }
 
 // aFirstBatch is A's holding up to its stop: it claims the manifest,
-// commits one batch, and writes the next, whose key it returns.
-func aFirstBatch(ctx context.Context, out io.Writer, f *objectfence.Fence, store objectfence.Store, token int64) (string, error) {
+// commits one batch, and writes the next, whose key it returns with the
+// manifest its commit returned, the base of the next commit.
+func aFirstBatch(ctx context.Context, out io.Writer, f *objectfence.Fence, store objectfence.Store, token int64) (string, objectfence.Manifest, error) {
 	m, err := f.Claim(ctx, token)
 	if err != nil {
-		return "", err
+		return "", objectfence.Manifest{}, err
 	}
 	batch := "no batch yet"
 	if len(m.Payload) > 0 {
@@ -442,19 +445,20 @@ func aFirstBatch(ctx context.Context, out io.Writer, f *objectfence.Fence, store
 	fmt.Fprintf(out, "CLAIMED token now %d, %s\n", m.Token, batch)
 	first, err := writeBatch(ctx, store, f, token, "batch-a1")
 	if err != nil {
-		return "", err
+		return "", objectfence.Manifest{}, err
 	}
 	fmt.Fprintln(out, "WROTE", first)
-	if _, err := f.Commit(ctx, token, []byte(first)); err != nil {
-		return "", err
+	base, err := f.Commit(ctx, m, []byte(first))
+	if err != nil {
+		return "", objectfence.Manifest{}, err
 	}
 	fmt.Fprintln(out, "COMMITTED", first)
 	next, err := writeBatch(ctx, store, f, token, "batch-a2")
 	if err != nil {
-		return "", err
+		return "", objectfence.Manifest{}, err
 	}
 	fmt.Fprintln(out, "WROTE", next)
-	return next, nil
+	return next, base, nil
 }
 
 // childFence is the manifest's Fence for worker A, on the gateway the
@@ -464,5 +468,5 @@ func childFence() (*objectfence.Fence, objectfence.Store, error) {
 	if len(p) != 4 {
 		return nil, nil, fmt.Errorf("%s=%q: want endpoint, access key, secret and bucket", envS3, os.Getenv(envS3))
 	}
-	return openFence(&s3test.Server{Endpoint: p[0], Access: p[1], Secret: p[2]}, p[3])
+	return openFence(&s3test.Server{Endpoint: p[0], Access: p[1], Secret: p[2]}, p[3], os.Getenv(envLock))
 }

@@ -305,7 +305,7 @@ func newObjects(t testing.TB, srv *s3test.Server, names int) *objects {
 	o := &objects{bucket: bucket, store: store, fences: map[string]*objectfence.Fence{}}
 	for i := range names {
 		name := fmt.Sprint(i)
-		if o.fences[name], err = objectfence.New(store, manifestKey(name)); err != nil {
+		if o.fences[name], err = objectfence.New(store, manifestKey(name), name); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -326,9 +326,10 @@ func startVersity(t testing.TB) *s3test.Server {
 }
 
 // unfencedManifest is the manifest object the control puts, in the form
-// objectfence writes it (JSON: the token, and the payload as base64), so
-// that the Fence's Read, through which every manifest read goes, reads the
-// control's writes as it reads its own commits (TestUnfencedManifest).
+// objectfence wrote before manifests recorded their lock (JSON: the token,
+// and the payload as base64), which it still reads: the Fence's Read,
+// through which every manifest read goes, reads the control's writes as
+// it reads its own commits (TestUnfencedManifest).
 func unfencedManifest(token int64, payload string) []byte {
 	b, _ := json.Marshal(struct {
 		Token   int64  `json:"token"`
@@ -353,7 +354,20 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 	var err error
 	switch {
 	case kind == KindManifest && c.cfg.fenced:
-		_, err = c.cfg.objects.fences[name].Commit(wctx, token, []byte(val))
+		// A holder claims, then commits on what the claim returned. The
+		// claim is an operation of its own: it raises the token and keeps
+		// the value. If it fails, no commit is sent.
+		f := c.cfg.objects.fences[name]
+		base, cerr := f.Claim(wctx, token)
+		claim := Input{Register: reg, Kind: kind, Write: true, Token: token, Claim: true}
+		if cerr != nil {
+			o := c.outcome(kind, cerr)
+			c.h.Add(c.id, claim, call, o)
+			return o.Outcome, stale
+		}
+		c.h.Add(c.id, claim, call, Output{Outcome: OK})
+		call = c.h.Now()
+		_, err = f.Commit(wctx, base, []byte(val))
 	case kind == KindManifest:
 		// The control: a plain put of the manifest, through the same
 		// store, over whatever the object holds.
@@ -370,26 +384,32 @@ func (c *chaosClient) write(ctx context.Context, kind, name string, l *lease.Loc
 	default:
 		_, err = fence.NewTxn(wctx, c.cli, fence.Resource(res+".fence", token)).Then(clientv3.OpPut(reg, val)).Commit()
 	}
-	o := Output{Outcome: OK}
-	switch {
-	case err == nil:
+	o := c.outcome(kind, err)
+	if err == nil {
 		c.ev.record(c.ev.regs, reg, token)
 		c.ev.record(c.ev.wrote, name, token)
-	case errors.Is(err, fence.ErrStale), errors.Is(err, fence.ErrNotHeld):
-		o.Outcome = Refused
-	case kind == KindManifest && !errors.Is(err, fence.ErrOutcomeUnknown) &&
-		(c.cfg.fenced || errors.Is(err, objectfence.ErrRefused)):
-		// objectfence's word: only ErrOutcomeUnknown leaves a commit's
-		// outcome open; any other error (contended, refused by the
-		// store, the read before the put failed) wrote nothing. The
-		// model holds it to that. The control's plain put wrote nothing
-		// if the store refused it.
-		o.Outcome = Failed
-	default:
-		o.Outcome = Unknown // timed out or cut off: it may have been applied
 	}
 	c.h.Add(c.id, in, call, o)
 	return o.Outcome, stale
+}
+
+// outcome is what a write of kind that ended with err is in the model.
+func (c *chaosClient) outcome(kind string, err error) Output {
+	switch {
+	case err == nil:
+		return Output{Outcome: OK}
+	case errors.Is(err, fence.ErrStale), errors.Is(err, fence.ErrNotHeld):
+		return Output{Outcome: Refused}
+	case kind == KindManifest && !errors.Is(err, fence.ErrOutcomeUnknown) &&
+		(c.cfg.fenced || errors.Is(err, objectfence.ErrRefused)):
+		// objectfence's word: only ErrOutcomeUnknown leaves a claim's or
+		// a commit's outcome open; any other error (contended, refused by
+		// the store, the read before the put failed, a commit whose base
+		// was replaced) wrote nothing. The model holds it to that. The
+		// control's plain put wrote nothing if the store refused it.
+		return Output{Outcome: Failed}
+	}
+	return Output{Outcome: Unknown} // timed out or cut off: it may have been applied
 }
 
 // read reads one register, linearizably, and records it. Failed reads

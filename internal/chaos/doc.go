@@ -28,8 +28,10 @@
 //   - TestChaos: randomized runs of 8 to 16 clients over two lock names,
 //     each with four registers (Held-guarded etcd key, Resource-guarded
 //     etcd key, sqlfence-guarded SQLite row, and an S3 manifest object
-//     committed through objectfence: a write is Commit with the client's
-//     token and the value as payload, a read is Read's payload). Clients
+//     committed through objectfence: a write is a Claim with the client's
+//     token, recorded as an operation of its own that raises the token and
+//     keeps the value, then a Commit of the value on what the claim
+//     returned; a read is Read's payload). Clients
 //     acquire, write, read and release at random; one of them is paused
 //     (its traffic held or dropped) until etcd has expired its lease and a
 //     successor has written (then for up to a second more, until successors

@@ -13,21 +13,26 @@ import (
 	"github.com/leasefence/leasefence/fence/objectfence"
 )
 
-// The control's manifest object is the one objectfence writes, byte for
-// byte, and the Fence's Read reads it: the control's reads see its writes,
-// and a later commit compares its token with the control's.
+// The control's manifest object is in the form objectfence wrote before
+// manifests recorded their lock, and the Fence's Read reads it as it reads
+// its own commits: the control's reads see its writes, and a later claim
+// compares its token with the control's.
 func TestUnfencedManifest(t *testing.T) {
 	ctx := context.Background()
 	store := &memStore{objs: map[string]memObject{}}
-	f, err := objectfence.New(store, "m")
+	f, err := objectfence.New(store, "m", "0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Commit(ctx, 3, []byte("c1-t3-1")); err != nil {
+	base, err := f.Claim(ctx, 3)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := store.objs["m"].body, unfencedManifest(3, "c1-t3-1"); !bytes.Equal(got, want) {
-		t.Fatalf("objectfence wrote %s, the control writes %s", got, want)
+	if _, err := f.Commit(ctx, base, []byte("c1-t3-1")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := f.Read(ctx); err != nil || m.Token != 3 || string(m.Payload) != "c1-t3-1" {
+		t.Fatalf("read after the commit: %+v, %v", m, err)
 	}
 	// A stale plain put goes through, and reads back as any commit does.
 	if _, err := store.Put(ctx, "m", unfencedManifest(2, "c2-t2-5"), objectfence.Condition{}); err != nil {
@@ -37,8 +42,8 @@ func TestUnfencedManifest(t *testing.T) {
 	if err != nil || m.Token != 2 || string(m.Payload) != "c2-t2-5" {
 		t.Fatalf("read after the control's put: %+v, %v", m, err)
 	}
-	if _, err := f.Commit(ctx, 1, []byte("late")); !errors.Is(err, fence.ErrStale) {
-		t.Fatalf("commit of token 1 over the control's token 2: %v, want stale", err)
+	if _, err := f.Claim(ctx, 1); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("claim of token 1 over the control's token 2: %v, want stale", err)
 	}
 }
 

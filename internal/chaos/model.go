@@ -42,6 +42,9 @@ type Input struct {
 	Write    bool
 	Token    int64  // for writes
 	Value    string // for writes
+	// Claim: a manifest claim, a write that raises the token and keeps
+	// the value (Value is empty).
+	Claim bool
 }
 
 // Output is how an operation ended.
@@ -88,6 +91,9 @@ func Model() porcupine.Model {
 			if !in.Write {
 				return fmt.Sprintf("read %s -> %q", in.Register, out.Value)
 			}
+			if in.Claim {
+				return fmt.Sprintf("%s claim %s token %d -> %s", in.Kind, in.Register, in.Token, out.Outcome)
+			}
 			return fmt.Sprintf("%s write %s token %d %q -> %s", in.Kind, in.Register, in.Token, in.Value, out.Outcome)
 		},
 		DescribeState: func(state interface{}) string {
@@ -123,6 +129,9 @@ func step(state, input, output interface{}) []interface{} {
 		return nil
 	}
 	accepted := registerState{highest: in.Token, value: in.Value}
+	if in.Claim {
+		accepted.value = s.value
+	}
 	allowed := in.Token >= s.highest
 	switch out.Outcome {
 	case OK:
