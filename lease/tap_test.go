@@ -84,7 +84,7 @@ func (tp *tap) readAfter(keys ...string) bool {
 func (tp *tap) release() {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
-	if !closed(tp.released) {
+	if !holdback.Closed(tp.released) {
 		close(tp.released)
 	}
 }
@@ -125,13 +125,4 @@ func (tp *tap) Recv(wr *pb.WatchResponse) bool {
 		tp.changed()
 	}
 	return tp.hold != nil && tp.hold(wr)
-}
-
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

@@ -61,7 +61,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	// it: try new ports.
 	for attempt := 0; ; attempt++ {
 		var ports []int
-		ports, err = freePorts(2)
+		ports, err = FreePorts(2)
 		if err != nil {
 			break
 		}
@@ -102,7 +102,9 @@ func NewClient(endpoints []string) (*clientv3.Client, error) {
 	})
 }
 
-func freePorts(n int) ([]int, error) {
+// FreePorts finds n loopback ports free now. Another process may take one
+// before the caller binds it: callers retry with new ports.
+func FreePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {

@@ -39,7 +39,7 @@ type Proc struct {
 // dir and the given heartbeat and election timeout in milliseconds, and
 // waits until each serves requests.
 func StartProcesses(ctx context.Context, bin, dir string, n int, tickMs, electionMs uint) (*ProcCluster, error) {
-	ports, err := freePorts(2 * n)
+	ports, err := FreePorts(2 * n)
 	if err != nil {
 		return nil, err
 	}

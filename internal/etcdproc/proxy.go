@@ -185,7 +185,7 @@ func NewProxy(tb testing.TB, addr, target string) (*Proxy, string, error) {
 	// A port found free can be taken by another test before the proxy
 	// binds it: try another one.
 	for attempt := 0; ; attempt++ {
-		ports, err := freePorts(1)
+		ports, err := FreePorts(1)
 		if err != nil {
 			return nil, "", err
 		}

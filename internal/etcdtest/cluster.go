@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
@@ -27,9 +28,8 @@ import (
 )
 
 // EnvEndpoints names the environment variable that points tests at an
-// existing etcd cluster instead of an embedded one: a comma-separated list
-// of client URLs.
-const EnvEndpoints = "ETCD_ENDPOINTS"
+// existing etcd cluster instead of an embedded one.
+const EnvEndpoints = etcdproc.EnvEndpoints
 
 // Config says what to start. The zero value is one member with etcd's
 // default timing.
@@ -85,19 +85,7 @@ type Cluster struct {
 }
 
 // External reports the endpoints from ETCD_ENDPOINTS, if it is set.
-func External() ([]string, bool) {
-	v := strings.TrimSpace(os.Getenv(EnvEndpoints))
-	if v == "" {
-		return nil, false
-	}
-	var eps []string
-	for _, e := range strings.Split(v, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			eps = append(eps, e)
-		}
-	}
-	return eps, len(eps) > 0
-}
+func External() ([]string, bool) { return etcdproc.External() }
 
 // Start starts an embedded cluster and waits until every member serves
 // requests, or ctx ends.
@@ -340,24 +328,7 @@ func (c *Cluster) Close() {
 	}
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+func freePorts(n int) ([]int, error) { return etcdproc.FreePorts(n) }
 
 // Leader returns the running member that is the raft leader, or nil if no
 // running member says it leads.

@@ -2,17 +2,14 @@ package etcdtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 )
 
 // New gives a test a client to a real etcd: the cluster in ETCD_ENDPOINTS
@@ -58,15 +55,8 @@ func client(tb testing.TB, eps []string) *clientv3.Client {
 	return cli
 }
 
-// Name returns a lock name unique to this run, so that tests sharing an
-// external cluster never meet each other's keys.
-func Name(tb testing.TB, base string) string {
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatalf("random name: %v", err)
-	}
-	return "leasefence-test/" + hex.EncodeToString(b[:]) + "/" + base
-}
+// Name returns a lock name unique to this run (etcdproc.Name).
+func Name(tb testing.TB, base string) string { return etcdproc.Name(tb, base) }
 
 // Env is the etcd a test package shares: set up once by Main, used by every
 // test through Client. Sharing one member keeps a package's tests fast;
@@ -178,29 +168,9 @@ func warmUp(endpoints []string) error {
 	return err
 }
 
-// Ctx is a context for one test's requests: it ends after d, or when the
-// test ends.
-func Ctx(tb testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	tb.Cleanup(cancel)
-	return ctx
-}
+// Ctx is a context for one test's requests (etcdproc.Ctx).
+func Ctx(tb testing.TB, d time.Duration) context.Context { return etcdproc.Ctx(tb, d) }
 
-// Unanswered returns a client of an endpoint on loopback where nobody
-// listens (a port bound, then released), closed when tb ends: etcd that
-// cannot be reached. Requests on it wait until their context ends.
-func Unanswered(tb testing.TB) (*clientv3.Client, string) {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cli.Close() })
-	return cli, addr
-}
+// Unanswered returns a client of an endpoint where nobody listens
+// (etcdproc.Unanswered).
+func Unanswered(tb testing.TB) (*clientv3.Client, string) { return etcdproc.Unanswered(tb) }

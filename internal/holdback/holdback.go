@@ -101,7 +101,7 @@ func (s *heldStream) RecvMsg(m any) error {
 	for {
 		var release <-chan struct{}
 		if len(s.stash) > 0 {
-			if closed(s.release) {
+			if Closed(s.release) {
 				// Held responses go before any read since: each watch's
 				// order is kept.
 				deliver(m, s.stash[0])
@@ -131,7 +131,7 @@ func (s *heldStream) RecvMsg(m any) error {
 // it did.
 func (s *heldStream) holds(wr *pb.WatchResponse) bool {
 	pick := s.hook.Recv(wr)
-	if !s.heldIDs[wr.WatchId] && (!pick || closed(s.release)) {
+	if !s.heldIDs[wr.WatchId] && (!pick || Closed(s.release)) {
 		return false
 	}
 	if s.heldIDs == nil {
@@ -142,7 +142,8 @@ func (s *heldStream) holds(wr *pb.WatchResponse) bool {
 	return true
 }
 
-func closed(ch <-chan struct{}) bool {
+// Closed tells whether ch is closed, without waiting.
+func Closed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
