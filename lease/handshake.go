@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,8 +19,10 @@ import (
 // grant asks etcd for a lease. etcd's client retries a failed TLS
 // handshake until ctx ends, so grant watches the connection and fails at
 // once with ErrTLSHandshake on a certificate failure. An unanswered grant
-// is reported (warnUnanswered) rather than left a silent hang.
+// is reported (warnUnanswered) rather than left a silent hang, and fails
+// when ctx ends with an error that names the endpoints.
 func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (*clientv3.LeaseGrantResponse, error) {
+	start := time.Now()
 	gctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
@@ -39,6 +42,11 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (
 	wg.Wait()
 	if cause := context.Cause(gctx); err != nil && ctx.Err() == nil && cause != context.Canceled {
 		return nil, cause
+	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// Without a logger or hooks nothing else said so: the error does.
+		return nil, fmt.Errorf("etcd at %s did not answer within %v: %w",
+			strings.Join(client.Endpoints(), ", "), time.Since(start).Round(10*time.Millisecond), err)
 	}
 	return resp, err
 }

@@ -60,10 +60,12 @@ type Session struct {
 }
 
 // NewSession grants a lease of the configured TTL and keeps it alive until
-// Close or its loss. ctx bounds only this call: an unreachable etcd fails
-// when ctx ends. Bad input gives an error wrapping ErrInvalidArgument
-// before anything is sent; a TLS handshake that fails for a certificate
-// reason gives one wrapping ErrTLSHandshake at once.
+// Close or its loss. ctx bounds only this call. While etcd does not answer
+// the grant, NewSession waits (reporting it to Hooks.Unanswered and the
+// log); when ctx ends it fails with an error that matches ctx's, says that
+// etcd did not answer, and names the endpoints. Bad input gives an error
+// wrapping ErrInvalidArgument before anything is sent; a TLS handshake that
+// fails for a certificate reason gives one wrapping ErrTLSHandshake at once.
 func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*Session, error) {
 	if client == nil {
 		return nil, errNilClient

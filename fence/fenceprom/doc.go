@@ -19,10 +19,17 @@
 //	leasefence_lock_lost_total{name,cause}        counter: losses by cause (expired, key_deleted, session_closed, revision_regressed)
 //	leasefence_session_keepalive_margin_seconds   histogram: local deadline minus now at each renewal
 //	leasefence_sessions_lost_total                counter: sessions whose lease was lost
-//	leasefence_fence_refused_total{guard}         counter: writes refused (held, resource, sql, http)
+//	leasefence_session_grant_unanswered_total     counter: reports of a lease grant etcd has not answered
+//	leasefence_fence_refused_total{guard}         counter: writes refused (held, resource, sql, http, grpc)
 //	leasefence_fence_outcome_unknown_total        counter: fenced writes with an unknown outcome
+//
+// The unanswered counter tells of an etcd that cannot be reached before
+// any session exists, and with no logger: it counts each Hooks.Unanswered
+// report, made 2 s into a NewSession (and so a Run or Lead) that etcd has
+// not answered, and every 10 s after that.
 //
 // What it does not do: it counts what this process saw. A process that is
 // paused sees nothing meanwhile; refusals are counted where the fence
-// runs (in the writer for etcd and SQL fences, in the server for HTTP).
+// runs (in the writer for etcd and SQL fences, in the server for HTTP and
+// gRPC).
 package fenceprom
