@@ -8,6 +8,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdproc"
@@ -53,6 +54,10 @@ func ExampleRun() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
+	logger, err := zap.NewProduction() // your service's logger
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	err = lease.Run(ctx, cli, "shards/7", func(ctx context.Context, l *lease.Lock) error {
 		// ctx ends if the lock is lost; writes use WriteContext, so that a
@@ -75,7 +80,7 @@ func ExampleRun() {
 			Then(clientv3.OpPut("shards/7/checkpoint", offset+"+1")).
 			Commit()
 		return err
-	}, lease.WithTTL(10*time.Second))
+	}, lease.WithTTL(10*time.Second), lease.WithLogger(logger))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -25,8 +25,8 @@ func unreachable(t *testing.T, err error, want error, addr string) {
 }
 
 func TestUnreachableNewSession(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	cli, addr := etcdtest.Unanswered(t)
+	etcdproc.LeakCheck(t)
+	cli, addr := etcdproc.Unanswered(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	s, err := lease.NewSession(ctx, cli)
@@ -38,8 +38,8 @@ func TestUnreachableNewSession(t *testing.T) {
 }
 
 func TestUnreachableRun(t *testing.T) {
-	etcdtest.LeakCheck(t)
-	cli, addr := etcdtest.Unanswered(t)
+	etcdproc.LeakCheck(t)
+	cli, addr := etcdproc.Unanswered(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(300*time.Millisecond, cancel) // the service shutting down
 	err := lease.Run(ctx, cli, "unreachable", func(context.Context, *lease.Lock) error {
