@@ -90,8 +90,25 @@ func (f *Fence) check(ctx context.Context, k string) error {
 	} else if !refusedByCondition(err) {
 		return err
 	}
-	if _, err := s.Put(ctx, k, []byte("probe 5"), Condition{IfMatch: v1}); err != nil {
+	v2, err := s.Put(ctx, k, []byte("probe 5"), Condition{IfMatch: v1})
+	if err != nil {
 		return fmt.Errorf("a put whose If-Match matches: %w", err)
+	}
+	return replaced(ctx, s, k, v1, v2)
+}
+
+// replaced checks that the version v1 is gone once v2 replaced it: v2 is
+// another version, and a put conditioned on v1 is refused. A store whose
+// versions do not tell contents apart (one derived from the size, say)
+// would let a commit on a replaced base land.
+func replaced(ctx context.Context, s Store, k, v1, v2 string) error {
+	if v2 == v1 {
+		return fmt.Errorf("%w: it gave two contents the same version %s", ErrConditionsIgnored, v1)
+	}
+	if _, err := s.Put(ctx, k, []byte("probe 6"), Condition{IfMatch: v1}); err == nil {
+		return fmt.Errorf("%w: it wrote a put whose If-Match names a replaced version", ErrConditionsIgnored)
+	} else if !refusedByCondition(err) {
+		return err
 	}
 	return nil
 }

@@ -48,8 +48,11 @@
 //     claimed or committed, one wrapping ErrOtherLock if another lock
 //     fences it now, and one wrapping ErrNotClaimed otherwise
 //     (another commit of the same holding, say). Of several commits on one
-//     base, at most one lands. A Commit on a Manifest from Read is refused
-//     before anything is sent, with an error wrapping ErrNotClaimed.
+//     base, at most one lands. A Commit on a Manifest from Read, or on one
+//     whose Token, Lock or Version the caller changed, is refused before
+//     anything is sent, with an error wrapping ErrNotClaimed: a commit
+//     writes the token and lock its base was returned with, and nothing
+//     else.
 //   - A Claim or Commit whose token is lower than one the manifest has
 //     accepted never lands. It fails with a *fence.StaleError naming both
 //     tokens. An equal token passes: one holder claims once and commits
@@ -61,13 +64,16 @@
 //     version of this package, which recorded no name, is read as it is,
 //     and its first Claim records the name.
 //   - The store is checked before a Fence's first write (Check): a store
-//     that writes a put whose If-Match or If-None-Match: * does not hold is
-//     refused with ErrConditionsIgnored, and nothing is committed through
-//     it. Some S3 emulators ignore these headers.
+//     that writes a put whose If-Match or If-None-Match: * does not hold,
+//     or whose versions do not tell two contents apart, is refused with
+//     ErrConditionsIgnored, and nothing is committed through it. Some S3
+//     emulators ignore these headers.
 //   - A write whose outcome is unknown (no answer, a timeout, a 5xx) gives
 //     an error wrapping fence.ErrOutcomeUnknown and is never retried, by
-//     the Fence or, through NewS3Store, by the S3 client's own retryer,
-//     whatever client is passed: claim again before going on.
+//     the Fence or, through NewS3Store, by the S3 client's own retryer
+//     (turned off on each of the Fence's requests, whatever options the
+//     *s3.Client was made with): claim again before going on. A Commit
+//     that finds its own payload landed after all returns it as success.
 //   - Bad input (a nil store, an empty key, bucket or lock name, a token
 //     below 1, a Commit on a Manifest that Claim or Commit did not return
 //     for this manifest and lock name) is refused with an error wrapping
@@ -81,7 +87,14 @@
 // through. The Fence cannot tell which lock a token comes from: the
 // tokens passed to Claim must be those of the lock named in New. A data
 // object written under a token is visible to anyone who lists the data
-// prefix; only the manifest says which objects are committed.
+// prefix; only the manifest says which objects are committed. Orphans
+// reads the manifest as it is when called: a referenced function built
+// from an older manifest can report as orphans objects that a newer one
+// names. Restoring the manifest object from a backup, or writing it by
+// other means, brings back a version an old holder may still have as its
+// base, and that holder's commit could land on it. An S3Client that is
+// not an *s3.Client must pass each request's options on to it, or its
+// own retries can re-send a put whose answer was lost.
 //
 // NewS3Store adapts an S3 client (github.com/aws/aws-sdk-go-v2/service/s3)
 // to the Store interface; other stores plug in by implementing Store.

@@ -1,6 +1,7 @@
 package objectfence
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,8 +27,8 @@ var (
 	// ErrNotClaimed reports a Commit whose base is not the manifest as it
 	// is: the base came from Read (or was made by hand), or the manifest
 	// has been written since the Claim or Commit that returned the base.
-	// Nothing was written. Claim again, with the same token, to get the
-	// manifest as it is now.
+	// The commit's payload is not in the manifest. Claim again, with the
+	// same token, to get the manifest as it is now.
 	ErrNotClaimed = errors.New("objectfence: not the claimed manifest")
 	// ErrOtherLock reports a manifest fenced by another lock than the
 	// Fence's. Tokens of different locks do not compare, so nothing was
@@ -187,6 +188,9 @@ func (f *Fence) Claim(ctx context.Context, token int64) (Manifest, error) {
 			}
 			next.Payload, next.seq, cond = cur.Payload, cur.seq, Condition{IfMatch: cur.Version}
 		}
+		if err := ctx.Err(); err != nil { // nothing sent: say so
+			return Manifest{}, failed("claim", f.key, err)
+		}
 		m, err := f.put(ctx, next, cond)
 		if err == nil {
 			return m, nil
@@ -217,8 +221,8 @@ func (f *Fence) Claim(ctx context.Context, token int64) (Manifest, error) {
 // have been written. The holder goes on with Claim, with the same token,
 // which returns the manifest as it is: with payload if the put landed.
 // Committing on the same base once more is safe too: at most one of the
-// two lands, and the second gives ErrNotClaimed if the first landed
-// before it.
+// two lands. If the first landed, the second finds it and returns it when
+// its payload is the same, and gives ErrNotClaimed when it is not.
 func (f *Fence) Commit(ctx context.Context, base Manifest, payload []byte) (Manifest, error) {
 	if err := f.isBase(base); err != nil {
 		return Manifest{}, failed("commit", f.key, err)
@@ -226,10 +230,13 @@ func (f *Fence) Commit(ctx context.Context, base Manifest, payload []byte) (Mani
 	if err := f.checkOnce(ctx); err != nil {
 		return Manifest{}, failed("commit", f.key, err)
 	}
-	next := base
-	next.Payload = payload
+	b := base.base
+	next := Manifest{Token: b.token, Lock: b.lock, Payload: payload, seq: base.seq}
 	for attempt := 1; ; attempt++ {
-		m, err := f.put(ctx, next, Condition{IfMatch: base.Version})
+		if err := ctx.Err(); err != nil { // nothing sent: say so
+			return Manifest{}, failed("commit", f.key, err)
+		}
+		m, err := f.put(ctx, next, Condition{IfMatch: b.version})
 		switch {
 		case err == nil:
 			return m, nil
@@ -240,6 +247,11 @@ func (f *Fence) Commit(ctx context.Context, base Manifest, payload []byte) (Mani
 		cur, rerr := f.read(ctx)
 		if rerr != nil {
 			return Manifest{}, failed("commit", f.key, fmt.Errorf("%w; reading the manifest then: %w", err, rerr))
+		}
+		if landed(cur, next) {
+			// This commit's own put, whose answer was lost below the
+			// fence and re-sent (a client that retries), then refused.
+			return f.base(*cur), nil
 		}
 		if err := f.moved(cur, base); err != nil {
 			return Manifest{}, err
@@ -255,13 +267,17 @@ func (f *Fence) Commit(ctx context.Context, base Manifest, payload []byte) (Mani
 // isBase tells whether base is one that Claim or Commit returned for this
 // manifest and this lock; it sends nothing.
 func (f *Fence) isBase(base Manifest) error {
+	b := base.base
 	switch {
-	case base.key == "":
+	case b.key == "" || b.version == "":
 		return fmt.Errorf("%w: %w: the base did not come from Claim or Commit; claim the manifest and commit on what it returns",
 			fence.ErrInvalidArgument, ErrNotClaimed)
-	case base.key != f.key:
-		return fmt.Errorf("%w: %w: the base is of manifest %q", fence.ErrInvalidArgument, ErrNotClaimed, base.key)
-	case base.Lock != f.lock:
+	case b.key != f.key:
+		return fmt.Errorf("%w: %w: the base is of manifest %q", fence.ErrInvalidArgument, ErrNotClaimed, b.key)
+	case base.Token != b.token || base.Version != b.version || base.Lock != b.lock:
+		return fmt.Errorf("%w: %w: the base's token, version or lock was changed after Claim or Commit returned it; commit on the Manifest as returned",
+			fence.ErrInvalidArgument, ErrNotClaimed)
+	case b.lock != f.lock:
 		return fmt.Errorf("%w: %w: the base was claimed under %q (this Fence's lock: %q)", fence.ErrInvalidArgument, ErrOtherLock, base.Lock, f.lock)
 	}
 	return nil
@@ -311,9 +327,15 @@ func (f *Fence) put(ctx context.Context, next Manifest, cond Condition) (Manifes
 		// A base with no version would make the next commit's put
 		// unconditional.
 		return Manifest{}, fmt.Errorf("%w: the store gave no version for its put", fence.ErrOutcomeUnknown)
+	case err == nil && version == cond.IfMatch:
+		// next differs from the version it was conditioned on (its count
+		// grew): a store that gives the same version to both does not tell
+		// contents apart, and no condition on it fences anything.
+		return Manifest{}, fmt.Errorf("%w: the store gave the new manifest the version its put was conditioned on (%s)",
+			ErrConditionsIgnored, version)
 	case err == nil:
-		next.Version, next.key = version, f.key
-		return next, nil
+		next.Version = version
+		return f.base(next), nil
 	case raced(err), errors.Is(err, ErrRefused):
 		return Manifest{}, err
 	}
@@ -358,7 +380,7 @@ func backoff(ctx context.Context, attempt int, conflict bool) error {
 
 // base is m as a base of this Fence's manifest.
 func (f *Fence) base(m Manifest) Manifest {
-	m.key = f.key
+	m.base = baseMark{key: f.key, lock: m.Lock, version: m.Version, token: m.Token}
 	return m
 }
 
@@ -381,4 +403,11 @@ func (f *Fence) read(ctx context.Context) (*Manifest, error) {
 	}
 	m.Version = version
 	return &m, nil
+}
+
+// landed tells whether cur is the manifest that a put of next wrote: the
+// write after next's base, with its token, lock and payload.
+func landed(cur *Manifest, next Manifest) bool {
+	return cur != nil && cur.seq == next.seq+1 && cur.Token == next.Token && cur.Lock == next.Lock &&
+		bytes.Equal(cur.Payload, next.Payload)
 }

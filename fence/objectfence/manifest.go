@@ -22,8 +22,17 @@ type Manifest struct {
 	// Version is the object's version (the S3 ETag) as read or written.
 	Version string
 
-	key string // the manifest key this is a base of: set by Claim and Commit only
-	seq int64  // manifestBody.Seq
+	seq  int64    // manifestBody.Seq
+	base baseMark // set by Claim and Commit only
+}
+
+// baseMark is what a Manifest returned by Claim or Commit was written or
+// read with. A Commit writes from it, never from the exported fields, so
+// that a caller who edits a returned Manifest cannot change the token, the
+// lock or the version the put is conditioned on: such a base is refused.
+type baseMark struct {
+	key, lock, version string
+	token              int64
 }
 
 // manifestBody is the manifest object's JSON form. The payload is kept as

@@ -112,7 +112,17 @@ func TestCommitWithLostAnswerIsUnknownNotRetried(t *testing.T) {
 				}
 				p.armed.Store(false)
 				wantManifest(t, f, 5, "batch-2") // it landed
-				_, err = f.Commit(ctx, base, []byte("batch-2"))
+				// Committing the same payload on the same base again finds it
+				// landed: the manifest as it is, with no second write.
+				before = p.puts.Load()
+				if m, err := f.Commit(ctx, base, []byte("batch-2")); err != nil || string(m.Payload) != "batch-2" {
+					t.Fatalf("the same commit again: %q, %v; want batch-2, nil", m.Payload, err)
+				}
+				if n := p.puts.Load() - before; n != 1 {
+					t.Fatalf("the same commit again sent %d puts, want 1 (refused)", n)
+				}
+				wantManifest(t, f, 5, "batch-2")
+				_, err = f.Commit(ctx, base, []byte("batch-other"))
 				wantErr(t, err, objectfence.ErrNotClaimed)
 				before = p.puts.Load()
 				again := mustClaim(t, f, 5)
