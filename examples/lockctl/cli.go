@@ -21,6 +21,12 @@ type command struct {
 	flags func(fs *flag.FlagSet, inv *invocation)
 	// run runs it; nil for help, which needs no etcd.
 	run func(ctx context.Context, c *ctl, inv invocation) error
+	// args checks the arguments after the command's flags into inv; nil
+	// for one argument named arg.
+	args func(inv *invocation, args []string) error
+	// help writes more about the command after the usage text, for
+	// lockctl COMMAND -h; nil if there is no more to say.
+	help func(w io.Writer)
 }
 
 // commands, in the order the usage text lists them.
@@ -46,6 +52,8 @@ var commands = []command{
 	{name: "watch", synopsis: "watch NAME", arg: "NAME",
 		about: "print each new holder of NAME, with its owner, until interrupted",
 		run:   func(ctx context.Context, c *ctl, inv invocation) error { return c.watch(ctx, inv.arg) }},
+	runCommand,
+	putCommand,
 	{name: "help", synopsis: "help", about: "print this text"},
 }
 
@@ -54,6 +62,9 @@ var commands = []command{
 var shownDefault = map[string]string{
 	"endpoints": "$" + envEndpoints + ", else " + defaultEndpoints,
 	"token":     "none: required",
+	// put's, which lockctl run's command finds in its environment.
+	"put -token":  "$LEASEFENCE_TOKEN",
+	"put -record": "$LEASEFENCE_RECORD",
 }
 
 // invocation is what the arguments ask for.
@@ -64,6 +75,8 @@ type invocation struct {
 	arg   string
 	token int64 // release's -token
 	all   bool  // records' -all
+	run   runFlags
+	put   putArgs
 }
 
 // usageError is an error in the arguments: lockctl prints the usage text
@@ -128,6 +141,9 @@ func parseArgs(args []string) (invocation, error) {
 	if err := cfs.Parse(rest[1:]); err != nil {
 		return helpOr(inv, fmt.Errorf("%s: %w", inv.cmd.name, err))
 	}
+	if inv.cmd.args != nil {
+		return inv, inv.cmd.args(&inv, cfs.Args())
+	}
 	return inv, checkArgs(&inv, cfs.Args())
 }
 
@@ -169,7 +185,7 @@ func lookup(name string) *command {
 // writeUsage writes the usage text: every command and every flag, with its
 // default.
 func writeUsage(w io.Writer) {
-	fmt.Fprint(w, "usage: lockctl [flags] COMMAND [command flags] ARGUMENT\n\n"+
+	fmt.Fprint(w, "usage: lockctl [flags] COMMAND [command flags] ARGUMENTS\n\n"+
 		"lockctl shows and manages the locks of package lease, and of etcd's own\n"+
 		"lock and election, which use the same keys.\n\nCommands:\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -178,25 +194,31 @@ func writeUsage(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprint(w, "\nFlags, before the command:\n")
-	writeFlags(w, globalFlags(&config{}))
+	writeFlags(w, "", globalFlags(&config{}))
 	for i := range commands {
 		if c := &commands[i]; c.flags != nil {
 			fmt.Fprintf(w, "\nFlags of %s, after its name:\n", c.name)
-			writeFlags(w, commandFlags(c, &invocation{}))
+			writeFlags(w, c.name, commandFlags(c, &invocation{}))
 		}
 	}
 	fmt.Fprint(w, "\nrelease never deletes blindly: it deletes the holder's key only if its token\n"+
 		"is still T, in one transaction, so a lock that changed hands is left alone.\n\n"+
-		"Exit status: 0 done, 1 failed, 2 bad arguments.\n")
+		"run holds lock NAME while COMMAND runs and stops COMMAND if the lock is\n"+
+		"lost; put writes a key only if a token is not stale (lockctl run -h says more).\n\n"+
+		"Exit status: 0 done, 1 failed, 2 bad arguments, 69 etcd did not answer;\n"+
+		"run and put have more (lockctl run -h, lockctl put -h).\n")
 }
 
 // writeFlags writes one line per flag of fs: name, argument, what it does
 // and its default.
-func writeFlags(w io.Writer, fs *flag.FlagSet) {
+func writeFlags(w io.Writer, cmd string, fs *flag.FlagSet) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, about := flag.UnquoteUsage(f)
-		def, ok := shownDefault[f.Name]
+		def, ok := shownDefault[cmd+" -"+f.Name]
+		if !ok {
+			def, ok = shownDefault[f.Name]
+		}
 		switch {
 		case ok:
 		case f.DefValue == "":

@@ -12,7 +12,7 @@ import (
 )
 
 // usageHead is the usage text's first line.
-const usageHead = "usage: lockctl [flags] COMMAND [command flags] ARGUMENT\n"
+const usageHead = "usage: lockctl [flags] COMMAND [command flags] ARGUMENTS\n"
 
 // Help goes to stdout with status 0; a usage error goes to stderr, with
 // the usage text after it, with status 2. None of these reaches etcd.
@@ -45,7 +45,7 @@ func TestUsageAndExitStatus(t *testing.T) {
 		{"empty argument", []string{"records", ""}, 2, "lockctl: records: empty PREFIX"},
 		{"release without -token", []string{"release", "x"}, 2, "lockctl: release needs -token T, T > 0: the holder's token, as list or show print it"},
 		{"release with -token 0", []string{"release", "-token", "0", "x"}, 2, "lockctl: release needs -token T, T > 0: the holder's token, as list or show print it"},
-		{"not a usage error", []string{"-endpoints", unreachable, "-timeout", "100ms", "list", "x"}, 1,
+		{"not a usage error", []string{"-endpoints", unreachable, "-timeout", "100ms", "list", "x"}, exitUnavailable,
 			"lockctl: etcd at " + unreachable + " (from -endpoints) did not answer within 100ms: context deadline exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,13 +83,14 @@ func checkUsage(t *testing.T, text string) {
 	}
 	lines := strings.Split(text, "\n")
 	want := []string{
-		"  list PREFIX ", "  show NAME ", "  records [-all] PREFIX ", "  release -token T NAME ", "  watch NAME ", "  help ",
+		"  list PREFIX ", "  show NAME ", "  records [-all] PREFIX ", "  release -token T NAME ", "  watch NAME ", "  run [flags] NAME -- COMMAND [ARGS...] ", "  put [-record KEY] [-token T] KEY VALUE ", "  help ",
 		"  -endpoints URLs ", "(default $ETCD_ENDPOINTS, else 127.0.0.1:2379)",
 		"  -timeout DURATION ", "(default 5s)",
 		"  -token T ", "(default none: required)",
-		"Exit status: 0 done, 1 failed, 2 bad arguments.",
+		"Exit status: 0 done, 1 failed, 2 bad arguments, 69 etcd did not answer;",
 	}
-	for _, fs := range []*flag.FlagSet{globalFlags(&config{}), commandFlags(lookup("records"), &invocation{}), commandFlags(lookup("release"), &invocation{})} {
+	for _, fs := range []*flag.FlagSet{globalFlags(&config{}), commandFlags(lookup("records"), &invocation{}), commandFlags(lookup("release"), &invocation{}),
+		commandFlags(lookup("run"), &invocation{}), commandFlags(lookup("put"), &invocation{})} {
 		fs.VisitAll(func(f *flag.Flag) {
 			if line := lineWith(lines, "  -"+f.Name+" "); line == "" {
 				t.Errorf("usage: no line for flag -%s", f.Name)

@@ -56,9 +56,11 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr, whoAmI())
-	stop()
+	// run forwards these to its child; the other commands stop on them.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	code := executeWith(context.Background(), os.Args[1:], os.Stdout, os.Stderr, whoAmI(), sigs)
+	signal.Stop(sigs)
 	os.Exit(code)
 }
 
@@ -66,37 +68,83 @@ func main() {
 // (help included), 1 failed, 2 bad arguments, with the usage text on
 // stderr.
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer, who string) int {
-	err := run(ctx, args, stdout, who)
+	return executeWith(ctx, args, stdout, stderr, who, nil)
+}
+
+// executeWith is execute with the signals lockctl receives: run forwards
+// them to its child, the other commands stop at the first.
+func executeWith(ctx context.Context, args []string, stdout, stderr io.Writer, who string, sigs <-chan os.Signal) int {
+	err := runWith(ctx, args, stdout, who, sigs)
 	var ue *usageError
+	var ee *exitError
 	switch {
 	case err == nil:
-		return 0
+		return exitOK
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "lockctl: %v\n\n", err)
 		writeUsage(stderr)
-		return 2
+		return exitUsage
+	case errors.As(err, &ee):
+		if ee.err != nil {
+			fmt.Fprintln(stderr, "lockctl:", ee.err)
+		}
+		return ee.code
 	}
 	fmt.Fprintln(stderr, "lockctl:", err)
-	return 1
+	return exitFailed
 }
 
 // run parses args and runs one command, writing to out (the usage text
 // too, when asked for). who names the operator in release's audit line.
 func run(ctx context.Context, args []string, out io.Writer, who string) error {
+	return runWith(ctx, args, out, who, nil)
+}
+
+// runWith is run with the signals lockctl receives (nil for none).
+func runWith(ctx context.Context, args []string, out io.Writer, who string, sigs <-chan os.Signal) error {
 	inv, err := parseArgs(args)
 	if err != nil {
 		return err
 	}
 	if inv.help {
 		writeUsage(out)
+		if inv.cmd != nil && inv.cmd.help != nil {
+			inv.cmd.help(out)
+		}
 		return nil
+	}
+	if inv.cmd.name != "run" {
+		var stop context.CancelFunc
+		ctx, stop = stopOnSignal(ctx, sigs)
+		defer stop()
 	}
 	cli, err := connect(ctx, inv.cfg)
 	if err != nil {
+		if unanswered(err) {
+			return exitWith(exitUnavailable, err)
+		}
 		return err
 	}
 	defer cli.Close()
-	return inv.cmd.run(ctx, &ctl{cli: cli, cfg: inv.cfg, out: out, who: who}, inv)
+	return inv.cmd.run(ctx, &ctl{cli: cli, cfg: inv.cfg, out: out, who: who, sigs: sigs}, inv)
+}
+
+// stopOnSignal is ctx, ended by the first of sigs.
+func stopOnSignal(ctx context.Context, sigs <-chan os.Signal) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if sigs == nil {
+		return ctx, cancel
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(); <-done }
 }
 
 // ctl runs the commands.
@@ -105,6 +153,9 @@ type ctl struct {
 	cfg config
 	out io.Writer
 	who string // the operator, for release's audit line
+	// sigs are the signals lockctl receives, which run forwards to its
+	// child; nil in tests that run lockctl in-process.
+	sigs <-chan os.Signal
 }
 
 func (c *ctl) request(ctx context.Context) (context.Context, context.CancelFunc) {

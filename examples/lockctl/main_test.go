@@ -56,7 +56,19 @@ func (l *lockedBuffer) next() (string, <-chan struct{}) {
 	return l.b.String(), l.changed
 }
 
-func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lockctl-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := buildLockctl(dir)
+	if code == 0 {
+		code = etcd.Main(m, etcdtest.Config{})
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 // lockctl runs the command in-process against the test's etcd and returns
 // its output.

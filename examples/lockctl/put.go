@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence"
+)
+
+// putArgs is what lockctl put is asked to write.
+type putArgs struct {
+	record, token string
+	key, value    string
+}
+
+var putCommand = command{
+	name: "put", synopsis: "put [-record KEY] [-token T] KEY VALUE", arg: "KEY",
+	about: "write VALUE at KEY only if token T is not below the fence record's (exit 3 if it is)",
+	flags: func(fs *flag.FlagSet, inv *invocation) {
+		fs.StringVar(&inv.put.record, "record", "", "the fence record `KEY`, which keeps the highest token accepted")
+		fs.StringVar(&inv.put.token, "token", "", "the writer's fencing token `T`")
+	},
+	args: putArgsOf,
+	help: writePutHelp,
+	run:  func(ctx context.Context, c *ctl, inv invocation) error { return c.put(ctx, inv.put) },
+}
+
+// putArgsOf checks put's flags and reads KEY VALUE.
+func putArgsOf(inv *invocation, args []string) error {
+	p := &inv.put
+	if len(args) != 2 {
+		return usageErrorf("put takes KEY VALUE (its flags go before KEY), got %d arguments", len(args))
+	}
+	p.key, p.value = args[0], args[1]
+	if p.record == "" {
+		p.record = os.Getenv("LEASEFENCE_RECORD")
+	}
+	if p.token == "" {
+		p.token = os.Getenv("LEASEFENCE_TOKEN")
+	}
+	token, err := strconv.ParseInt(p.token, 10, 64)
+	switch {
+	case p.key == "":
+		return usageErrorf("put: empty KEY")
+	case p.record == "":
+		return usageErrorf("put needs -record KEY, or LEASEFENCE_RECORD (lockctl run -record sets it)")
+	case p.record == p.key:
+		return usageErrorf("put: KEY %q is the fence record itself", p.key)
+	case p.token == "":
+		return usageErrorf("put needs -token T, or LEASEFENCE_TOKEN (lockctl run sets it)")
+	case err != nil || token <= 0:
+		return usageErrorf("put: token %q: want a whole number above 0", p.token)
+	}
+	return nil
+}
+
+// put writes p.value at p.key, guarded by the fence record.
+func (c *ctl) put(ctx context.Context, p putArgs) error {
+	token, _ := strconv.ParseInt(p.token, 10, 64)
+	rctx, cancel := c.request(ctx)
+	defer cancel()
+	_, err := fence.NewTxn(rctx, c.cli, fence.Resource(p.record, token)).Then(clientv3.OpPut(p.key, p.value)).Commit()
+	var stale *fence.StaleError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &stale):
+		return exitWith(exitStale, fmt.Errorf("put %s: token %d is stale: record %s has accepted %d; %s unchanged",
+			p.key, token, p.record, stale.Highest, p.key))
+	case errors.Is(err, fence.ErrOutcomeUnknown):
+		return exitWith(exitUnknown, fmt.Errorf("put %s: %w; read %s back before trying again", p.key, err, p.key))
+	}
+	return fmt.Errorf("put %s: %w", p.key, err)
+}
+
+// writePutHelp is lockctl put -h's more.
+func writePutHelp(w io.Writer) {
+	fmt.Fprint(w, `
+put writes one key in a transaction with the fence record: the write lands
+only if T is at least the highest token the record has accepted, and the
+record is raised to T in the same step. A command run by lockctl run gets
+its token in LEASEFENCE_TOKEN, and with run -record the record in
+LEASEFENCE_RECORD, so that put needs neither flag there. Give every writer
+of the key the same record.
+
+Exit status of put: 0 written, 3 stale token (nothing changed), 4 no answer
+(the write may have landed: read it back), 69 etcd did not answer, 1
+failed, 2 bad arguments.
+`)
+}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/leasefence/leasefence/lease"
+)
+
+// runFlags is what lockctl run is asked to do.
+type runFlags struct {
+	ttl, wait, killAfter, lockDelay time.Duration
+	noWait                          bool
+	owner, record                   string
+	name                            string
+	argv                            []string
+}
+
+// Defaults of run's periods. A lost holder's child gets SIGTERM no later
+// than etcd expires its lease, and SIGKILL killAfter later; the next
+// holder waits lockDelay after it learned of the loss. lockDelay must
+// cover the TTL too: a lease revoked while its holder is cut off from
+// etcd is only known lost at the holder's own deadline, up to a TTL later.
+const (
+	defaultRunTTL    = 5 * time.Second
+	defaultKillAfter = 10 * time.Second
+	defaultLockDelay = 20 * time.Second
+	// delayMargin is what lockDelay keeps beyond the TTL and the kill
+	// grace: clock rates, the supervisor's own reaction time.
+	delayMargin = time.Second
+)
+
+var runCommand = command{
+	name: "run", synopsis: "run [flags] NAME -- COMMAND [ARGS...]", arg: "NAME",
+	about: "hold lock NAME while COMMAND runs; stop COMMAND at once if the lock is lost",
+	flags: func(fs *flag.FlagSet, inv *invocation) {
+		r := &inv.run
+		fs.DurationVar(&r.ttl, "ttl", defaultRunTTL, "the session's lease `TTL`: how long a holder cut off from etcd keeps the lock")
+		fs.DurationVar(&r.wait, "wait", 0, "give up after `DURATION` if the lock is still held (exit 75); 0 waits for ever")
+		fs.BoolVar(&r.noWait, "no-wait", false, "give up at once if the lock is held (exit 75)")
+		fs.DurationVar(&r.killAfter, "kill-after", defaultKillAfter, "after the lock is lost, SIGKILL the command's group `DURATION` after SIGTERM")
+		fs.DurationVar(&r.lockDelay, "lock-delay", defaultLockDelay, "after a holder lost the lock, the next holder starts its command only `DURATION` later; at least -ttl + -kill-after + 1s")
+		fs.StringVar(&r.owner, "owner", "", "name the holder `OWNER` for lockctl show and list (default host/pid)")
+		fs.StringVar(&r.record, "record", "", "a fence record `KEY` for lockctl put, passed as LEASEFENCE_RECORD")
+	},
+	args: runArgs,
+	help: writeRunHelp,
+	run:  func(ctx context.Context, c *ctl, inv invocation) error { return c.runHolding(ctx, inv.run) },
+}
+
+// runArgs checks run's flags and reads NAME -- COMMAND [ARGS...].
+func runArgs(inv *invocation, args []string) error {
+	r := &inv.run
+	if len(args) > 1 && args[1] == "--" {
+		args = append(args[:1:1], args[2:]...)
+	}
+	if len(args) < 2 {
+		return usageErrorf("run takes NAME -- COMMAND [ARGS...] (its flags go before NAME)")
+	}
+	r.name, r.argv = args[0], args[1:]
+	return checkRunFlags(r)
+}
+
+func checkRunFlags(r *runFlags) error {
+	switch {
+	case r.name == "":
+		return usageErrorf("run: empty NAME")
+	case r.argv[0] == "":
+		return usageErrorf("run: empty COMMAND")
+	case r.noWait && r.wait != 0:
+		return usageErrorf("run: -wait and -no-wait together")
+	case r.wait < 0:
+		return usageErrorf("run: -wait %v: want 0 (for ever) or more", r.wait)
+	case r.ttl < time.Second:
+		return usageErrorf("run: -ttl %v: want at least 1s", r.ttl)
+	case r.killAfter <= 0:
+		return usageErrorf("run: -kill-after %v: want more than 0", r.killAfter)
+	case r.lockDelay > lease.MaxLockDelay:
+		return usageErrorf("run: -lock-delay %v: want at most %v", r.lockDelay, lease.MaxLockDelay)
+	case r.lockDelay < r.ttl+r.killAfter+delayMargin:
+		return usageErrorf("run: -lock-delay %v: want at least -ttl + -kill-after + %v = %v, so that a lost holder's command is stopped before the next one starts",
+			r.lockDelay, delayMargin, r.ttl+r.killAfter+delayMargin)
+	}
+	return nil
+}
+
+// errWaited ends a -wait that ran out.
+var errWaited = errors.New("waited long enough")
+
+// signalled is the cause of a wait that a signal to lockctl ended.
+type signalled struct{ sig syscall.Signal }
+
+func (s signalled) Error() string { return "got " + s.sig.String() }
+
+// runHolding takes the lock, runs the command under it and stops the
+// command if the lock is lost. Its error carries the exit status.
+func (c *ctl) runHolding(ctx context.Context, r runFlags) error {
+	// Orphans of the command's group are ours to reap, so that the holding
+	// lasts until the last of them is gone.
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	opts := []lease.Option{lease.WithTTL(r.ttl), lease.WithLockDelay(r.lockDelay)}
+	if r.owner != "" {
+		opts = append(opts, lease.WithOwner(r.owner))
+	}
+	s, err := lease.NewSession(ctx, c.cli, opts...)
+	if err != nil {
+		if unanswered(err) {
+			return exitWith(exitUnavailable, err)
+		}
+		return err
+	}
+	defer s.Close()
+	// etcd may grant a longer TTL than asked (its minimum): the delay must
+	// cover the granted one.
+	if need := s.TTL() + r.killAfter + delayMargin; r.lockDelay < need {
+		return exitWith(exitUsage, fmt.Errorf("run: etcd granted a TTL of %v: -lock-delay %v is less than TTL + -kill-after + %v = %v", s.TTL(), r.lockDelay, delayMargin, need))
+	}
+	l, err := c.take(ctx, s, r)
+	if err != nil {
+		return err
+	}
+	return c.runUnder(l, s, r)
+}
+
+// take waits for the lock as r says, until a signal to lockctl.
+func (c *ctl) take(ctx context.Context, s *lease.Session, r runFlags) (*lease.Lock, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if r.wait > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, r.wait, errWaited)
+		defer stop()
+	}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case sig := <-c.sigs:
+			cancel(signalled{sig.(syscall.Signal)})
+		case <-ctx.Done():
+		}
+	}()
+	var l *lease.Lock
+	var err error
+	if r.noWait {
+		l, err = s.TryLock(ctx, r.name)
+	} else {
+		l, err = s.Lock(ctx, r.name)
+	}
+	cancel(nil)
+	<-watched
+	var sig signalled
+	switch cause := context.Cause(ctx); {
+	case errors.As(cause, &sig):
+		// Also when the lock came at the same time: the signal asked to
+		// stop, and the command has not started.
+		if err == nil {
+			c.unlock(l)
+		}
+		return nil, exitWith(exitSignal+int(sig.sig), fmt.Errorf("run %s: %v while waiting for the lock; the command did not run", r.name, sig.sig))
+	case err == nil:
+		return l, nil
+	case errors.Is(err, lease.ErrLocked):
+		return nil, exitWith(exitBusy, fmt.Errorf("run: %w", err))
+	case errors.Is(cause, errWaited):
+		return nil, exitWith(exitBusy, fmt.Errorf("run %s: still held after -wait %v; the command did not run", r.name, r.wait))
+	case unanswered(err):
+		return nil, exitWith(exitUnavailable, err)
+	}
+	return nil, err
+}
+
+// unlock releases l, guarded by its token, and says so if it could not.
+func (c *ctl) unlock(l *lease.Lock) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.timeout)
+	defer cancel()
+	if err := l.Unlock(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "lockctl:", err)
+	}
+}
+
+// holdingEnv is the environment the command gets: lockctl's own, with the
+// holding in it.
+func (c *ctl) holdingEnv(l *lease.Lock, r runFlags, s *lease.Session) []string {
+	eps, _ := c.cfg.resolveEndpoints()
+	token := strconv.FormatInt(l.Token(), 10)
+	set := map[string]string{
+		"LEASEFENCE_LOCK":      l.Name(),
+		"LEASEFENCE_KEY":       l.Key(),
+		"LEASEFENCE_TOKEN":     token,
+		"LEASEFENCE_LEASE":     strconv.FormatInt(int64(s.Lease()), 16),
+		"LEASEFENCE_ENDPOINTS": strings.Join(eps, ","),
+		// For scripts written for etcdctl lock; the revision is the key's
+		// creation revision, the fencing token (etcdctl gives its
+		// response's revision, which is not one).
+		"ETCD_LOCK_KEY": l.Key(),
+		"ETCD_LOCK_REV": token,
+	}
+	if r.record != "" {
+		set["LEASEFENCE_RECORD"] = r.record
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); set[k] == "" && !strings.HasPrefix(k, "LEASEFENCE_") {
+			env = append(env, kv)
+		}
+	}
+	for k, v := range set {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// runUnder runs the command while l is held and releases l after. Its
+// error carries the exit status.
+func (c *ctl) runUnder(l *lease.Lock, s *lease.Session, r runFlags) error {
+	cmd := exec.Command(r.argv[0], r.argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = c.holdingEnv(l, r, s)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	term := foregroundTerminal()
+	if term {
+		// The command reads the terminal, as it would without lockctl.
+		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, 0
+	}
+	if err := cmd.Start(); err != nil {
+		c.unlock(l)
+		return exitWith(startFailure(err), fmt.Errorf("run %s: %w", r.name, err))
+	}
+	g := &group{cmd: cmd, pgid: cmd.Process.Pid, killAfter: r.killAfter}
+	status, lost := g.supervise(l, c.sigs)
+	if term {
+		takeTerminalBack()
+	}
+	if lost {
+		return exitWith(exitLost, fmt.Errorf("run %s: lost the lock (%v); stopped %s", r.name, l.Err(), r.argv[0]))
+	}
+	c.unlock(l)
+	return exitWith(status, nil)
+}
+
+// startFailure is the exit status for a command that did not start, as a
+// shell gives it.
+func startFailure(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		return exitNotFound
+	}
+	return exitNoExec
+}

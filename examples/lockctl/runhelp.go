@@ -1,0 +1,64 @@
+package main
+
+import (
+	"fmt"
+	"io"
+)
+
+// writeRunHelp is lockctl run -h's more: what run promises, what the
+// command gets, and the exit statuses.
+func writeRunHelp(w io.Writer) {
+	fmt.Fprint(w, `
+lockctl run [flags] NAME -- COMMAND [ARGS...]
+
+run takes lock NAME (waiting for it unless -wait or -no-wait says
+otherwise), starts COMMAND directly (no shell: give sh -c '...' for one) in
+a process group of its own, with stdin, stdout and stderr passed through,
+and holds the lock until COMMAND and every process left in its group have
+exited. It then releases the lock, only if its key is still the one it
+created, and exits with COMMAND's status.
+
+COMMAND's environment has the holding:
+  LEASEFENCE_LOCK       the lock name NAME
+  LEASEFENCE_KEY        the lock's key in etcd
+  LEASEFENCE_TOKEN      the fencing token: the key's creation revision
+  LEASEFENCE_LEASE      the session's lease ID, in hex as etcdctl prints it
+  LEASEFENCE_ENDPOINTS  the etcd endpoints, comma-separated
+  LEASEFENCE_RECORD     run's -record, if given, for lockctl put
+  ETCD_LOCK_KEY         as LEASEFENCE_KEY, for scripts written for etcdctl lock
+  ETCD_LOCK_REV         as LEASEFENCE_TOKEN: here the key's creation
+                        revision, a fencing token (etcdctl lock passes its
+                        response's revision, which is not one)
+
+Signals INT, TERM, HUP and QUIT sent to lockctl go to COMMAND's group. A
+signal while waiting ends the wait with 128 + the signal's number, and
+COMMAND does not run.
+
+If the lock is lost while COMMAND runs (the lease expired or was revoked,
+the key was deleted), run sends SIGTERM (and SIGCONT) to COMMAND's group at
+once, SIGKILL -kill-after later, and exits 124 when the group is gone. It
+learns of the loss no later than etcd expires the lease, except when the
+lease is revoked while run is cut off from etcd: then at its own deadline,
+up to -ttl later. Every run on NAME takes the lock with -lock-delay: after
+a loss, the next holder starts its command only -lock-delay after it
+learned of it, and -lock-delay must be at least -ttl + -kill-after + 1s.
+So a lost holder's command is stopped before the next one starts, as long
+as the lost holder's lockctl runs. Not promised: a lockctl that is itself
+paused (SIGSTOP, a frozen VM) cannot stop its command, and processes that
+left the group (setsid, daemons) are not stopped; run them in a cgroup
+(systemd-run --scope) if they must be. Then only a fence protects the
+data: give the token to every write (lockctl put, the HTTP or SQL fence).
+
+Exit status of run:
+  COMMAND's     0 to 255; 128 + N if signal N killed COMMAND
+  75            -no-wait or -wait: the lock is held (EX_TEMPFAIL, as flock -E)
+  124           the lock was lost while COMMAND ran (as timeout(1))
+  126           COMMAND could not be run
+  127           COMMAND was not found
+  128 + N       signal N reached lockctl while it waited
+  69            etcd did not answer (EX_UNAVAILABLE)
+  1, 2          other failures; bad arguments
+A COMMAND that exits 75 or 124 itself passes that status through: a script
+that must tell them apart should not use them.
+`)
+}
