@@ -97,6 +97,26 @@ func awaitFile(t *testing.T, path string, d time.Duration) string {
 	}
 }
 
+// awaitFile waits until p's command wrote path, failing the test if p
+// exits first.
+func (p *proc) awaitFile(t *testing.T, path string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(path); err == nil && bytes.HasSuffix(b, []byte("\n")) {
+			return string(b)
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("lockctl %v exited %d before writing %s: %s", p.cmd.Args[3:], p.cmd.ProcessState.ExitCode(), path, p.stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not written within 20s", path)
+		}
+	}
+}
+
 // awaitHolder waits until name has a holder other than not, and returns it.
 func awaitHolder(t *testing.T, cli *clientv3.Client, name string, not int64) lease.QueueEntry {
 	t.Helper()

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+)
+
+// TestPutFenced: put with the holder's token lands; after a newer holder
+// wrote, the older token is refused with exit 3 and the value stays.
+func TestPutFenced(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "job")
+	record, key := name+"-record", name+"-state"
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	// Two holdings in turn, each writing the key from its command with put
+	// and its token from the environment.
+	for _, v := range []string{"one", "two"} {
+		p := startLockctl(t, nil, "run", "-record", record, name, "--", "sh", "-c",
+			`"$0" -endpoints "$LEASEFENCE_ENDPOINTS" put "$1" "$2" && echo "$LEASEFENCE_TOKEN" >> "$3"`, lockctlBin, key, v, tokens)
+		if code := p.wait(t, 20*time.Second); code != 0 {
+			t.Fatalf("run with put %s: exit %d", v, code)
+		}
+	}
+	toks := strings.Fields(awaitFile(t, tokens, time.Second))
+	if len(toks) != 2 {
+		t.Fatalf("tokens %q", toks)
+	}
+	// The first holding's token again, as a paused holder would send it.
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	code := execute(ctx, []string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "put", "-record", record, "-token", toks[0], key, "stale"},
+		&stdout, &stderr, "alice@ops-1")
+	want := "lockctl: put " + key + ": token " + toks[0] + " is stale: record " + record + " has accepted " + toks[1] + "; " + key + " unchanged\n"
+	if code != exitStale || stderr.String() != want {
+		t.Fatalf("stale put: exit %d, stderr %q; want %d, %q", code, stderr.String(), exitStale, want)
+	}
+	resp, err := cli.Get(context.Background(), key)
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "two" {
+		t.Fatalf("value after the stale put: %v %v, want two", resp, err)
+	}
+	hi, _ := strconv.ParseInt(toks[1], 10, 64)
+	rec, err := cli.Get(context.Background(), record)
+	if err != nil || len(rec.Kvs) != 1 || !strings.Contains(string(rec.Kvs[0].Value), toks[1]) || hi <= 0 {
+		t.Fatalf("record after: %v %v", rec, err)
+	}
+}
+
+func TestPutArguments(t *testing.T) {
+	t.Setenv("LEASEFENCE_TOKEN", "")
+	t.Setenv("LEASEFENCE_RECORD", "")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"put", "k", "v"}, "lockctl: put needs -record KEY, or LEASEFENCE_RECORD (lockctl run -record sets it)"},
+		{[]string{"put", "-record", "r", "k", "v"}, "lockctl: put needs -token T, or LEASEFENCE_TOKEN (lockctl run sets it)"},
+		{[]string{"put", "-record", "r", "-token", "x", "k", "v"}, `lockctl: put: token "x": want a whole number above 0`},
+		{[]string{"put", "-record", "k", "-token", "3", "k", "v"}, `lockctl: put: KEY "k" is the fence record itself`},
+		{[]string{"put", "-record", "r", "-token", "3", "k"}, "lockctl: put takes KEY VALUE (its flags go before KEY), got 1 arguments"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := execute(context.Background(), tc.args, &stdout, &stderr, "alice@ops-1")
+		if first, _, _ := strings.Cut(stderr.String(), "\n"); code != exitUsage || first != tc.want {
+			t.Errorf("%v: exit %d, %q; want %d, %q", tc.args, code, first, exitUsage, tc.want)
+		}
+	}
+}
+
+// TestRunSignalWhileWaiting: a signal to a waiting lockctl ends the wait
+// with 128 + its number, and the command does not run.
+func TestRunSignalWhileWaiting(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdtest.Name(t, "job")
+	s := session(t, cli)
+	if _, err := s.Lock(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	p := startLockctl(t, nil, "run", name, "--", "touch", marker)
+	awaitQueue(t, cli, name, 2)
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 20*time.Second); code != exitSignal+int(syscall.SIGINT) {
+		t.Fatalf("exit %d, want %d", code, exitSignal+int(syscall.SIGINT))
+	}
+	awaitQueue(t, cli, name, 1)
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the command ran")
+	}
+}

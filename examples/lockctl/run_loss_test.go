@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// The holder's command in the loss rounds: a timestamp every 20 ms (its
+// last shows when it stopped), "term" and its time when SIGTERM comes, and
+// with $2 = ignore, SIGTERM ignored, so that only SIGKILL ends it.
+const heartbeat = `
+if [ "$2" = ignore ]; then
+	trap 'echo "term $(date +%s%N)" >> "$0"' TERM
+else
+	trap 'echo "term $(date +%s%N)" >> "$0"; sleep 0.1; date +%s%N >> "$0"; exit 0' TERM
+fi
+while :; do date +%s%N >> "$0"; sleep 0.02; done`
+
+// lossFlags give etcd's shortest lease and the shortest lock delay that
+// covers it and the kill grace.
+var lossFlags = []string{"run", "-ttl", "2s", "-kill-after", "1s", "-lock-delay", "4s"}
+
+// TestRunLoss: a holder's lease revoked, or its link to etcd cut, while
+// its command runs. The command gets SIGTERM (SIGKILL when it ignores
+// it) before etcd expires the lease, lockctl exits 124, and the next
+// holder's command starts only after the first command's last sign of
+// life.
+func TestRunLoss(t *testing.T) {
+	rounds := 20
+	if testing.Short() {
+		rounds = 4
+	}
+	cli := etcd.Client(t)
+	var termLag []time.Duration
+	var beforeExpiry []time.Duration
+	for i := range rounds {
+		cut, ignore := i%2 == 1, i%4 >= 2
+		lag, ahead := lossRound(t, cli, i, cut, ignore)
+		if cut {
+			beforeExpiry = append(beforeExpiry, ahead)
+		} else {
+			termLag = append(termLag, lag)
+		}
+	}
+	t.Logf("revoked: revoke to SIGTERM %s", spread(termLag))
+	t.Logf("cut off: SIGTERM ahead of etcd's expiry %s", spread(beforeExpiry))
+}
+
+// spread is min, median and max of ds.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "(none)"
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return fmt.Sprintf("min %v median %v max %v over %d rounds", ds[0], ds[len(ds)/2], ds[len(ds)-1], len(ds))
+}
+
+// lossRound runs one round. It returns, for a revoke, the time from the
+// revoke to SIGTERM, and for a cut, how long before etcd expired the
+// lease the command got SIGTERM.
+func lossRound(t *testing.T, cli *clientv3.Client, i int, cut, ignore bool) (lag, ahead time.Duration) {
+	t.Helper()
+	name := etcdtest.Name(t, fmt.Sprintf("job%d", i))
+	dir := t.TempDir()
+	beats, started := filepath.Join(dir, "beats"), filepath.Join(dir, "started")
+	eps := etcd.Endpoints()
+	var px interface {
+		BlackholeTx()
+		BlackholeRx()
+		UnblackholeTx()
+		UnblackholeRx()
+	}
+	if cut {
+		p, url := etcdtest.Proxy(t, eps[0])
+		px, eps = p, []string{url}
+	}
+	mode := "handle"
+	if ignore {
+		mode = "ignore"
+	}
+	first := startLockctl(t, eps, append(slices.Clone(lossFlags), name, "--", "sh", "-c", heartbeat, beats, mode)...)
+	first.awaitFile(t, beats)
+	h := awaitHolder(t, cli, name, 0)
+	next := startLockctl(t, nil, append(slices.Clone(lossFlags), name, "--", "sh", "-c", `date +%s%N > "$0"`, started)...)
+	awaitQueue(t, cli, name, 2)
+
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	deletes := cli.Watch(wctx, h.Key, clientv3.WithFilterPut(), clientv3.WithRev(h.Token))
+	var lossAt time.Time
+	if cut {
+		px.BlackholeTx()
+		px.BlackholeRx()
+		lossAt = time.Now()
+	} else {
+		lossAt = time.Now()
+		if _, err := cli.Revoke(context.Background(), h.Lease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var expiredAt time.Time
+	select {
+	case <-deletes:
+		expiredAt = time.Now()
+	case <-time.After(20 * time.Second):
+		t.Fatalf("round %d: the holder's key was not deleted", i)
+	}
+	stopWatch()
+	nextStart := parseNanos(t, awaitFile(t, started, 30*time.Second))
+	if cut {
+		px.UnblackholeTx()
+		px.UnblackholeRx()
+	}
+	if code := first.wait(t, 20*time.Second); code != exitLost {
+		t.Fatalf("round %d: holder exit %d, want %d", i, code, exitLost)
+	}
+	if code := next.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("round %d: next exit %d", i, code)
+	}
+	term, last := readBeats(t, beats)
+	if term.IsZero() {
+		t.Fatalf("round %d: the command got no SIGTERM", i)
+	}
+	if !last.Before(nextStart) {
+		t.Fatalf("round %d: the next command started at %v, before the first stopped at %v", i, nextStart, last)
+	}
+	if cut && !term.Before(expiredAt) {
+		t.Fatalf("round %d: SIGTERM at %v, after etcd expired the lease at %v", i, term, expiredAt)
+	}
+	t.Logf("round %d (cut %v, ignores TERM %v): SIGTERM %v after the loss, %v before expiry; next started %v after the first stopped",
+		i, cut, ignore, term.Sub(lossAt), expiredAt.Sub(term), nextStart.Sub(last))
+	return term.Sub(lossAt), expiredAt.Sub(term)
+}
+
+// awaitQueue waits until name's queue has n entries.
+func awaitQueue(t *testing.T, cli *clientv3.Client, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		q, err := lease.Inspect(context.Background(), cli, name)
+		if err == nil && len(q) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %s: %v %v, want %d entries", name, q, err, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func parseNanos(t *testing.T, s string) time.Time {
+	t.Helper()
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		t.Fatalf("timestamp %q: %v", s, err)
+	}
+	return time.Unix(0, n)
+}
+
+// readBeats reads the holder's command's file: when it got SIGTERM, and
+// its last sign of life.
+func readBeats(t *testing.T, path string) (term, last time.Time) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if rest, ok := strings.CutPrefix(line, "term "); ok {
+			if term.IsZero() {
+				term = parseNanos(t, rest)
+			}
+			line = rest
+		}
+		if at := parseNanos(t, line); at.After(last) {
+			last = at
+		}
+	}
+	return term, last
+}
