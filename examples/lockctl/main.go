@@ -7,6 +7,8 @@
 //	lockctl [flags] records [-all] PREFIX     fence records under PREFIX, decoded
 //	lockctl [flags] release -token T NAME     delete the holder's key, only if its token is T
 //	lockctl [flags] watch NAME                print each handoff until interrupted
+//	lockctl [flags] run [flags] NAME -- CMD   hold NAME while CMD runs; stop CMD if it is lost
+//	lockctl [flags] put KEY VALUE             write KEY guarded by a fence record and a token
 //	lockctl help                              the usage text, with every flag and its default
 //
 // Flags: -endpoints (default $ETCD_ENDPOINTS, else 127.0.0.1:2379), etcd's
@@ -28,8 +30,11 @@
 // is left alone. It prints one audit line: who, what, when. The lost
 // holder's own fenced writes are refused from then on.
 //
+// run and put are for shell jobs: lockctl run -h tells what run promises,
+// the environment its command gets and its exit statuses.
+//
 // Exit status: 0 done (help included), 1 failed, 2 bad arguments, with
-// the usage text on stderr.
+// the usage text on stderr, 69 etcd did not answer; run and put have more.
 package main
 
 import (
@@ -64,9 +69,7 @@ func main() {
 	os.Exit(code)
 }
 
-// execute runs lockctl with args and returns its exit status: 0 done
-// (help included), 1 failed, 2 bad arguments, with the usage text on
-// stderr.
+// execute runs lockctl with args and returns its exit status (exit.go).
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer, who string) int {
 	return executeWith(ctx, args, stdout, stderr, who, nil)
 }
