@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -50,9 +51,8 @@ func TestPutFenced(t *testing.T) {
 		t.Fatalf("value after the stale put: %v %v, want two", resp, err)
 	}
 	hi, _ := strconv.ParseInt(toks[1], 10, 64)
-	rec, err := cli.Get(context.Background(), record)
-	if err != nil || len(rec.Kvs) != 1 || !strings.Contains(string(rec.Kvs[0].Value), toks[1]) || hi <= 0 {
-		t.Fatalf("record after: %v %v", rec, err)
+	if got, err := fence.ReadRecord(context.Background(), cli, record); err != nil || got != hi {
+		t.Fatalf("record after: %d %v, want %d", got, err, hi)
 	}
 }
 
