@@ -108,39 +108,10 @@ func (c *ctl) runHolding(ctx context.Context, r runFlags) error {
 	// Orphans of the command's group are ours to reap, so that the holding
 	// lasts until the last of them is gone.
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	opts := []lease.Option{lease.WithTTL(r.ttl), lease.WithLockDelay(r.lockDelay)}
-	if r.owner != "" {
-		opts = append(opts, lease.WithOwner(r.owner))
-	}
-	s, err := lease.NewSession(ctx, c.cli, opts...)
-	if err != nil {
-		if unanswered(err) {
-			return exitWith(exitUnavailable, err)
-		}
-		return err
-	}
-	defer s.Close()
-	// etcd may grant a longer TTL than asked (its minimum): the delay must
-	// cover the granted one.
-	if need := s.TTL() + r.killAfter + delayMargin; r.lockDelay < need {
-		return exitWith(exitUsage, fmt.Errorf("run: etcd granted a TTL of %v: -lock-delay %v is less than TTL + -kill-after + %v = %v", s.TTL(), r.lockDelay, delayMargin, need))
-	}
-	l, err := c.take(ctx, s, r)
-	if err != nil {
-		return err
-	}
-	return c.runUnder(l, s, r)
-}
-
-// take waits for the lock as r says, until a signal to lockctl.
-func (c *ctl) take(ctx context.Context, s *lease.Session, r runFlags) (*lease.Lock, error) {
+	// Until the command starts, a signal to lockctl ends the run: while the
+	// lease is granted as well as while the lock is awaited.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if r.wait > 0 {
-		var stop context.CancelFunc
-		ctx, stop = context.WithTimeoutCause(ctx, r.wait, errWaited)
-		defer stop()
-	}
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -150,34 +121,71 @@ func (c *ctl) take(ctx context.Context, s *lease.Session, r runFlags) (*lease.Lo
 		case <-ctx.Done():
 		}
 	}()
-	var l *lease.Lock
-	var err error
-	if r.noWait {
-		l, err = s.TryLock(ctx, r.name)
-	} else {
-		l, err = s.Lock(ctx, r.name)
-	}
+	s, l, err := c.take(ctx, r)
 	cancel(nil)
 	<-watched
+	if s != nil {
+		defer s.Close()
+	}
 	var sig signalled
-	switch cause := context.Cause(ctx); {
-	case errors.As(cause, &sig):
+	if errors.As(context.Cause(ctx), &sig) {
 		// Also when the lock came at the same time: the signal asked to
 		// stop, and the command has not started.
-		if err == nil {
+		if l != nil {
 			c.unlock(l)
 		}
-		return nil, exitWith(exitSignal+int(sig.sig), fmt.Errorf("run %s: %v while waiting for the lock; the command did not run", r.name, sig.sig))
-	case err == nil:
-		return l, nil
-	case errors.Is(err, lease.ErrLocked):
-		return nil, exitWith(exitBusy, fmt.Errorf("run: %w", err))
-	case errors.Is(cause, errWaited):
-		return nil, exitWith(exitBusy, fmt.Errorf("run %s: still held after -wait %v; the command did not run", r.name, r.wait))
-	case unanswered(err):
-		return nil, exitWith(exitUnavailable, err)
+		return exitWith(exitSignal+int(sig.sig), fmt.Errorf("run %s: %v before the command started; it did not run", r.name, sig.sig))
 	}
-	return nil, err
+	if err != nil {
+		return err
+	}
+	return c.runUnder(l, s, r)
+}
+
+// take opens the session, within -timeout, and waits for the lock as r
+// says, until ctx ends. The session is returned whenever it was opened.
+func (c *ctl) take(ctx context.Context, r runFlags) (*lease.Session, *lease.Lock, error) {
+	opts := []lease.Option{lease.WithTTL(r.ttl), lease.WithLockDelay(r.lockDelay)}
+	if r.owner != "" {
+		opts = append(opts, lease.WithOwner(r.owner))
+	}
+	gctx, stop := context.WithTimeout(ctx, c.cfg.timeout)
+	s, err := lease.NewSession(gctx, c.cli, opts...)
+	stop()
+	if err != nil {
+		if unanswered(err) {
+			return nil, nil, exitWith(exitUnavailable, err)
+		}
+		return nil, nil, err
+	}
+	// etcd may grant a longer TTL than asked (its minimum): the delay must
+	// cover the granted one.
+	if need := s.TTL() + r.killAfter + delayMargin; r.lockDelay < need {
+		return s, nil, exitWith(exitUsage, fmt.Errorf("run: etcd granted a TTL of %v: -lock-delay %v is less than TTL + -kill-after + %v = %v", s.TTL(), r.lockDelay, delayMargin, need))
+	}
+	wctx := ctx
+	if r.wait > 0 {
+		var stopWait context.CancelFunc
+		wctx, stopWait = context.WithTimeoutCause(ctx, r.wait, errWaited)
+		defer stopWait()
+	}
+	var l *lease.Lock
+	if r.noWait {
+		l, err = s.TryLock(wctx, r.name)
+	} else {
+		l, err = s.Lock(wctx, r.name)
+	}
+	switch {
+	case err == nil:
+		return s, l, nil
+	case errors.Is(err, lease.ErrLocked):
+		return s, nil, exitWith(exitBusy, fmt.Errorf("run: %w", err))
+	case errors.Is(context.Cause(wctx), errWaited):
+		return s, nil, exitWith(exitBusy, fmt.Errorf("run %s: still held after -wait %v; the command did not run", r.name, r.wait))
+	case unanswered(err):
+		return s, nil, exitWith(exitUnavailable, err)
+	}
+	return s, nil, err
 }
 
 // unlock releases l, guarded by its token, and says so if it could not.

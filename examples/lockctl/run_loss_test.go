@@ -20,9 +20,9 @@ import (
 
 // The holder's command in the loss rounds: a timestamp every 20 ms (its
 // last shows when it stopped), "term" and its time when SIGTERM comes, and
-// with $2 = ignore, SIGTERM ignored, so that only SIGKILL ends it.
+// with $1 = ignore, SIGTERM ignored, so that only SIGKILL ends it.
 const heartbeat = `
-if [ "$2" = ignore ]; then
+if [ "$1" = ignore ]; then
 	trap 'echo "term $(date +%s%N)" >> "$0"' TERM
 else
 	trap 'echo "term $(date +%s%N)" >> "$0"; sleep 0.1; date +%s%N >> "$0"; exit 0' TERM
@@ -136,6 +136,11 @@ func lossRound(t *testing.T, cli *clientv3.Client, i int, cut, ignore bool) (lag
 	}
 	if !last.Before(nextStart) {
 		t.Fatalf("round %d: the next command started at %v, before the first stopped at %v", i, nextStart, last)
+	}
+	// A command that ignores SIGTERM lives on until SIGKILL, -kill-after
+	// (1s) later; one that handles it stops within its 0.1s of cleanup.
+	if stopped := last.Sub(term); ignore != (stopped > 500*time.Millisecond) {
+		t.Fatalf("round %d (ignores TERM %v): last sign of life %v after SIGTERM", i, ignore, stopped)
 	}
 	if cut && !term.Before(expiredAt) {
 		t.Fatalf("round %d: SIGTERM at %v, after etcd expired the lease at %v", i, term, expiredAt)

@@ -42,8 +42,10 @@ lease is revoked while run is cut off from etcd: then at its own deadline,
 up to -ttl later. Every run on NAME takes the lock with -lock-delay: after
 a loss, the next holder starts its command only -lock-delay after it
 learned of it, and -lock-delay must be at least -ttl + -kill-after + 1s.
-So a lost holder's command is stopped before the next one starts, as long
-as the lost holder's lockctl runs. Not promised: a lockctl that is itself
+The next holder waits its own -lock-delay, so give every run on NAME the
+same -ttl, -kill-after and -lock-delay (or a -lock-delay that covers every
+holder's -ttl + -kill-after + 1s). Then a lost holder's command is stopped
+before the next one starts, as long as the lost holder's lockctl runs. Not promised: a lockctl that is itself
 paused (SIGSTOP, a frozen VM) cannot stop its command, and processes that
 left the group (setsid, daemons) are not stopped; run them in a cgroup
 (systemd-run --scope) if they must be. Then only a fence protects the
