@@ -138,7 +138,7 @@ func TestRunEnvironment(t *testing.T) {
 	name := etcdtest.Name(t, "job")
 	out, finish := filepath.Join(t.TempDir(), "env"), filepath.Join(t.TempDir(), "finish")
 	p := startLockctl(t, nil, "run", "-owner", "backup@ops-1", "-record", name+"-record", name, "--",
-		"sh", "-c", `env | grep -E '^(LEASEFENCE|ETCD_LOCK)_' | sort > "$0"; echo done >> "$0"; while [ ! -e "$1" ]; do sleep 0.02; done`, out, finish)
+		"sh", "-c", `env | grep -E '^(LEASEFENCE|ETCD_LOCK)_' | sort > "$0.tmp"; echo done >> "$0.tmp"; mv "$0.tmp" "$0"; while [ ! -e "$1" ]; do sleep 0.02; done`, out, finish)
 	got := awaitFile(t, out, 20*time.Second)
 	h := awaitHolder(t, cli, name, 0)
 	resp, err := cli.Get(context.Background(), h.Key)
