@@ -57,6 +57,29 @@ type ProcHost struct {
 	IP                   string
 	ClientPort, PeerPort int
 	Wrap                 []string
+	// AdvertiseClient and AdvertisePeer, if set, are the URLs the member
+	// gives to clients and peers instead of the ones it listens on: a
+	// forwarder's in front of it, say.
+	AdvertiseClient, AdvertisePeer string
+}
+
+// StartProcessesWith starts one etcd process from bin per host, with the
+// extra flags, as StartProcessesOn does.
+func StartProcessesWith(ctx context.Context, bin, dir string, hosts []ProcHost, extra []string, newClient func([]string) (*clientv3.Client, error)) (*ProcCluster, error) {
+	return startOn(ctx, bin, dir, hosts, extra, newClient)
+}
+
+// urls are where h listens, and what it advertises.
+func (h ProcHost) urls() (client, peer, advClient, advPeer string) {
+	client, peer = fmt.Sprintf("http://%s:%d", h.IP, h.ClientPort), fmt.Sprintf("http://%s:%d", h.IP, h.PeerPort)
+	advClient, advPeer = client, peer
+	if h.AdvertiseClient != "" {
+		advClient = h.AdvertiseClient
+	}
+	if h.AdvertisePeer != "" {
+		advPeer = h.AdvertisePeer
+	}
+	return client, peer, advClient, advPeer
 }
 
 // StartProcessesOn starts one etcd process from bin per host, as
@@ -72,15 +95,16 @@ func StartProcessesOn(ctx context.Context, bin, dir string, hosts []ProcHost, ti
 func startOn(ctx context.Context, bin, dir string, hosts []ProcHost, extra []string, newClient func([]string) (*clientv3.Client, error)) (*ProcCluster, error) {
 	var initial []string
 	for i, h := range hosts {
-		initial = append(initial, fmt.Sprintf("p%d=http://%s:%d", i, h.IP, h.PeerPort))
+		_, _, _, advPeer := h.urls()
+		initial = append(initial, fmt.Sprintf("p%d=%s", i, advPeer))
 	}
 	c := &ProcCluster{}
 	for i, h := range hosts {
-		client, peer := fmt.Sprintf("http://%s:%d", h.IP, h.ClientPort), fmt.Sprintf("http://%s:%d", h.IP, h.PeerPort)
+		client, peer, advClient, advPeer := h.urls()
 		p := &Proc{Name: fmt.Sprintf("p%d", i), ClientURL: client, bin: bin, wrap: h.Wrap, newClient: newClient, args: []string{
 			"--name", fmt.Sprintf("p%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("p%d", i)),
-			"--listen-client-urls", client, "--advertise-client-urls", client,
-			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--listen-client-urls", client, "--advertise-client-urls", advClient,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", advPeer,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-token", "leasefence-proc",
 			"--log-level", "error",
 		}}
