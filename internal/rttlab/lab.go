@@ -152,4 +152,3 @@ func (l *Lab) Close() {
 	}
 	os.RemoveAll(l.dir)
 }
-
