@@ -42,6 +42,7 @@ func TestMain(m *testing.M) {
 		c.Close()
 	}
 	clusters.mu.Unlock()
+	closeLab()
 	os.Exit(code)
 }
 
