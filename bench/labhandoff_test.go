@@ -1,0 +1,147 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/leasefence/leasefence/internal/rttlab"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// labLocker is one contender's lock, of either kind.
+type labLocker interface {
+	lock(ctx context.Context) error
+	unlock(ctx context.Context) error
+	close()
+}
+
+type labLease struct {
+	s    *lease.Session
+	name string
+	l    *lease.Lock
+}
+
+func (k *labLease) lock(ctx context.Context) (err error) {
+	k.l, err = k.s.Lock(ctx, k.name)
+	return err
+}
+func (k *labLease) unlock(ctx context.Context) error { return k.l.Unlock(ctx) }
+func (k *labLease) close()                           { k.s.Close() }
+
+type labMutex struct {
+	s *concurrency.Session
+	m *concurrency.Mutex
+}
+
+func (k *labMutex) lock(ctx context.Context) error   { return k.m.Lock(ctx) }
+func (k *labMutex) unlock(ctx context.Context) error { return k.m.Unlock(ctx) }
+func (k *labMutex) close()                           { k.s.Close() }
+
+// BenchmarkLabHandoff: contenders, each on a client of its own on the
+// leader or a follower of the lab, pass one lock around; the figure is the
+// time from the holder's Unlock call to the next holder's Lock returning.
+func BenchmarkLabHandoff(b *testing.B) {
+	for _, oneWay := range labDelays {
+		for _, side := range []string{"leader", "follower"} {
+			for _, n := range []int{2, 4, 16} {
+				for _, impl := range []string{"leasefence", "mutex"} {
+					b.Run(fmt.Sprintf("rtt=%v/client=%s/contenders=%d/impl=%s", 2*oneWay, side, n, impl), func(b *testing.B) {
+						l := theLab(b)
+						l.SetDelay(oneWay, oneWay)
+						labHandoffs(b, l, side == "leader", n, impl)
+					})
+				}
+			}
+		}
+	}
+}
+
+func newLocker(b *testing.B, cli *clientv3.Client, impl, name string) labLocker {
+	b.Helper()
+	if impl == "mutex" {
+		s, err := concurrency.NewSession(cli)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return &labMutex{s: s, m: concurrency.NewMutex(s, name)}
+	}
+	s, err := lease.NewSession(context.Background(), cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &labLease{s: s, name: name}
+}
+
+func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string) {
+	name := fmt.Sprintf("bench/labhandoff/%d", time.Now().UnixNano())
+	lockers := make([]labLocker, n)
+	for i := range lockers {
+		lockers[i] = newLocker(b, labClient(b, l, onLeader), impl, name)
+		defer lockers[i].close()
+	}
+	put := steps{}
+	cli := labClient(b, l, onLeader)
+	for range 20 {
+		if err := put.time("put", func() error { _, err := cli.Put(context.Background(), name+"-plain", "x"); return err }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var (
+		mu         sync.Mutex
+		samples    []time.Duration
+		releasedAt atomic.Int64 // UnixNano of the last Unlock call; 0 before the first
+		left       atomic.Int64
+		wg         sync.WaitGroup
+		failed     atomic.Value
+	)
+	left.Store(int64(b.N))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ResetTimer()
+	for _, k := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Load() > 0 {
+				if err := k.lock(ctx); err != nil {
+					if ctx.Err() == nil {
+						failed.Store(err)
+						cancel()
+					}
+					return
+				}
+				if at := releasedAt.Load(); at != 0 {
+					d := time.Since(time.Unix(0, at))
+					mu.Lock()
+					samples = append(samples, d)
+					mu.Unlock()
+				}
+				left.Add(-1)
+				releasedAt.Store(time.Now().UnixNano())
+				if err := k.unlock(ctx); err != nil {
+					failed.Store(err)
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	// The last holder's waiters are still queued: release them.
+	wg.Wait()
+	b.StopTimer()
+	if err, ok := failed.Load().(error); ok {
+		b.Fatal(err)
+	}
+	if len(samples) > 0 {
+		st := steps{"handoff": samples, "put": put["put"]}
+		st.report(b)
+		b.ReportMetric(float64(pct(samples, 0.5)-pct(put["put"], 0.5))/1e3, "handoff-over-put-us")
+	}
+}
