@@ -47,8 +47,9 @@ func closeLab() {
 	}
 }
 
-// labClient is a client on the leader or a follower of the lab.
-func labClient(b *testing.B, l *rttlab.Lab, onLeader bool) *clientv3.Client {
+// labClient is a client on the leader or a follower of the lab, its
+// requests counted into r.
+func labClient(b *testing.B, l *rttlab.Lab, onLeader bool, r *requests) *clientv3.Client {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -59,21 +60,28 @@ func labClient(b *testing.B, l *rttlab.Lab, onLeader bool) *clientv3.Client {
 	if !onLeader {
 		i = (i + 1) % 3
 	}
-	cli, err := l.Client(i)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cli.Close() })
-	return cli
+	return newClient(b, l.Endpoint(i), r)
 }
 
-// steps times each named step of a round, over all rounds.
-type steps map[string][]time.Duration
+// steps times each named step of a round, over all rounds, and counts
+// the unary requests each made: all of them finish before the step
+// returns, so they are its critical path.
+type steps struct {
+	took map[string][]time.Duration
+	rpcs map[string]int64
+	r    *requests
+}
 
-func (s steps) time(name string, f func() error) error {
+func newSteps(r *requests) *steps {
+	return &steps{took: map[string][]time.Duration{}, rpcs: map[string]int64{}, r: r}
+}
+
+func (s *steps) time(name string, f func() error) error {
+	before := s.r.unary.Load()
 	start := time.Now()
 	err := f()
-	s[name] = append(s[name], time.Since(start))
+	s.took[name] = append(s.took[name], time.Since(start))
+	s.rpcs[name] += s.r.unary.Load() - before
 	return err
 }
 
@@ -85,13 +93,16 @@ func pct(d []time.Duration, p float64) time.Duration {
 
 // report gives each step's p50 and p99 in microseconds, and its p50 as a
 // multiple of the plain put's.
-func (s steps) report(b *testing.B) {
-	put := pct(s["put"], 0.5)
-	for name, d := range s {
+func (s *steps) report(b *testing.B) {
+	put := pct(s.took["put"], 0.5)
+	for name, d := range s.took {
 		b.ReportMetric(float64(pct(d, 0.5).Microseconds()), name+"-p50-us")
 		b.ReportMetric(float64(pct(d, 0.99).Microseconds()), name+"-p99-us")
 		if name != "put" {
 			b.ReportMetric(float64(pct(d, 0.5))/float64(put), name+"-x-put")
+		}
+		if n, ok := s.rpcs[name]; ok && s.r != nil {
+			b.ReportMetric(float64(n)/float64(len(d)), name+"-rpcs")
 		}
 	}
 }
@@ -106,13 +117,14 @@ func BenchmarkLabUncontended(b *testing.B) {
 			b.Run(fmt.Sprintf("rtt=%v/client=%s", 2*oneWay, side), func(b *testing.B) {
 				l := theLab(b)
 				l.SetDelay(oneWay, oneWay)
-				uncontended(b, labClient(b, l, side == "leader"))
+				var r requests
+				uncontended(b, labClient(b, l, side == "leader", &r), &r)
 			})
 		}
 	}
 }
 
-func uncontended(b *testing.B, cli *clientv3.Client) {
+func uncontended(b *testing.B, cli *clientv3.Client, r *requests) {
 	ctx := context.Background()
 	s, err := lease.NewSession(ctx, cli)
 	if err != nil {
@@ -126,7 +138,7 @@ func uncontended(b *testing.B, cli *clientv3.Client) {
 	defer cs.Close()
 	name := fmt.Sprintf("bench/lab/%d", time.Now().UnixNano())
 	mu := concurrency.NewMutex(cs, name+"-mutex")
-	st := steps{}
+	st := newSteps(r)
 	b.ResetTimer()
 	for range b.N {
 		err := st.time("put", func() error { _, err := cli.Put(ctx, name+"-plain", "x"); return err })

@@ -81,13 +81,14 @@ func newLocker(b *testing.B, cli *clientv3.Client, impl, name string) labLocker 
 
 func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string) {
 	name := fmt.Sprintf("bench/labhandoff/%d", time.Now().UnixNano())
+	var r, pr requests
 	lockers := make([]labLocker, n)
 	for i := range lockers {
-		lockers[i] = newLocker(b, labClient(b, l, onLeader), impl, name)
+		lockers[i] = newLocker(b, labClient(b, l, onLeader, &r), impl, name)
 		defer lockers[i].close()
 	}
-	put := steps{}
-	cli := labClient(b, l, onLeader)
+	put := newSteps(&pr)
+	cli := labClient(b, l, onLeader, &pr)
 	for range 20 {
 		if err := put.time("put", func() error { _, err := cli.Put(context.Background(), name+"-plain", "x"); return err }); err != nil {
 			b.Fatal(err)
@@ -102,6 +103,7 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 		failed     atomic.Value
 	)
 	left.Store(int64(b.N))
+	before := r.read()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	b.ResetTimer()
@@ -140,8 +142,12 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 		b.Fatal(err)
 	}
 	if len(samples) > 0 {
-		st := steps{"handoff": samples, "put": put["put"]}
+		st := newSteps(nil)
+		st.took["handoff"], st.took["put"] = samples, put.took["put"]
 		st.report(b)
-		b.ReportMetric(float64(pct(samples, 0.5)-pct(put["put"], 0.5))/1e3, "handoff-over-put-us")
+		b.ReportMetric(float64(pct(samples, 0.5)-pct(put.took["put"], 0.5))/1e3, "handoff-over-put-us")
+		// Every request of every contender, per handoff: what the whole
+		// queue costs etcd for one change of holder.
+		r.report(b, before, len(samples))
 	}
 }
