@@ -90,13 +90,14 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 	put := newSteps(&pr)
 	cli := labClient(b, l, onLeader, &pr)
 	for range 20 {
-		if err := put.time("put", func() error { _, err := cli.Put(context.Background(), name+"-plain", "x"); return err }); err != nil {
+		if err := put.time("put-idle", func() error { _, err := cli.Put(context.Background(), name+"-plain", "x"); return err }); err != nil {
 			b.Fatal(err)
 		}
 	}
 	var (
 		mu         sync.Mutex
 		samples    []time.Duration
+		unlocks    []time.Duration
 		releasedAt atomic.Int64 // UnixNano of the last Unlock call; 0 before the first
 		left       atomic.Int64
 		wg         sync.WaitGroup
@@ -107,6 +108,23 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	b.ResetTimer()
+	// The plain put is measured in the same run, under the same load: a
+	// probe on a client of its own puts, rests as long as the put took,
+	// and puts again, until the handoffs are done.
+	probeDone := make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		for ctx.Err() == nil {
+			start := time.Now()
+			if err := put.time("put", func() error { _, err := cli.Put(ctx, name+"-plain", "x"); return err }); err != nil {
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Since(start)):
+			}
+		}
+	}()
 	for _, k := range lockers {
 		wg.Add(1)
 		go func() {
@@ -126,24 +144,31 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 					mu.Unlock()
 				}
 				left.Add(-1)
-				releasedAt.Store(time.Now().UnixNano())
+				at := time.Now()
+				releasedAt.Store(at.UnixNano())
 				if err := k.unlock(ctx); err != nil {
 					failed.Store(err)
 					cancel()
 					return
 				}
+				took := time.Since(at)
+				mu.Lock()
+				unlocks = append(unlocks, took)
+				mu.Unlock()
 			}
 		}()
 	}
 	// The last holder's waiters are still queued: release them.
 	wg.Wait()
 	b.StopTimer()
+	cancel()
+	<-probeDone
 	if err, ok := failed.Load().(error); ok {
 		b.Fatal(err)
 	}
 	if len(samples) > 0 {
 		st := newSteps(nil)
-		st.took["handoff"], st.took["put"] = samples, put.took["put"]
+		st.took["handoff"], st.took["put"], st.took["put-idle"], st.took["unlock"] = samples, put.took["put"], put.took["put-idle"], unlocks
 		st.report(b)
 		b.ReportMetric(float64(pct(samples, 0.5)-pct(put.took["put"], 0.5))/1e3, "handoff-over-put-us")
 		// Every request of every contender, per handoff: what the whole

@@ -243,16 +243,28 @@ func (l *Lock) follow(ctx context.Context) error {
 	return nil
 }
 
-// rereadFar reads a far waiter's view again after a key it followed went.
-// Usually the waiter is then second, behind the new holder: it reads the
-// older keys keys-only (served from etcd 3.7's index), and in full only if
-// that shows keys it does not know.
+// rereadFar reads a far waiter's view again after a key it followed went,
+// with the queue watch up. Usually the waiter is then second, behind the
+// new holder, and the queue watch delivers that holder's deletion in order
+// with any change of the own key: the grant needs no read after it, where
+// the follow watch of that key alone would need one of the own key, a
+// round trip on the handoff's path. Opening the watch and reading happen
+// while the new holder holds. The read is of the older keys keys-only
+// (served from etcd 3.7's index), and in full only if that shows keys the
+// waiter does not know. A view that shows it still far sends it back to
+// following (look), pausing the queue watch.
 func (l *Lock) rereadFar(ctx context.Context) error {
+	l.mu.Lock()
+	l.q.far = false
+	l.mu.Unlock()
+	epoch, err := l.w.queue.upEpoch(ctx, l)
+	if err != nil {
+		return err
+	}
 	ownEpoch, err := l.w.own.upEpoch(ctx, l)
 	if err != nil {
 		return err
 	}
-	epoch := l.w.queue.epoch.Load()
 	pfx := l.name + "/"
 	older, rev, err := l.readWithOwn(ctx, ownEpoch, epoch, 0, func(opts ...clientv3.OpOption) clientv3.Op {
 		return clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),

@@ -17,17 +17,21 @@ import (
 // Waiters far back in a queue of steady contenders follow the two newest
 // keys ahead through watches that outlive each lock (a session's key keeps
 // its name from one lock to the next). Once the order has settled a
-// handoff opens no watch, and a waiter reads the queue once in full as it
-// queues and once keys-only when the older of its two keys goes: the
-// newer one then holds the lock, and its deletion grants the waiter with
-// no read. The locks are granted in token order throughout.
+// handoff opens no watch of a key ahead, and a waiter reads the queue once
+// in full as it queues and once keys-only when the older of its two keys
+// goes, with its queue watch up: the newer one then holds the lock, and
+// its deletion, delivered by the queue watch in order with the own key's
+// changes, grants the waiter with no read. So each handoff opens one
+// queue watch and reads no single key (the own key, as it is granted,
+// before). The locks are granted in token order throughout.
 func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	name := etcdproc.Name(t, "follow")
 	reads := &queueReads{prefix: name + "/"}
 	creates := watchCreatesUnder(name + "/")
+	keyCreates := keyWatchCreatesUnder(name + "/")
 	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(reads.interceptor), grpc.WithChainStreamInterceptor(creates.interceptor)}})
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(reads.interceptor), grpc.WithChainStreamInterceptor(creates.interceptor, keyCreates.interceptor)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +50,10 @@ func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 	}}
 	holder := mustLock(t, newSession(t, cli), name)
 
-	type counts struct{ creates, full, keysOnly int64 }
-	read := func() counts { return counts{creates.n.Load(), reads.n.Load(), reads.keysOnly.Load()} }
+	type counts struct{ creates, keyCreates, full, keysOnly, singles int64 }
+	read := func() counts {
+		return counts{creates.n.Load(), keyCreates.n.Load(), reads.n.Load(), reads.keysOnly.Load(), reads.singles.Load()}
+	}
 	var (
 		mu     sync.Mutex
 		tokens []int64 // in the order the locks were held
@@ -93,13 +99,21 @@ func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 		}
 	}
 	handoffs := int64(contenders * (rounds - settle))
-	got := counts{end.creates - steady.creates, end.full - steady.full, end.keysOnly - steady.keysOnly}
-	t.Logf("%d handoffs once settled: %d watches opened, %d full reads of the queue, %d keys-only", handoffs, got.creates, got.full, got.keysOnly)
+	got := counts{end.creates - steady.creates, end.keyCreates - steady.keyCreates, end.full - steady.full,
+		end.keysOnly - steady.keysOnly, end.singles - steady.singles}
+	t.Logf("%d handoffs once settled: %d watches opened (%d of keys ahead), %d full reads of the queue, %d keys-only, %d reads of single keys",
+		handoffs, got.creates, got.keyCreates, got.full, got.keysOnly, got.singles)
 	// A change in the order of the queue (two releasers queueing again
 	// in the other order) costs a few; each far wait with a watch of its
 	// own would cost one per handoff.
-	if got.creates > handoffs/4 {
-		t.Errorf("%d watches opened in %d handoffs, want few: the watches of keys ahead should outlive each lock", got.creates, handoffs)
+	if got.keyCreates > handoffs/4 {
+		t.Errorf("%d watches of keys ahead opened in %d handoffs, want few: they should outlive each lock", got.keyCreates, handoffs)
+	}
+	if queue := got.creates - got.keyCreates; queue > handoffs+handoffs/4 {
+		t.Errorf("%d queue watches opened in %d handoffs, want about one each (as a far waiter comes second)", queue, handoffs)
+	}
+	if got.singles > handoffs/4 {
+		t.Errorf("%d reads of single keys in %d handoffs, want few: a grant read its own key", got.singles, handoffs)
 	}
 	if got.full > handoffs+handoffs/4 {
 		t.Errorf("%d full reads of the queue in %d handoffs, want about one each (as it queues)", got.full, handoffs)

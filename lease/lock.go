@@ -667,8 +667,9 @@ func (l *Lock) look() view {
 		current:  l.q.epoch%2 == 1 && l.q.epoch == l.w.queue.epoch.Load(),
 		pred:     l.nearestAhead(),
 	}
-	// Once far, a waiter stays far until granted: switching to the queue
-	// watch as second in line would put a read on the handoff's path.
+	// Once far, a waiter stays far until a key it follows goes: it then
+	// reads again with the queue watch up (rereadFar), and is near if the
+	// view shows few enough ahead.
 	if l.w.shared == nil && (l.q.far || !v.near) {
 		l.q.far = true
 		v.far, v.followed, v.refollow = true, l.followingLocked(), len(l.q.know.ahead) < l.q.listed

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,14 +25,22 @@ type queueReads struct {
 	n        atomic.Int64 // full reads, sorted by creation
 	keysOnly atomic.Int64 // keys-only reads of the keys older than a revision (at the head)
 	enqueues atomic.Int64 // keys-only reads of the newest keys (as a waiter queues)
+	singles  atomic.Int64 // requests reading single keys under the prefix (own or followed)
 }
 
 func (q *queueReads) interceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	switch r := req.(type) {
 	case *pb.RangeRequest:
 		q.count(r)
+		if q.single(r) {
+			q.singles.Add(1)
+		}
 	case *pb.TxnRequest:
 		q.countTxn(r)
+		if len(r.Success) > 0 && r.Success[0].GetRequestRange() != nil && q.single(r.Success[0].GetRequestRange()) &&
+			(len(r.Success) == 1 || q.single(r.Success[len(r.Success)-1].GetRequestRange())) {
+			q.singles.Add(1)
+		}
 	}
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
@@ -47,6 +56,11 @@ func (q *queueReads) countTxn(t *pb.TxnRequest) {
 			}
 		}
 	}
+}
+
+// single tells whether r reads one key under the prefix, and only it.
+func (q *queueReads) single(r *pb.RangeRequest) bool {
+	return r != nil && len(r.RangeEnd) == 0 && strings.HasPrefix(string(r.Key), q.prefix)
 }
 
 func (q *queueReads) count(r *pb.RangeRequest) {

@@ -27,6 +27,16 @@ func watchCreatesUnder(prefix string) *streamCount {
 	}}
 }
 
+// keyWatchCreatesUnder counts the watches a client asks etcd to create on
+// single keys under prefix: the watches of keys ahead, not of the queue.
+func keyWatchCreatesUnder(prefix string) *streamCount {
+	return &streamCount{sent: func(m any) bool {
+		w, ok := m.(*pb.WatchRequest)
+		cr := w.GetCreateRequest()
+		return ok && cr != nil && len(cr.RangeEnd) == 0 && strings.HasPrefix(string(cr.Key), prefix)
+	}}
+}
+
 // watchEventsUnder counts the watch responses a client receives that
 // carry events of keys under prefix.
 func watchEventsUnder(prefix string) *streamCount {
