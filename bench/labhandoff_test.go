@@ -44,14 +44,17 @@ func (k *labMutex) lock(ctx context.Context) error   { return k.m.Lock(ctx) }
 func (k *labMutex) unlock(ctx context.Context) error { return k.m.Unlock(ctx) }
 func (k *labMutex) close()                           { k.s.Close() }
 
-// BenchmarkLabHandoff: contenders, each on a client of its own on the
-// leader or a follower of the lab, pass one lock around; the figure is the
-// time from the holder's Unlock call to the next holder's Lock returning.
+// BenchmarkLabHandoff: contenders on the leader or a follower of the lab
+// pass one lock around; the figure is the time from the holder's Unlock
+// call to the next holder's Lock returning. Each contender has a client
+// of its own, as processes of their own would (impl=leasefence, mutex),
+// or all share one client and one lease.Keeper, as the workers of one
+// service would (impl=keeper).
 func BenchmarkLabHandoff(b *testing.B) {
 	for _, oneWay := range labDelays {
 		for _, side := range []string{"leader", "follower"} {
 			for _, n := range []int{2, 4, 16} {
-				for _, impl := range []string{"leasefence", "mutex"} {
+				for _, impl := range []string{"leasefence", "keeper", "mutex"} {
 					b.Run(fmt.Sprintf("rtt=%v/client=%s/contenders=%d/impl=%s", 2*oneWay, side, n, impl), func(b *testing.B) {
 						l := theLab(b)
 						l.SetDelay(oneWay, oneWay)
@@ -61,6 +64,33 @@ func BenchmarkLabHandoff(b *testing.B) {
 			}
 		}
 	}
+}
+
+// labLockers are n contenders of impl on name, their requests counted
+// into r.
+func labLockers(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl, name string, r *requests) []labLocker {
+	b.Helper()
+	lockers := make([]labLocker, n)
+	if impl != "keeper" {
+		for i := range lockers {
+			lockers[i] = newLocker(b, labClient(b, l, onLeader, r), impl, name)
+		}
+		return lockers
+	}
+	cli := labClient(b, l, onLeader, r)
+	k, err := lease.NewKeeper(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { k.Close() }) // after the sessions, closed by labHandoffs
+	for i := range lockers {
+		s, err := lease.NewSession(context.Background(), cli, lease.WithKeeper(k))
+		if err != nil {
+			b.Fatal(err)
+		}
+		lockers[i] = &labLease{s: s, name: name}
+	}
+	return lockers
 }
 
 func newLocker(b *testing.B, cli *clientv3.Client, impl, name string) labLocker {
@@ -82,10 +112,9 @@ func newLocker(b *testing.B, cli *clientv3.Client, impl, name string) labLocker 
 func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string) {
 	name := fmt.Sprintf("bench/labhandoff/%d", time.Now().UnixNano())
 	var r, pr requests
-	lockers := make([]labLocker, n)
-	for i := range lockers {
-		lockers[i] = newLocker(b, labClient(b, l, onLeader, &r), impl, name)
-		defer lockers[i].close()
+	lockers := labLockers(b, l, onLeader, n, impl, name, &r)
+	for _, k := range lockers {
+		defer k.close()
 	}
 	put := newSteps(&pr)
 	cli := labClient(b, l, onLeader, &pr)

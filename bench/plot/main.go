@@ -8,6 +8,11 @@
 //
 //	go run ./plot -out results                          # run, then draw
 //	go run ./plot -out results -from results/raw.txt    # draw from earlier output
+//	go run ./plot -lab -out results -count 3 -benchtime 200x
+//	                                                    # the rtt lab's benchmarks: lab.txt, lab-*.png, lab.md
+//
+// The lab's benchmarks start three etcd processes behind delayed links
+// and take tens of minutes; they run only with -lab.
 package main
 
 import (
@@ -38,8 +43,15 @@ func main() {
 	bench := flag.String("bench", ".", "benchmarks to run")
 	count := flag.Int("count", 6, "runs of each benchmark")
 	benchtime := flag.String("benchtime", "2s", "time (or iterations, Nx) per run")
+	lab := flag.Bool("lab", false, "run (or draw from -from) the rtt lab's benchmarks instead")
 	flag.Parse()
-	if err := run(*out, *from, *bench, *count, *benchtime); err != nil {
+	var err error
+	if *lab {
+		err = runLab(*out, *from, *count, *benchtime)
+	} else {
+		err = run(*out, *from, *bench, *count, *benchtime)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "plot:", err)
 		os.Exit(1)
 	}
@@ -56,7 +68,7 @@ func run(out, from, bench string, count int, benchtime string) error {
 	raw := from
 	if raw == "" {
 		raw = filepath.Join(out, "raw.txt")
-		if err := runBenchmarks(raw, latencyDir, bench, count, benchtime); err != nil {
+		if err := runBenchmarks(raw, latencyDir, bench, "BenchmarkLab", count, benchtime); err != nil {
 			return err
 		}
 	}
@@ -88,15 +100,52 @@ func run(out, from, bench string, count int, benchtime string) error {
 // so that the command works from any directory of the bench module.
 const benchPackage = "github.com/leasefence/leasefence/bench"
 
-// runBenchmarks runs the benchmarks, teeing their output to raw.
-func runBenchmarks(raw, latencyDir, bench string, count int, benchtime string) error {
+// runLab runs the rtt lab's benchmarks into out/lab.txt, or reads from,
+// and draws their plots and table.
+func runLab(out, from string, count int, benchtime string) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	raw := from
+	if raw == "" {
+		raw = filepath.Join(out, "lab.txt")
+		if err := runBenchmarks(raw, "", "BenchmarkLab", "", count, benchtime); err != nil {
+			return err
+		}
+	}
+	results, err := parse(raw)
+	if err != nil {
+		return err
+	}
+	if err := drawLab(results, out); err != nil {
+		return err
+	}
+	table := filepath.Join(out, "lab.md")
+	if err := os.WriteFile(table, []byte(labTable(results)), 0o644); err != nil {
+		return err
+	}
+	fmt.Println("wrote", table)
+	return nil
+}
+
+// runBenchmarks runs the benchmarks bench, but not skip, teeing their
+// output to raw.
+func runBenchmarks(raw, latencyDir, bench, skip string, count int, benchtime string) error {
 	f, err := os.Create(raw)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	cmd := exec.Command("go", "test", "-run", "^$", "-bench", bench, "-benchtime", benchtime,
-		"-count", strconv.Itoa(count), "-timeout", "3h", benchPackage, "-args", "-latency-dir", latencyDir)
+	args := []string{"test", "-run", "^$", "-bench", bench, "-benchtime", benchtime,
+		"-count", strconv.Itoa(count), "-timeout", "3h"}
+	if skip != "" {
+		args = append(args, "-skip", skip)
+	}
+	args = append(args, benchPackage)
+	if latencyDir != "" {
+		args = append(args, "-args", "-latency-dir", latencyDir)
+	}
+	cmd := exec.Command("go", args...)
 	cmd.Stdout = io.MultiWriter(os.Stdout, f)
 	cmd.Stderr = os.Stderr
 	return cmd.Run()
