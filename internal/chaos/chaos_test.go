@@ -25,6 +25,7 @@ import (
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/netlab"
+	"github.com/leasefence/leasefence/internal/rttlab"
 	"github.com/leasefence/leasefence/internal/s3test"
 	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
@@ -45,9 +46,10 @@ const (
 	faultLeader    fault = "leader-stop"    // as pause, on three members, the leader stopped and restarted
 	faultFlap      fault = "net-flap"       // network namespaces: links cut and healed every few hundred ms (partition_test.go)
 	faultNet       fault = "net-partition"  // network namespaces: the victim's host cut from every member, sometimes with a member cut from the others
+	faultRTT       fault = "rtt-lab"        // as partition, on three members behind delayed links, cut and slowed meanwhile (rtt_test.go)
 )
 
-var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader, faultNet}
+var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader, faultNet, faultRTT}
 
 // runFaults are the fault kinds this build and machine can make: the
 // clock kinds need the leasefence_mutants build tag, the network kind
@@ -87,8 +89,10 @@ type runConfig struct {
 	prefix    string
 	db        *sql.DB
 	sqlf      *sqlfence.Fence
-	objects   *objects  // the manifest registers; nil: the run has none
-	net       *chaosNet // set for faultNet: members and clients on lab hosts
+	objects   *objects    // the manifest registers; nil: the run has none
+	net       *chaosNet   // set for faultNet: members and clients on lab hosts
+	rtt       *rttlab.Lab // set for faultRTT: members behind delayed links
+	churn     *rttCounts  // ... and what its pause changed there
 	// ttl is the clients' session TTL, and slack what their calls' timeouts
 	// get on top of the usual: both grow with the latency a run injects.
 	ttl, slack time.Duration
@@ -631,7 +635,7 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 	}
 	wch := watchCli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
 	for _, p := range c.proxies {
-		if c.cfg.fault == faultPartition {
+		if c.cfg.dropsVictim() {
 			p.BlackholeTx()
 			p.BlackholeRx()
 		} else {
@@ -684,7 +688,7 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 		c.cfg.net.lc.lab.HealAll(ctx)
 	}
 	for i, p := range c.proxies {
-		if c.cfg.fault == faultPartition {
+		if c.cfg.dropsVictim() {
 			// The connections that lived through the partition break (as
 			// a real network's timeouts break them) before the blackholes
 			// lift: no byte crosses a connection that lost some, and the
@@ -727,7 +731,7 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 // the victim's late writes so as not to hold them up.
 func (c *chaosClient) healed(ctx context.Context, v *victimState) (wait func()) {
 	v.heal.victim, v.heal.victimAt = c.id, time.Now()
-	if c.cfg.fault != faultLeader && c.cfg.fault != faultNet && c.cfg.fault != faultCompact {
+	if c.cfg.fault != faultLeader && c.cfg.fault != faultNet && c.cfg.fault != faultCompact && c.cfg.fault != faultRTT {
 		return func() {} // the fault touched the victim's links alone
 	}
 	done := make(chan struct{})
@@ -805,6 +809,10 @@ func (r *runConfig) liveness(v *victimState, victimFound bool, end time.Time) Li
 	return p
 }
 
+// dropsVictim tells whether the victim's traffic is dropped, not held:
+// its connections then break as it heals.
+func (r *runConfig) dropsVictim() bool { return r.fault == faultPartition || r.fault == faultRTT }
+
 // environment starts what the run's fault adds around the pause and
 // returns a function that ends it.
 func (r *runConfig) environment(ctx context.Context, seed uint64) func() {
@@ -823,6 +831,8 @@ func (r *runConfig) environment(ctx context.Context, seed uint64) func() {
 				ld.Restart(rctx)
 			}()
 		}
+	case faultRTT:
+		rttChurn(ctx, r.rtt, seed, r.churn, &wg)
 	case faultCompact:
 		cli, err := etcdtest.NewClient(r.endpoints)
 		if err == nil {

@@ -10,8 +10,10 @@
 // tier with a bucket per run. Faults are real too: etcd's
 // fault proxy in front of each client (pause, delay, blackhole), SIGSTOP,
 // SIGCONT and SIGKILL of child processes (this test binary run again),
-// stopped and killed members, a blackholed peer port, compaction with
-// defragmentation, and the library's local clock run at half or double
+// stopped and killed members, a blackholed peer port, members behind
+// links that delay every byte as a wire does, cut and slowed mid-run
+// (internal/rttlab), compaction with defragmentation, and the library's
+// local clock run at half or double
 // speed (lease.WithClockRate, which exists only under the build tag
 // leasefence_mutants; without the tag the clock fault kinds are left out).
 // Every loop is bounded.
@@ -73,7 +75,7 @@
 //     Such a waiter must be granted, or its call return, by the later of
 //     its turn and the heal of the faults on its client, plus a bound
 //     derived from the library's backoffs and etcd's catch-up
-//     (LivenessBound: 1.9 s on loopback). A waiter past it is a stuck
+//     (LivenessBound: 1.95 s on loopback). A waiter past it is a stuck
 //     waiter and fails the tier, named with the keys it was behind. A
 //     call that cannot be placed in the history makes the run
 //     inconclusive, counted, never passed. Scenario 13 (a holder and

@@ -123,10 +123,10 @@ const (
 	// grantTrips: round trips from the news to the grant, one after
 	// another: the news itself, or a watch reopened (1); the view read
 	// again, serializable, then linearizable if the member lagged (2);
-	// the own key read the same way (2); a far waiter's re-read of the
-	// keys it follows (1); with a lock delay, the record read and the
-	// "held" transaction (2).
-	grantTrips = 8
+	// the own key read the same way (2); a far waiter's re-read after a
+	// key it follows went, with its queue watch opened first (2); with a
+	// lock delay, the record read and the "held" transaction (2).
+	grantTrips = 9
 	// scheduling: a loaded machine running -race with runs in parallel
 	// (the fast tier runs each fault kind at once on two cores).
 	scheduling = 300 * time.Millisecond
@@ -144,7 +144,7 @@ const (
 // grant or its call's return:
 //
 //	B = backoffCap + 2 × catchUp + grantTrips × rtt + scheduling
-//	  = 1 s + 200 ms + 8 rtt + 300 ms   (1.9 s for rtt = 50 ms)
+//	  = 1 s + 200 ms + 9 rtt + 300 ms   (1.95 s for rtt = 50 ms)
 //
 // One catch-up for the news on a watch that fell behind, one for the lock
 // delay's watch of its record; the backoffs are armed before the heal and

@@ -15,7 +15,7 @@ import (
 // Hand-built histories for the liveness oracle, on oracle_test.go's lock
 // name "n" (keys n/a on lease 0xa, n/b on 0xb, ...), each event dated by
 // second s after a fixed origin. The waiter under test is n/b's, with
-// the bound 1.9 s (LivenessBound for loopback round trips).
+// the bound 1.95 s (LivenessBound for loopback round trips).
 
 var origin = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 
@@ -50,17 +50,17 @@ func params(end float64) Liveness {
 }
 
 func TestLivenessBound(t *testing.T) {
-	if b := LivenessBound(0); b != 1900*time.Millisecond {
-		t.Fatalf("LivenessBound(0) = %v, want 1.9s", b)
+	if b := LivenessBound(0); b != 1950*time.Millisecond {
+		t.Fatalf("LivenessBound(0) = %v, want 1.95s", b)
 	}
-	if b := LivenessBound(200 * time.Millisecond); b != 3100*time.Millisecond {
-		t.Fatalf("LivenessBound(200ms) = %v, want 3.1s", b)
+	if b := LivenessBound(200 * time.Millisecond); b != 3300*time.Millisecond {
+		t.Fatalf("LivenessBound(200ms) = %v, want 3.3s", b)
 	}
 }
 
 func TestCheckWaits(t *testing.T) {
 	// n/a holds from 5; n/b queues at 10 (second 1); n/a goes at 12
-	// (second 2): n/b's turn, due by second 3.9.
+	// (second 2): n/b's turn, due by second 3.95.
 	handoff := func(gone LockEvent) LockHistory {
 		return hist(30, dated(map[int64]float64{5: 0.1, 10: 1, 12: 2, 13: 2.1},
 			put(5, "n/a", 5, 0xa), put(10, "n/b", 10, 0xb), gone)...)

@@ -12,6 +12,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/rttlab"
 )
 
 // envSummary names a file that each tier's summary line is also appended
@@ -59,11 +60,13 @@ func TestChaos(t *testing.T) {
 	}
 	threes := make(chan *etcdtest.Cluster, pools)
 	nets := make(chan *chaosNet, pools)
+	rtts := make(chan *rttlab.Lab, pools)
 	for range pools {
 		threes <- etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
 		if slices.Contains(runFaults(), faultNet) { // where namespaces can be made
 			nets <- newChaosNet(t, testCtx(t, 2*time.Minute))
 		}
+		rtts <- startRTT(t)
 	}
 	versity := startVersity(t) // one for the tier; a bucket per run
 	var sum tally
@@ -106,6 +109,11 @@ func TestChaos(t *testing.T) {
 					net := <-nets
 					defer func() { nets <- net }()
 					cfg.net, cfg.endpoints = net, endpoints(net.lc.members...)
+				case faultRTT:
+					lab := <-rtts
+					defer func() { rtts <- lab }()
+					cfg.rtt, cfg.endpoints, cfg.churn = lab, rttEndpoints(lab), &rttCounts{}
+					defer func() { t.Log(cfg.churn) }()
 				}
 				cfg.db, cfg.sqlf = newSQL(t)
 				cfg.objects = newObjects(t, versity, cfg.names)
