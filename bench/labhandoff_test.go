@@ -66,18 +66,19 @@ func BenchmarkLabHandoff(b *testing.B) {
 	}
 }
 
-// labLockers are n contenders of impl on name, their requests counted
-// into r.
-func labLockers(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl, name string, r *requests) []labLocker {
+// labLockers are n contenders of impl on name, the requests of contender
+// i counted into own[i] (all into own[0] for a Keeper's, which share a
+// client).
+func labLockers(b *testing.B, l *rttlab.Lab, onLeader bool, impl, name string, own []requests) []labLocker {
 	b.Helper()
-	lockers := make([]labLocker, n)
+	lockers := make([]labLocker, len(own))
 	if impl != "keeper" {
 		for i := range lockers {
-			lockers[i] = newLocker(b, labClient(b, l, onLeader, r), impl, name)
+			lockers[i] = newLocker(b, labClient(b, l, onLeader, &own[i]), impl, name)
 		}
 		return lockers
 	}
-	cli := labClient(b, l, onLeader, r)
+	cli := labClient(b, l, onLeader, &own[0])
 	k, err := lease.NewKeeper(cli)
 	if err != nil {
 		b.Fatal(err)
@@ -111,8 +112,9 @@ func newLocker(b *testing.B, cli *clientv3.Client, impl, name string) labLocker 
 
 func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string) {
 	name := fmt.Sprintf("bench/labhandoff/%d", time.Now().UnixNano())
-	var r, pr requests
-	lockers := labLockers(b, l, onLeader, n, impl, name, &r)
+	var pr requests
+	own := make([]requests, n)
+	lockers := labLockers(b, l, onLeader, impl, name, own)
 	for _, k := range lockers {
 		defer k.close()
 	}
@@ -124,16 +126,24 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 		}
 	}
 	var (
-		mu         sync.Mutex
-		samples    []time.Duration
-		unlocks    []time.Duration
+		mu      sync.Mutex
+		samples []time.Duration
+		unlocks []time.Duration
+		// atCommit: each contender's requests as the last Unlock
+		// returned, which is when its delete was committed, give or take a
+		// one-way trip; committed tells that it has. A next holder's
+		// requests after that, to its grant, are on the handoff's critical
+		// path; those it made before overlapped the commit.
+		atCommit   = make([]int64, n)
+		committed  bool
+		critical   int64
 		releasedAt atomic.Int64 // UnixNano of the last Unlock call; 0 before the first
 		left       atomic.Int64
 		wg         sync.WaitGroup
 		failed     atomic.Value
 	)
 	left.Store(int64(b.N))
-	before := r.read()
+	before := sumRead(own)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	b.ResetTimer()
@@ -154,7 +164,7 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 			}
 		}
 	}()
-	for _, k := range lockers {
+	for i, k := range lockers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -170,9 +180,15 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 					d := time.Since(time.Unix(0, at))
 					mu.Lock()
 					samples = append(samples, d)
+					if committed {
+						critical += own[i].unary.Load() - atCommit[i]
+					}
 					mu.Unlock()
 				}
 				left.Add(-1)
+				mu.Lock()
+				committed = false
+				mu.Unlock()
 				at := time.Now()
 				releasedAt.Store(at.UnixNano())
 				if err := k.unlock(ctx); err != nil {
@@ -183,6 +199,12 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 				took := time.Since(at)
 				mu.Lock()
 				unlocks = append(unlocks, took)
+				if releasedAt.Load() == at.UnixNano() { // not granted on yet
+					for j := range own {
+						atCommit[j] = own[j].unary.Load()
+					}
+					committed = true
+				}
 				mu.Unlock()
 			}
 		}()
@@ -202,6 +224,11 @@ func labHandoffs(b *testing.B, l *rttlab.Lab, onLeader bool, n int, impl string)
 		b.ReportMetric(float64(pct(samples, 0.5)-pct(put.took["put"], 0.5))/1e3, "handoff-over-put-us")
 		// Every request of every contender, per handoff: what the whole
 		// queue costs etcd for one change of holder.
-		r.report(b, before, len(samples))
+		reportRequests(b, before, sumRead(own), len(samples))
+		if impl != "keeper" {
+			// On the critical path: the Unlock's request, and those the
+			// next holder made from the commit to its grant.
+			b.ReportMetric(1+float64(critical)/float64(len(samples)), "critical-rpcs")
+		}
 	}
 }

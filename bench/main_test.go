@@ -125,7 +125,22 @@ func (r *requests) read() snapshot {
 // report adds the requests made since before, per operation, to b's
 // metrics.
 func (r *requests) report(b *testing.B, before snapshot, ops int) {
-	now := r.read()
+	reportRequests(b, before, r.read(), ops)
+}
+
+// sumRead is the sum of the counters of rs.
+func sumRead(rs []requests) snapshot {
+	var s snapshot
+	for i := range rs {
+		n := rs[i].read()
+		s.unary, s.sent, s.received = s.unary+n.unary, s.sent+n.sent, s.received+n.received
+	}
+	return s
+}
+
+// reportRequests adds the requests made from before to now, per
+// operation, to b's metrics.
+func reportRequests(b *testing.B, before, now snapshot, ops int) {
 	per := func(n int64) float64 { return float64(n) / float64(ops) }
 	b.ReportMetric(per(now.unary-before.unary), "unary/op")
 	b.ReportMetric(per(now.sent-before.sent+now.received-before.received), "streammsgs/op")

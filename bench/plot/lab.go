@@ -193,8 +193,8 @@ func drawLabAcquire(r results, path string) error {
 // 0.2 ms), with the requests it made.
 func labTable(r results) string {
 	var b strings.Builder
-	b.WriteString("| round trip | client | put p50 | Lock p50 (× put) | Unlock (× put) | guarded put (× put) | Mutex Lock (× put) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|\n")
+	b.WriteString("| round trip | client | put p50 | Lock p50 (× put) | Unlock (× put) | guarded put (× put) | Mutex Lock (× put) | requests: Lock, Mutex Lock |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, rtt := range labRTTs {
 		for _, side := range labSides {
 			name := labUncontendedName(rtt.name, side)
@@ -209,12 +209,12 @@ func labTable(r results) string {
 				}
 				return fmt.Sprintf("%.2f", v)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.2f ms | %s | %s | %s | %s |\n", rtt.name, side, put,
-				x("lock-x-put"), x("unlock-x-put"), x("guarded-put-x-put"), x("mutex-lock-x-put"))
+			fmt.Fprintf(&b, "| %s | %s | %.2f ms | %s | %s | %s | %s | %s, %s |\n", rtt.name, side, put,
+				x("lock-x-put"), x("unlock-x-put"), x("guarded-put-x-put"), x("mutex-lock-x-put"), x("lock-rpcs"), x("mutex-lock-rpcs"))
 		}
 	}
-	b.WriteString("\n| round trip | client | contenders | impl | handoff p50 | p99 | put p50, same run | goal | unary + stream msgs per handoff |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("\n| round trip | client | contenders | impl | handoff p50 | p99 | put p50, same run | goal | requests on the critical path | unary + stream msgs per handoff, all contenders |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, rtt := range labRTTs {
 		oneWay := rtt.ms / 2
 		for _, side := range labSides {
@@ -229,8 +229,12 @@ func labTable(r results) string {
 					put, _ := r.ms(name, "put-p50-us")
 					unary, _ := r.median(name, "unary/op")
 					msgs, _ := r.median(name, "streammsgs/op")
-					fmt.Fprintf(&b, "| %s | %s | %d | %s | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.1f + %.1f |\n",
-						rtt.name, side, n, im.impl, p50, p99, put, put+oneWay+0.2, unary, msgs)
+					crit := "–"
+					if v, ok := r.median(name, "critical-rpcs"); ok {
+						crit = fmt.Sprintf("%.2f", v)
+					}
+					fmt.Fprintf(&b, "| %s | %s | %d | %s | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %s | %.1f + %.1f |\n",
+						rtt.name, side, n, im.impl, p50, p99, put, put+oneWay+0.2, crit, unary, msgs)
 				}
 			}
 		}
