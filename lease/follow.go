@@ -248,10 +248,11 @@ func (l *Lock) follow(ctx context.Context) error {
 // new holder, and the queue watch delivers that holder's deletion in order
 // with any change of the own key: the grant needs no read after it, where
 // the follow watch of that key alone would need one of the own key, a
-// round trip on the handoff's path. Opening the watch and reading happen
-// while the new holder holds. The read is of the older keys keys-only
-// (served from etcd 3.7's index), and in full only if that shows keys the
-// waiter does not know. A view that shows it still far sends it back to
+// round trip on the handoff's path, provided the watch is up and the view
+// read before the new holder releases, as it usually is. The read is of
+// the older keys keys-only (served from etcd 3.7's index), and in full
+// only if that shows keys the waiter does not know or that changed since
+// it read them (relist). A view that shows it still far sends it back to
 // following (look), pausing the queue watch.
 func (l *Lock) rereadFar(ctx context.Context) error {
 	l.mu.Lock()
@@ -281,8 +282,11 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 
 // relist makes kvs, a keys-only read at rev of the keys older than the
 // lock's own, the rule's snapshot if each key directly under the name in
-// it is listed already with the same creation revision (a keys-only read
-// cannot tell whether a key blocks); else it reports false.
+// it is listed already, unchanged: the same creation and modification
+// revisions. A keys-only read cannot tell whether a key blocks, but it
+// shows that a put changed one (moved it off its lease, say), which no
+// source may report: the full read then says what the key is now.
+// Otherwise it reports false.
 func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 	pfx := l.name + "/"
 	l.mu.Lock()
@@ -293,7 +297,7 @@ func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 			continue
 		}
 		a, ok := l.q.know.ahead[string(kv.Key)]
-		if !ok || a.created != kv.CreateRevision {
+		if !ok || a.created != kv.CreateRevision || a.kv.ModRevision != kv.ModRevision {
 			return false
 		}
 		listed = append(listed, a.kv)

@@ -72,7 +72,8 @@ type waiting struct {
 	// mirrored: the lock waits on its Keeper's copy of the queue.
 	mirrored bool
 	// far: the lock follows only the newest keys ahead (follows) until
-	// granted. followEpochs: their watches' epochs as of the read; listed:
+	// one of them goes; it then reads the view again with the queue watch
+	// up (rereadFar), and is near if few enough are ahead. followEpochs: their watches' epochs as of the read; listed:
 	// the keys ahead then. Fewer now means one went: read the view again.
 	far          bool
 	listed       int

@@ -137,8 +137,11 @@ func TestQueueReads(t *testing.T) {
 			}
 			got, keysOnly := reads.n.Load()-before, reads.keysOnly.Load()-keysOnlyBefore
 			// The waiters queued within reach of the head follow the queue
-			// watch, and read once more as they start following it.
-			const nearHead = 4
+			// watch, and read once more as they start following it. A read
+			// or two more come with timing (15 to 17 measured, 15 to 16
+			// before far waiters opened the queue watch to re-read): a
+			// view read while a release is under way is read again.
+			const nearHead = 4 + 2
 			switch {
 			case keeper && got+keysOnly != 0:
 				t.Errorf("%d full and %d keys-only reads of the queue by %d waiters through a Keeper, want none", got, keysOnly, waiters)
