@@ -145,6 +145,19 @@ func (g Guard) validate() error {
 	return nil
 }
 
+// kindName is the guard's kind as WriteGuard names it.
+func (g Guard) kindName() string {
+	switch {
+	case g.kind == heldGuard:
+		return "held"
+	case g.claim:
+		return "claim"
+	case g.kind == resourceGuard:
+		return "resource"
+	}
+	return "invalid"
+}
+
 // String describes the guard for logs and errors.
 func (g Guard) String() string {
 	switch g.kind {

@@ -64,7 +64,8 @@ func NewTxn(ctx context.Context, kv clientv3.KV, guards ...Guard) *Txn {
 
 // WithHooks reports the transaction's verdict to h: a refusal by a Held
 // guard as "held", by a Resource guard as "resource", and an unknown
-// outcome. Bad input is not reported.
+// outcome. Bad input is not counted as a refusal; Hooks.Write hears every
+// Commit, bad input and all.
 func (t *Txn) WithHooks(h *Hooks) *Txn { t.hooks = h; return t }
 
 // If adds comparisons of the caller's own. When they fail (and the guards
@@ -98,9 +99,20 @@ func (t *Txn) Else(ops ...clientv3.Op) *Txn { t.els = append(t.els, ops...); ret
 //     fence record, too many operations) wraps ErrInvalidArgument, and
 //     nothing is sent.
 func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
+	ctx, done := t.hooks.Begin(t.ctx, "etcd", "resource", t.traced)
+	t.ctx = ctx
 	resp, err := t.commit()
-	t.hooks.Report("resource", err)
+	done(err)
 	return resp, err
+}
+
+// traced describes the guards for Hooks.Write.
+func (t *Txn) traced() []WriteGuard {
+	gs := make([]WriteGuard, len(t.guards))
+	for i, g := range t.guards {
+		gs[i] = WriteGuard{Kind: g.kindName(), Key: g.key, Token: g.token}
+	}
+	return gs
 }
 
 func (t *Txn) commit() (*clientv3.TxnResponse, error) {

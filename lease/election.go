@@ -25,9 +25,9 @@ func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership
 	if err := leaderValue(value); err != nil {
 		return nil, failed(fmt.Sprintf("campaign %q", name), err)
 	}
-	l, err := s.acquire(ctx, name, Write, value, false)
+	l, err := s.acquire(ctx, Call{Op: "Campaign", Name: name, Mode: Write}, value, false)
 	if err != nil {
-		return nil, failed(fmt.Sprintf("campaign %q", name), err)
+		return nil, err
 	}
 	return &Leadership{l: l}, nil
 }
@@ -86,10 +86,13 @@ func (e *Leadership) Proclaim(ctx context.Context, value string) error {
 // Resign gives up the lead, with a delete guarded like Unlock's; the next
 // candidate in line becomes leader. It behaves as Lock.Unlock on failure.
 func (e *Leadership) Resign(ctx context.Context) error {
-	if err := e.l.unlock(ctx); err != nil {
-		return failed(fmt.Sprintf("resign %q", e.l.name), err)
+	ctx, done := e.l.traceRelease(ctx, "Resign")
+	err := e.l.unlock(ctx)
+	if err != nil {
+		err = failed(fmt.Sprintf("resign %q", e.l.name), err)
 	}
-	return nil
+	done(err)
+	return err
 }
 
 // leaderValue refuses ReaderValue as a leader's value: a key with that

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// Hooks receive the events of a session and its locks, for metrics (see
-// package fence/fenceprom). Every field is optional. They are called on
+// Hooks receive the events of a session and its locks, for metrics and
+// traces (see packages fence/fenceprom and fence/fenceotel). Every field is optional. They are called on
 // the library's goroutines, possibly at the same time: they must be safe
 // for concurrent use, return quickly, and never call back into the session.
 type Hooks struct {
@@ -33,6 +33,13 @@ type Hooks struct {
 	// for etcd to answer its lease grant: after 2 s, then every 10 s, with
 	// how long it has waited. A warning with the endpoints is logged too.
 	Unanswered func(waited time.Duration)
+	// Call is called as each Lock, RLock, TryLock, TryRLock and Campaign
+	// call starts, with the caller's context, for tracing (see package
+	// fence/fenceotel). The call goes on with the context Call returns,
+	// which must be ctx or derived from it (nil means ctx): its requests
+	// to etcd carry it. The CallHooks it returns (nil for none) hear the
+	// rest of the call and of the holding it takes.
+	Call func(ctx context.Context, c Call) (context.Context, *CallHooks)
 }
 
 // WithHooks sets the session's hooks; a nil *Hooks means none.
@@ -124,4 +131,5 @@ func (l *Lock) reportEnd() {
 	if s.hooks.Ended != nil {
 		s.hooks.Ended(l.name, l.token, held, why)
 	}
+	l.trace.ended(held, why)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type Lock struct {
 	finished chan struct{}
 	// stopFinish keeps finish off a goroutine of its own, if not too late.
 	stopFinish func() bool
+
+	trace *CallHooks // the acquiring call's tracing hooks; nil for none
 
 	w       watches       // the name's watches, which deliver deletions
 	changed chan struct{} // poked when the keys ahead may have changed
@@ -151,11 +154,7 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // error that matches ctx's error (context.DeadlineExceeded or
 // context.Canceled) and names the key it was waiting behind, if any.
 func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.acquire(ctx, name, Write, "", false)
-	if err != nil {
-		return nil, failed(fmt.Sprintf("lock %q", name), err)
-	}
-	return l, nil
+	return s.acquire(ctx, Call{Op: "Lock", Name: name, Mode: Write}, "", false)
 }
 
 // TryLock takes the lock name if nobody holds it, and returns an error
@@ -165,15 +164,25 @@ func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 // has no keys under it but its queue's; with many other keys there (data,
 // nested locks' keys) it may put its key and remove it again.
 func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.acquire(ctx, name, Write, "", true)
+	return s.acquire(ctx, Call{Op: "TryLock", Name: name, Mode: Write}, "", true)
+}
+
+// acquire is the common path of Lock, TryLock, RLock, TryRLock, Campaign:
+// it traces the call and names it in its error.
+func (s *Session) acquire(ctx context.Context, c Call, value string, try bool) (*Lock, error) {
+	ctx, trace := s.hooks.call(ctx, c)
+	l, err := s.take(ctx, c.Name, c.Mode, value, try, trace)
 	if err != nil {
-		return nil, failed(fmt.Sprintf("trylock %q", name), err)
+		err = failed(fmt.Sprintf("%s %q", strings.ToLower(c.Op), c.Name), err)
+		trace.done(0, err)
+		return nil, err
 	}
+	trace.done(l.token, nil)
 	return l, nil
 }
 
-// acquire is the common path of Lock, TryLock, RLock, TryRLock, Campaign.
-func (s *Session) acquire(ctx context.Context, name string, mode Mode, value string, try bool) (*Lock, error) {
+// take queues the lock and waits for its turn.
+func (s *Session) take(ctx context.Context, name string, mode Mode, value string, try bool, trace *CallHooks) (*Lock, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
@@ -188,7 +197,7 @@ func (s *Session) acquire(ctx context.Context, name string, mode Mode, value str
 	if mode == Read {
 		value = ReaderValue
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w}
+	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w, trace: trace}
 	l.hold.value, l.hold.gate = value, release
 	l.q.know = newKnowledge(l.key, l.owns, l.blocksKV)
 	if err := l.start(); err != nil {
@@ -276,7 +285,9 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // await waits for the lock's turn; with try set it only checks that no
 // key is ahead (tryEmpty may have seen only keys that do not block).
 func (l *Lock) await(ctx context.Context, try bool) error {
-	switch v := l.look(); {
+	v := l.look()
+	l.trace.queued(l.aheadNow())
+	switch {
 	case v.held():
 		return nil
 	case v.ended:
@@ -1088,10 +1099,13 @@ func (l *Lock) removeKey(cmp clientv3.Cmp, ops, els []clientv3.Op) int64 {
 // returns etcd's error (no answer, or ctx ended), the lock is still
 // considered held, and Unlock may be called again.
 func (l *Lock) Unlock(ctx context.Context) error {
-	if err := l.unlock(ctx); err != nil {
-		return failed(fmt.Sprintf("unlock %q", l.name), err)
+	ctx, done := l.traceRelease(ctx, "Unlock")
+	err := l.unlock(ctx)
+	if err != nil {
+		err = failed(fmt.Sprintf("unlock %q", l.name), err)
 	}
-	return nil
+	done(err)
+	return err
 }
 
 func (l *Lock) unlock(ctx context.Context) error {

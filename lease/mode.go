@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
@@ -46,11 +45,7 @@ func modeOf(kv *mvccpb.KeyValue) Mode {
 // write, take turns: use one session per concurrent reader. Failure is as
 // for Lock: the key is removed, and a lost key or session is never a grant.
 func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.acquire(ctx, name, Read, "", false)
-	if err != nil {
-		return nil, failed(fmt.Sprintf("rlock %q", name), err)
-	}
-	return l, nil
+	return s.acquire(ctx, Call{Op: "RLock", Name: name, Mode: Read}, "", false)
 }
 
 // TryRLock takes name for reading if no writer holds it or waits for it,
@@ -59,11 +54,7 @@ func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
 // is near the head of the queue; behind many keys it may put its key and
 // remove it again.
 func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
-	l, err := s.acquire(ctx, name, Read, "", true)
-	if err != nil {
-		return nil, failed(fmt.Sprintf("tryrlock %q", name), err)
-	}
-	return l, nil
+	return s.acquire(ctx, Call{Op: "TryRLock", Name: name, Mode: Read}, "", true)
 }
 
 // Mode is Read for a holding taken by RLock or TryRLock, Write otherwise.

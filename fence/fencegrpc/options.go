@@ -96,7 +96,9 @@ func WithLogger(lg *zap.Logger) Option {
 	}
 }
 
-// WithHooks reports calls refused for a stale token ("grpc") to h.
+// WithHooks reports calls refused for a stale token ("grpc") to h, and each
+// fenced or refused call to its Write hook, which may annotate the server
+// span.
 func WithHooks(h *fence.Hooks) Option {
 	return func(o *options) error {
 		o.hooks = h

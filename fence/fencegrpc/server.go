@@ -98,6 +98,7 @@ func (c *Checker) check(ctx context.Context, method string, req any) (context.Co
 	md, _ := metadata.FromIncomingContext(ctx)
 	claim, err := claimed(md)
 	if err != nil {
+		c.opts.hooks.Checked(ctx, "grpc", fence.RequestGuard("", 0, true), err)
 		return nil, c.refuse(ctx, method, fencestore.Claim{}, err)
 	}
 	cl, fenced, err := fencestore.Check(ctx, c.store, fencestore.Request{
@@ -109,6 +110,9 @@ func (c *Checker) check(ctx context.Context, method string, req any) (context.Co
 		ClaimKey:  MetadataClaim,
 		Bad:       func(reason string) error { return fmt.Errorf("%w: %s", ErrBadMetadata, reason) },
 	})
+	if fenced || err != nil {
+		c.opts.hooks.Checked(ctx, "grpc", fence.RequestGuard(cl.Name, cl.Token, claim), err)
+	}
 	switch {
 	case err != nil:
 		return nil, c.refuse(ctx, method, cl, err)

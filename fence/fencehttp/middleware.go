@@ -72,9 +72,10 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 func (m *Middleware) check(r *http.Request) (fencestore.Claim, bool, error) {
 	claim, err := claimed(r.Header)
 	if err != nil {
+		m.opts.hooks.Checked(r.Context(), "http", fence.RequestGuard("", 0, true), err)
 		return fencestore.Claim{}, false, err
 	}
-	return fencestore.Check(r.Context(), m.store, fencestore.Request{
+	c, fenced, err := fencestore.Check(r.Context(), m.store, fencestore.Request{
 		Claim:     claim,
 		Unchecked: m.opts.unchecked[r.Method],
 		Lock:      func() string { return m.opts.lockName(r) },
@@ -83,6 +84,10 @@ func (m *Middleware) check(r *http.Request) (fencestore.Claim, bool, error) {
 		ClaimKey:  HeaderClaim,
 		Bad:       func(reason string) error { return fmt.Errorf("%w: %s", ErrBadHeader, reason) },
 	})
+	if fenced || err != nil {
+		m.opts.hooks.Checked(r.Context(), "http", fence.RequestGuard(c.Name, c.Token, claim), err)
+	}
+	return c, fenced, err
 }
 
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c fencestore.Claim, err error) {

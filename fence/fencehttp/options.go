@@ -90,7 +90,9 @@ func WithLogger(lg *zap.Logger) Option {
 	}
 }
 
-// WithHooks reports requests refused for a stale token ("http") to h.
+// WithHooks reports requests refused for a stale token ("http") to h, and
+// each fenced or refused request to its Write hook, which may annotate the
+// server span.
 func WithHooks(h *fence.Hooks) Option {
 	return func(o *options) error {
 		o.hooks = h

@@ -52,6 +52,7 @@ type Fence struct {
 	data     string // prefix of the data objects
 	probe    string // prefix of the probe objects
 	attempts int
+	hooks    *fence.Hooks
 
 	// checking is held through a check, so that a Fence's writes that
 	// start together run one check between them.
@@ -99,6 +100,16 @@ func WithAttempts(n int) Option {
 			return fmt.Errorf("%w: %d attempts", fence.ErrInvalidArgument, n)
 		}
 		f.attempts = n
+		return nil
+	}
+}
+
+// WithHooks reports refused writes ("object") and unknown outcomes to h,
+// and each Claim and Commit to its Write hook (guard kind "claim" or
+// "manifest", key the manifest's).
+func WithHooks(h *fence.Hooks) Option {
+	return func(f *Fence) error {
+		f.hooks = h
 		return nil
 	}
 }
@@ -167,6 +178,20 @@ func (f *Fence) Read(ctx context.Context) (Manifest, error) {
 // Claiming again with the same token is also how a holder continues after
 // any failed Commit: it returns the manifest as it is, whatever landed.
 func (f *Fence) Claim(ctx context.Context, token int64) (Manifest, error) {
+	ctx, done := f.begin(ctx, "claim", token)
+	m, err := f.claim(ctx, token)
+	done(err)
+	return m, err
+}
+
+// begin starts a write for the hooks (fence.Hooks.Begin).
+func (f *Fence) begin(ctx context.Context, kind string, token int64) (context.Context, func(error)) {
+	return f.hooks.Begin(ctx, "object", "object", func() []fence.WriteGuard {
+		return []fence.WriteGuard{{Kind: kind, Key: f.key, Token: token}}
+	})
+}
+
+func (f *Fence) claim(ctx context.Context, token int64) (Manifest, error) {
 	if token <= 0 {
 		return Manifest{}, failed("claim", f.key, fmt.Errorf("%w: token %d", fence.ErrInvalidArgument, token))
 	}
@@ -224,6 +249,13 @@ func (f *Fence) Claim(ctx context.Context, token int64) (Manifest, error) {
 // two lands. If the first landed, the second finds it and returns it when
 // its payload is the same, and gives ErrNotClaimed when it is not.
 func (f *Fence) Commit(ctx context.Context, base Manifest, payload []byte) (Manifest, error) {
+	ctx, done := f.begin(ctx, "manifest", base.Token)
+	m, err := f.commit(ctx, base, payload)
+	done(err)
+	return m, err
+}
+
+func (f *Fence) commit(ctx context.Context, base Manifest, payload []byte) (Manifest, error) {
 	if err := f.isBase(base); err != nil {
 		return Manifest{}, failed("commit", f.key, err)
 	}

@@ -50,8 +50,9 @@ func (f *Fence) Claim(ctx context.Context, ex Execer, id any, token int64) error
 		// would claim a row nobody can name.
 		return invalid("nil id")
 	}
+	ctx, done := f.begin(ctx, "claim", id, token)
 	err := f.claim(ctx, ex, id, token)
-	f.hooks.Report("sql", err)
+	done(err)
 	return err
 }
 

@@ -82,7 +82,9 @@ func WithTokenColumn(name string) Option {
 	}
 }
 
-// WithHooks reports refused writes ("sql") and unknown outcomes to h.
+// WithHooks reports refused writes ("sql") and unknown outcomes to h, and
+// each write and claim to its Write hook (guard kind "row" or "claim", key
+// table/id).
 func WithHooks(h *fence.Hooks) Option {
 	return func(f *Fence) error {
 		f.hooks = h
@@ -298,9 +300,17 @@ type stmt struct {
 // result runs the fenced statement and tells a refused write apart: stale
 // (with the highest token, read after the fact) or missing.
 func (f *Fence) result(ctx context.Context, db Execer, s stmt) error {
+	ctx, done := f.begin(ctx, "row", s.id, s.token)
 	err := f.exec(ctx, db, s)
-	f.hooks.Report("sql", err)
+	done(err)
 	return err
+}
+
+// begin starts a fenced statement for the hooks (fence.Hooks.Begin).
+func (f *Fence) begin(ctx context.Context, kind string, id any, token int64) (context.Context, func(error)) {
+	return f.hooks.Begin(ctx, "sql", "sql", func() []fence.WriteGuard {
+		return []fence.WriteGuard{{Kind: kind, Key: fmt.Sprintf("%s/%v", f.rawTable, id), Token: token}}
+	})
 }
 
 func (f *Fence) exec(ctx context.Context, db Execer, s stmt) error {
