@@ -1,0 +1,142 @@
+package fenceotel
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/leasefence/leasefence/lease"
+)
+
+// Span names: the call as the user wrote it, and the end of a holding
+// that no Unlock or Resign made.
+const (
+	SpanHoldingEnd = "lease.HoldingEnd"
+)
+
+// call is one acquiring call's span and what its holding's end needs.
+type call struct {
+	t     *Telemetry
+	span  trace.Span
+	attrs []attribute.KeyValue // name and mode
+
+	mu       sync.Mutex
+	queuedAt time.Time
+	release  trace.Span // the open span of an Unlock or Resign of the holding
+}
+
+// call is lease.Hooks.Call: a span for the call, a child of ctx's.
+func (t *Telemetry) call(ctx context.Context, c lease.Call) (context.Context, *lease.CallHooks) {
+	attrs := []attribute.KeyValue{AttrLockName.String(c.Name), AttrMode.String(c.Mode.String())}
+	ctx, span := t.tracer.Start(ctx, "lease."+c.Op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	if !span.IsRecording() {
+		// Sampled out or no SDK: nothing to say, and no end span to link.
+		return ctx, nil
+	}
+	cl := &call{t: t, span: span, attrs: attrs}
+	return ctx, &lease.CallHooks{Queued: cl.queued, Done: cl.done, Release: cl.startRelease, Ended: cl.ended}
+}
+
+func (c *call) queued(ahead int) {
+	now := time.Now()
+	c.mu.Lock()
+	c.queuedAt = now
+	c.mu.Unlock()
+	c.span.AddEvent("queued", trace.WithTimestamp(now), trace.WithAttributes(AttrAhead.Int(ahead)))
+	c.span.SetAttributes(AttrAhead.Int(ahead))
+}
+
+func (c *call) done(token int64, err error) {
+	c.mu.Lock()
+	queuedAt := c.queuedAt
+	c.mu.Unlock()
+	if !queuedAt.IsZero() {
+		c.span.SetAttributes(AttrQueueTime.Float64(time.Since(queuedAt).Seconds()))
+	}
+	outcome := lockOutcome(err)
+	c.span.SetAttributes(AttrOutcome.String(outcome))
+	switch {
+	case err == nil:
+		c.span.SetAttributes(AttrToken.Int64(token))
+	case outcome == "locked":
+		// A TryLock that finds the lock taken did what it is for.
+	default:
+		c.span.SetAttributes(AttrErrorType.String(outcome))
+		c.span.SetStatus(codes.Error, err.Error())
+	}
+	c.span.End()
+}
+
+// startRelease is the span of an Unlock or Resign: a child of its caller's
+// context, linked to the acquiring call's span.
+func (c *call) startRelease(ctx context.Context, op string) (context.Context, *lease.CallHooks) {
+	ctx, span := c.t.tracer.Start(ctx, "lease."+op, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(c.attrs...), trace.WithLinks(trace.Link{SpanContext: c.span.SpanContext()}))
+	c.mu.Lock()
+	c.release = span
+	c.mu.Unlock()
+	return ctx, &lease.CallHooks{Done: func(token int64, err error) {
+		c.mu.Lock()
+		if c.release == span {
+			c.release = nil
+		}
+		c.mu.Unlock()
+		span.SetAttributes(AttrToken.Int64(token))
+		if err != nil {
+			span.SetAttributes(AttrErrorType.String(lockOutcome(err)))
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}}
+}
+
+// ended records the holding's end: an event on the Unlock or Resign span
+// that ended it, or else a span of its own, linked to the acquisition's.
+func (c *call) ended(held time.Duration, why error) {
+	cause := lease.Cause(why)
+	attrs := []attribute.KeyValue{AttrCause.String(cause), AttrHeld.Float64(held.Seconds())}
+	c.mu.Lock()
+	release := c.release
+	c.mu.Unlock()
+	if release != nil && cause == "released" {
+		release.AddEvent("ended", trace.WithAttributes(attrs...))
+		release.SetAttributes(attrs...)
+		return
+	}
+	_, span := c.t.tracer.Start(context.Background(), SpanHoldingEnd, trace.WithNewRoot(),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.attrs...),
+		trace.WithAttributes(attrs...), trace.WithLinks(trace.Link{SpanContext: c.span.SpanContext()}))
+	if cause != "released" && cause != "session_closed" {
+		span.SetAttributes(AttrErrorType.String(cause))
+		span.SetStatus(codes.Error, why.Error())
+	}
+	span.End()
+}
+
+// lockOutcome names how a lock call ended, for spans.
+func lockOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "granted"
+	case errors.Is(err, lease.ErrLocked):
+		return "locked"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	case errors.Is(err, lease.ErrSessionClosed):
+		return "session_closed"
+	case errors.Is(err, lease.ErrLost):
+		return "lost"
+	case errors.Is(err, lease.ErrUnlocked):
+		return "released"
+	case errors.Is(err, lease.ErrInvalidArgument):
+		return "invalid"
+	}
+	return "error"
+}
