@@ -343,8 +343,10 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	// Writes go out under the session, not ctx: a put cut off by ctx may
 	// be applied after the cleanup, leaving a key at the queue's head. So
 	// await etcd's answer (or the session's end), then remove the key if
-	// ctx has ended.
-	err := l.enqueue(ctx, l.s.ctx, try)
+	// ctx has ended. They keep ctx's values (a trace's span, say).
+	wctx, stop := linkCause(context.WithoutCancel(ctx), l.s.ctx)
+	err := l.enqueue(ctx, wctx, try)
+	stop()
 	if err == nil && l.token != 0 && ctx.Err() != nil {
 		l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
 		return ctx.Err()

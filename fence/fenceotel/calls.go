@@ -32,14 +32,16 @@ type call struct {
 
 // call is lease.Hooks.Call: a span for the call, a child of ctx's.
 func (t *Telemetry) call(ctx context.Context, c lease.Call) (context.Context, *lease.CallHooks) {
-	attrs := []attribute.KeyValue{AttrLockName.String(c.Name), AttrMode.String(c.Mode.String())}
-	ctx, span := t.tracer.Start(ctx, "lease."+c.Op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	sctx, span := t.tracer.Start(ctx, "lease."+c.Op, trace.WithSpanKind(trace.SpanKindInternal))
 	if !span.IsRecording() {
 		// Sampled out or no SDK: nothing to say, and no end span to link.
+		// The call goes on with ctx, which carries what a child would.
 		return ctx, nil
 	}
+	attrs := []attribute.KeyValue{AttrLockName.String(c.Name), AttrMode.String(c.Mode.String())}
+	span.SetAttributes(attrs...)
 	cl := &call{t: t, span: span, attrs: attrs}
-	return ctx, &lease.CallHooks{Queued: cl.queued, Done: cl.done, Release: cl.startRelease, Ended: cl.ended}
+	return sctx, &lease.CallHooks{Queued: cl.queued, Done: cl.done, Release: cl.startRelease, Ended: cl.ended}
 }
 
 func (c *call) queued(ahead int) {

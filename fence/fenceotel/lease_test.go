@@ -233,3 +233,46 @@ func TestUnsampledCallTakesNoHooks(t *testing.T) {
 		t.Errorf("hooks for a call whose span is not sampled")
 	}
 }
+
+// A session whose lease is revoked: the session loss is counted, and its
+// lock's end is a loss span with the cause the lock heard.
+func TestSessionLossCounted(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	k := newKit(t)
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := etcdproc.Name(t, "revoked")
+	s, err := lease.NewSession(ctx, cli, lease.WithTTL(2*time.Second), lease.WithHooks(k.tel.LeaseHooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l, err := s.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, s.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done()
+	<-s.Done()
+	if v := k.metric(t, fenceotel.MetricSessionLosses); v != 1 {
+		t.Errorf("%s = %v, want 1", fenceotel.MetricSessionLosses, v)
+	}
+	ends := k.ended(fenceotel.SpanHoldingEnd)
+	if len(ends) != 1 {
+		t.Fatalf("%d holding-end spans, want 1", len(ends))
+	}
+	cause := lease.Cause(l.Err())
+	wantAttr(t, ends[0], fenceotel.AttrCause.String(cause))
+	if ends[0].Status().Code != codes.Error {
+		t.Errorf("loss span status %v, want Error", ends[0].Status())
+	}
+	if v := k.metric(t, fenceotel.MetricLosses, fenceotel.AttrCause.String(cause)); v != 1 {
+		t.Errorf("%s{%s} = %v, want 1", fenceotel.MetricLosses, cause, v)
+	}
+	if v := k.metric(t, fenceotel.MetricMargin); v < 1 {
+		t.Errorf("%s count = %v, want one renewal at least", fenceotel.MetricMargin, v)
+	}
+}

@@ -23,12 +23,12 @@ func (t *Telemetry) write(ctx context.Context, w fence.Write) (context.Context, 
 		}
 		return ctx, func(err error) { markRequest(span, w, err) }
 	}
-	ctx, span := t.tracer.Start(ctx, writeSpanName(w), trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(writeAttrs(w)...))
+	sctx, span := t.tracer.Start(ctx, writeSpanName(w), trace.WithSpanKind(trace.SpanKindInternal))
 	if !span.IsRecording() {
 		return ctx, nil
 	}
-	return ctx, func(err error) {
+	span.SetAttributes(writeAttrs(w)...)
+	return sctx, func(err error) {
 		verdict(span, err)
 		span.End()
 	}

@@ -20,7 +20,7 @@
 //	leasefence_session_keepalive_margin_seconds   histogram: local deadline minus now at each renewal
 //	leasefence_sessions_lost_total                counter: sessions whose lease was lost
 //	leasefence_session_grant_unanswered_total     counter: reports of a lease grant etcd has not answered
-//	leasefence_fence_refused_total{guard}         counter: writes refused (held, resource, sql, http, grpc)
+//	leasefence_fence_refused_total{guard}         counter: writes refused (held, resource, sql, object, http, grpc)
 //	leasefence_fence_outcome_unknown_total        counter: fenced writes with an unknown outcome
 //
 // The unanswered counter tells of an etcd that cannot be reached before

@@ -120,7 +120,7 @@ func (m *Metrics) LeaseHooks() *lease.Hooks {
 }
 
 // FenceHooks returns hooks for fence.Txn.WithHooks, sqlfence.WithHooks,
-// fencehttp.WithHooks and fencegrpc.WithHooks.
+// objectfence.WithHooks, fencehttp.WithHooks and fencegrpc.WithHooks.
 func (m *Metrics) FenceHooks() *fence.Hooks {
 	return &fence.Hooks{
 		Refused:        func(guard string) { m.refused.WithLabelValues(guard).Inc() },
