@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -183,10 +184,11 @@ func TestGRPCRefusalMarksServerSpan(t *testing.T) {
 		defer close(served)
 		srv.Serve(lis)
 	}()
-	defer func() {
+	stop := sync.OnceFunc(func() {
 		srv.Stop()
 		<-served
-	}()
+	})
+	defer stop()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor()))
 	if err != nil {
@@ -200,10 +202,7 @@ func TestGRPCRefusalMarksServerSpan(t *testing.T) {
 			t.Fatalf("token %d: %v", tok, err)
 		}
 	}
-	srv.Stop()
-	<-served
-	served = make(chan struct{})
-	close(served)
+	stop() // the server spans end with their calls; stopping waits for those
 	var spans []sdktrace.ReadOnlySpan
 	for _, s := range k.spans.Ended() {
 		if s.SpanKind() == trace.SpanKindServer {
@@ -227,5 +226,3 @@ type fixed struct {
 func (f fixed) Name() string { return f.name }
 func (f fixed) Key() string  { return f.name }
 func (f fixed) Token() int64 { return f.token }
-
-
