@@ -51,21 +51,15 @@ func (r results) ms(name, unit string) (float64, bool) {
 	return v / 1e3, ok
 }
 
-// drawLab writes the lab's two plots and its table into out.
-func drawLab(r results, out string) error {
+// labPlots are the lab's plots, to be written into out: a handoff plot
+// per client side, and the uncontended steps.
+func labPlots(r results, out string) []output {
+	var outs []output
 	for _, side := range labSides {
-		path := filepath.Join(out, "lab-handoff-"+side+".png")
-		if err := drawLabHandoff(r, side, path); err != nil {
-			return err
-		}
-		fmt.Println("wrote", path)
+		outs = append(outs, output{filepath.Join(out, "lab-handoff-"+side+".png"),
+			func(path string) error { return drawLabHandoff(r, side, path) }})
 	}
-	path := filepath.Join(out, "lab-acquire.png")
-	if err := drawLabAcquire(r, path); err != nil {
-		return err
-	}
-	fmt.Println("wrote", path)
-	return nil
+	return append(outs, output{filepath.Join(out, "lab-acquire.png"), func(path string) error { return drawLabAcquire(r, path) }})
 }
 
 var (

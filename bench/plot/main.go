@@ -65,35 +65,21 @@ func run(out, from, bench string, count int, benchtime string) error {
 	if err := os.MkdirAll(latencyDir, 0o755); err != nil {
 		return err
 	}
-	raw := from
-	if raw == "" {
-		raw = filepath.Join(out, "raw.txt")
-		if err := runBenchmarks(raw, latencyDir, bench, "BenchmarkLab", count, benchtime); err != nil {
-			return err
-		}
-	}
-	results, err := parse(raw)
+	r, err := gather(from, filepath.Join(out, "raw.txt"), func(raw string) error {
+		return runBenchmarks(raw, latencyDir, bench, "BenchmarkLab", count, benchtime)
+	})
 	if err != nil {
 		return err
 	}
+	var outs []output
 	for _, fsync := range []string{"off", "on"} {
-		path := filepath.Join(out, "handoff-fsync-"+fsync+".png")
-		if err := drawHandoffs(results, fsync, path); err != nil {
-			return err
-		}
-		fmt.Println("wrote", path)
+		outs = append(outs, output{filepath.Join(out, "handoff-fsync-"+fsync+".png"),
+			func(path string) error { return drawHandoffs(r, fsync, path) }})
 	}
-	path := filepath.Join(out, "acquire-latency.png")
-	if err := drawLatency(latencyDir, path); err != nil {
-		return err
-	}
-	fmt.Println("wrote", path)
-	table := filepath.Join(out, "ratios.md")
-	if err := os.WriteFile(table, []byte(ratios(results)), 0o644); err != nil {
-		return err
-	}
-	fmt.Println("wrote", table)
-	return nil
+	outs = append(outs,
+		output{filepath.Join(out, "acquire-latency.png"), func(path string) error { return drawLatency(latencyDir, path) }},
+		output{filepath.Join(out, "ratios.md"), table(ratios(r))})
+	return write(outs)
 }
 
 // benchPackage is the package of the benchmarks, named by its import path
@@ -106,26 +92,47 @@ func runLab(out, from string, count int, benchtime string) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	raw := from
-	if raw == "" {
-		raw = filepath.Join(out, "lab.txt")
-		if err := runBenchmarks(raw, "", "BenchmarkLab", "", count, benchtime); err != nil {
-			return err
-		}
-	}
-	results, err := parse(raw)
+	r, err := gather(from, filepath.Join(out, "lab.txt"), func(raw string) error {
+		return runBenchmarks(raw, "", "BenchmarkLab", "", count, benchtime)
+	})
 	if err != nil {
 		return err
 	}
-	if err := drawLab(results, out); err != nil {
-		return err
+	return write(append(labPlots(r, out), output{filepath.Join(out, "lab.md"), table(labTable(r))}))
+}
+
+// output is one file the command writes: a plot, or a table.
+type output struct {
+	path string
+	make func(path string) error
+}
+
+// write makes each output in turn and says so.
+func write(outs []output) error {
+	for _, o := range outs {
+		if err := o.make(o.path); err != nil {
+			return err
+		}
+		fmt.Println("wrote", o.path)
 	}
-	table := filepath.Join(out, "lab.md")
-	if err := os.WriteFile(table, []byte(labTable(results)), 0o644); err != nil {
-		return err
-	}
-	fmt.Println("wrote", table)
 	return nil
+}
+
+// table is an output's maker that writes text.
+func table(text string) func(path string) error {
+	return func(path string) error { return os.WriteFile(path, []byte(text), 0o644) }
+}
+
+// gather parses the benchmark output in from, or, with no from, runs
+// the benchmarks into raw first.
+func gather(from, raw string, runInto func(raw string) error) (results, error) {
+	if from != "" {
+		return parse(from)
+	}
+	if err := runInto(raw); err != nil {
+		return nil, err
+	}
+	return parse(raw)
 }
 
 // runBenchmarks runs the benchmarks bench, but not skip, teeing their

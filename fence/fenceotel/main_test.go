@@ -115,7 +115,7 @@ func wantAttr(t *testing.T, s sdktrace.ReadOnlySpan, a attribute.KeyValue) {
 	t.Helper()
 	v, ok := attr(s, a.Key)
 	if !ok || v != a.Value {
-		t.Errorf("%s: %s = %v (set: %v), want %v", s.Name(), a.Key, v.Emit(), ok, a.Value.Emit())
+		t.Errorf("%s: %s = %v (set: %v), want %v", s.Name(), a.Key, v.String(), ok, a.Value.String())
 	}
 }
 

@@ -50,8 +50,8 @@ func rttEndpoints(l *rttlab.Lab) []string {
 	return eps
 }
 
-// rttSteps bounds the changes one pause makes; rttStep is how long each
-// lasts, at most.
+// rttSteps bounds the changes one pause makes; each lasts rttStep/4 plus
+// up to rttStep, 100 to 500 ms.
 const (
 	rttSteps = 12
 	rttStep  = 400 * time.Millisecond
