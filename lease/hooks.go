@@ -36,9 +36,11 @@ type Hooks struct {
 	// Call is called as each Lock, RLock, TryLock, TryRLock and Campaign
 	// call starts, with the caller's context, for tracing (see package
 	// fence/fenceotel). The call goes on with the context Call returns,
-	// which must be ctx or derived from it (nil means ctx): its requests
-	// to etcd carry it. The CallHooks it returns (nil for none) hear the
-	// rest of the call and of the holding it takes.
+	// which must be ctx or derived from it (nil means ctx): the requests
+	// it sends (its put, its reads while it waits) carry that context's
+	// values, so a traced etcd client shows them as its children. Watches,
+	// which a session's locks share, do not. The CallHooks it returns (nil
+	// for none) hear the rest of the call and of the holding it takes.
 	Call func(ctx context.Context, c Call) (context.Context, *CallHooks)
 }
 
