@@ -99,9 +99,13 @@ func (t *Txn) Else(ops ...clientv3.Op) *Txn { t.els = append(t.els, ops...); ret
 //     fence record, too many operations) wraps ErrInvalidArgument, and
 //     nothing is sent.
 func (t *Txn) Commit() (*clientv3.TxnResponse, error) {
-	ctx, done := t.hooks.Begin(t.ctx, "etcd", "resource", t.traced)
+	given := t.ctx
+	ctx, done := t.hooks.Begin(given, "etcd", "resource", t.traced)
+	// This Commit's requests carry the hooks' context; a later Commit of
+	// the same Txn starts again from the one NewTxn was given.
 	t.ctx = ctx
 	resp, err := t.commit()
+	t.ctx = given
 	done(err)
 	return resp, err
 }

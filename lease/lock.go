@@ -286,7 +286,7 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // key is ahead (tryEmpty may have seen only keys that do not block).
 func (l *Lock) await(ctx context.Context, try bool) error {
 	v := l.look()
-	l.trace.queued(l.aheadNow())
+	l.reportQueued()
 	switch {
 	case v.held():
 		return nil

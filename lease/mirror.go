@@ -361,6 +361,28 @@ func (m *queueMirror) snapshot(epoch uint64, l *Lock) mirrorView {
 	return v
 }
 
+// ahead counts the keys in the copy older than l's token that block it,
+// for the tracing hooks (CallHooks.Queued): a walk over them, once per
+// call. ok is false if there is no copy.
+func (m *queueMirror) ahead(l *Lock) (n int, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.valid {
+		return 0, false
+	}
+	o, writers := &m.queue, false
+	if l.mode == Read {
+		o, writers = &m.writers, true
+	}
+	i, _ := slices.BinarySearchFunc(o.entries[o.front:], l.token, func(e orderEntry, t int64) int { return cmp.Compare(e.rev, t) })
+	for _, e := range o.entries[o.front : o.front+i] {
+		if m.live(e, writers) {
+			n++
+		}
+	}
+	return n, true
+}
+
 // only tells whether l's own key is the only key under the name.
 func (m *queueMirror) only(l *Lock) bool {
 	m.mu.Lock()

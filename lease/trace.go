@@ -14,9 +14,10 @@ type Call struct {
 }
 
 // CallHooks hear one acquiring call and the holding it takes, for tracing
-// (see package fence/fenceotel). Every field is optional and called at
-// most once. They must be safe for concurrent use and quick, and never
-// call back into the session.
+// (see package fence/fenceotel). Every field is optional; each is called
+// at most once, except Release, called for every Unlock or Resign. They
+// must be safe for concurrent use and quick, and never call back into the
+// session.
 type CallHooks struct {
 	// Queued is called when the call's key is in the queue, before it
 	// waits, with how many keys ahead of it keep it from being held: 0 for
@@ -28,17 +29,19 @@ type CallHooks struct {
 	// Done is called as the call returns, with the token granted (0 if
 	// none) and the error it returns.
 	Done func(token int64, err error)
-	// Release is called as an Unlock or Resign ("Unlock", "Resign") of the
-	// holding starts, with its context; it returns the context the call
-	// goes on with, under the same rule as Hooks.Call, and the hooks whose
-	// Done hears how it returned (with the holding's token). Called for a
+	// Release is called as each Unlock or Resign ("Unlock", "Resign") of
+	// the holding starts, with its context, also one that finds the
+	// holding ended already; it returns the context the call goes on
+	// with, under the same rule as Hooks.Call, and the hooks whose Done
+	// hears how it returned (with the holding's token). Called for a
 	// granted holding only.
 	Release func(ctx context.Context, op string) (context.Context, *CallHooks)
 	// Ended is called once when the holding ends, with how long it was
 	// held and why (see Cause). For a holding released by Unlock or
 	// Resign it is called before that call returns (and before the
-	// release's Done); otherwise on a goroutine of the library. Called for
-	// a granted holding only.
+	// release's Done). A holding lost at once may end before the
+	// acquiring call's Done. Called for a granted holding only, on
+	// whichever goroutine sees the end.
 	Ended func(held time.Duration, why error)
 }
 
@@ -53,12 +56,6 @@ func (h *Hooks) call(ctx context.Context, c Call) (context.Context, *CallHooks) 
 		cctx = ctx
 	}
 	return cctx, ch
-}
-
-func (ch *CallHooks) queued(ahead int) {
-	if ch != nil && ch.Queued != nil {
-		ch.Queued(ahead)
-	}
 }
 
 func (ch *CallHooks) done(token int64, err error) {
@@ -87,9 +84,20 @@ func (l *Lock) traceRelease(ctx context.Context, op string) (context.Context, fu
 	return rctx, func(err error) { rch.done(l.token, err) }
 }
 
-// aheadNow is how many keys ahead the lock's view holds as blocking it.
-func (l *Lock) aheadNow() int {
+// reportQueued tells the tracing hooks how many keys ahead block the
+// lock: those its view lists, or, waiting on its Keeper's copy (whose view
+// lists only the nearest), those the copy holds.
+func (l *Lock) reportQueued() {
+	if l.trace == nil || l.trace.Queued == nil {
+		return
+	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.q.know.ahead)
+	mirrored, n := l.q.mirrored, len(l.q.know.ahead)
+	l.mu.Unlock()
+	if mirrored {
+		if m, ok := l.w.queue.mirror.ahead(l); ok {
+			n = m
+		}
+	}
+	l.trace.Queued(n)
 }

@@ -29,14 +29,17 @@
 //	    the return). A "queued" event marks the enqueue. Status Error for a
 //	    failed call, except "locked".
 //	lease.Unlock, lease.Resign
-//	    the release, linked to the span of the call that took the holding,
-//	    with an "ended" event giving leasefence.lock.held.duration and
-//	    leasefence.lock.cause.
+//	    each call, linked to the span of the call that took the holding. The
+//	    one that released it has an "ended" event giving
+//	    leasefence.lock.held.duration and leasefence.lock.cause; one that
+//	    found the holding ended already has status Error.
 //	lease.HoldingEnd
 //	    a holding that ended any other way (lost, or its session closed): a
-//	    span of its own, with no parent, linked to the span of the call that
-//	    took it, with the cause and how long it was held. Status Error for a
-//	    loss. No span stays open while a lock is held.
+//	    span of its own, a new root linked to the span of the call that took
+//	    it, with the cause and how long it was held. Status Error for a
+//	    loss. Being a root, it is sampled by the sampler's rule for roots,
+//	    not with the call it links to. No span stays open while a lock is
+//	    held.
 //	fence.Txn.Commit, sqlfence.Write, sqlfence.Claim, objectfence.Commit, objectfence.Claim
 //	    a fenced write. Attributes: leasefence.fence.kind ("etcd", "sql",
 //	    "object"), .guards, .keys and .tokens (one per guard), .outcome
@@ -49,13 +52,15 @@
 // name, the token, leasefence.fence.outcome, and on a refusal a "refused"
 // event and status Error.
 //
-// A call whose span is not sampled is not traced further: its release and
-// its holding's end make no spans either.
+// A call whose span is not recorded (sampled out, or no SDK) is not traced
+// further: its releases and its holding's end make no spans either.
 //
 // To see the etcd requests a call makes as children of its span, trace
 // the etcd client itself: give clientv3.Config.DialOptions
-// grpc.WithStatsHandler(otelgrpc.NewClientHandler()). Every call passes on
-// the context with its span to its requests.
+// grpc.WithStatsHandler(otelgrpc.NewClientHandler()). A lock call's put
+// and its reads while it waits, an Unlock's delete and a fenced commit's
+// transactions carry the span. Watches, which a session's locks share,
+// and the removal of a key whose call failed, do not.
 //
 // # Metrics
 //

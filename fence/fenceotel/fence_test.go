@@ -52,9 +52,16 @@ func TestStaleCommitSpans(t *testing.T) {
 			t.Fatalf("token %d: %v", tok, err)
 		}
 	}
+	// One Txn committed twice: each Commit is a child of the caller's span.
+	again := fence.NewTxn(ctx, cli, fence.Resource(rec, 10)).WithHooks(k.tel.FenceHooks()).Then(clientv3.OpPut(base+"-data", "z"))
+	for range 2 {
+		if _, err := again.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	txns := k.ended("fence.Txn.Commit")
-	if len(txns) != 2 {
-		t.Fatalf("%d commit spans, want 2", len(txns))
+	if len(txns) != 4 {
+		t.Fatalf("%d commit spans, want 4", len(txns))
 	}
 	ok, stale := txns[0], txns[1]
 	for _, s := range txns {
