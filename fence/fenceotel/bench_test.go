@@ -43,7 +43,7 @@ func telemetries(b *testing.B) []struct {
 	return []struct {
 		name string
 		tel  *fenceotel.Telemetry
-	}{{"hooks=none", nil}, {"provider=noop", noop}, {"provider=sdk", sdk}}
+	}{{"otel=none", nil}, {"otel=noop", noop}, {"otel=sdk", sdk}}
 }
 
 // The uncontended path, Lock, a fenced put and Unlock, against real etcd,
