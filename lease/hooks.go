@@ -10,9 +10,10 @@ import (
 )
 
 // Hooks receive the events of a session and its locks, for metrics and
-// traces (see packages fence/fenceprom and fence/fenceotel). Every field is optional. They are called on
-// the library's goroutines, possibly at the same time: they must be safe
-// for concurrent use, return quickly, and never call back into the session.
+// traces (see packages fence/fenceprom and fence/fenceotel). Every field
+// is optional. They are called on the library's goroutines and the
+// callers', possibly at the same time: they must be safe for concurrent
+// use, return quickly, and never call back into the session.
 type Hooks struct {
 	// Waiting is called with +1 when a Lock, RLock or Campaign starts
 	// waiting behind another holder, and with -1 when it stops.
