@@ -77,3 +77,41 @@ func Example() {
 	// fence.Txn.Commit: etcdserverpb.KV/Txn
 	// lease.Unlock: etcdserverpb.KV/Txn
 }
+
+// A service's set-up on the global providers, which do nothing until the
+// service installs an SDK.
+func ExampleNew() {
+	var cli *clientv3.Client // connected elsewhere
+	if err := traced(context.Background(), cli); err != nil {
+		log.Print(err)
+	}
+}
+
+// traced takes a session whose locks are traced, and commits a traced
+// write.
+func traced(ctx context.Context, cli *clientv3.Client, guards ...fence.Guard) error {
+	tel, err := fenceotel.New() // the global TracerProvider and MeterProvider
+	if err != nil {
+		return err
+	}
+	s, err := lease.NewSession(ctx, cli, lease.WithHooks(tel.LeaseHooks()))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = fence.NewTxn(ctx, cli, guards...).WithHooks(tel.FenceHooks()).Commit()
+	return err
+}
+
+// An etcd client whose requests are spans, children of the lock's.
+func Example_etcdClient() {
+	endpoints := []string{"127.0.0.1:2379"}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialOptions: []grpc.DialOption{grpc.WithStatsHandler(otelgrpc.NewClientHandler())},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+}
