@@ -13,11 +13,11 @@ import (
 	"github.com/leasefence/leasefence/lease"
 )
 
-// Span names: the call as the user wrote it, and the end of a holding
-// that no Unlock or Resign made.
-const (
-	SpanHoldingEnd = "lease.HoldingEnd"
-)
+// SpanHoldingEnd names the span of a holding that ended other than by an
+// Unlock or Resign. The other spans are named after the calls that make
+// them (see the package documentation).
+const SpanHoldingEnd = "lease.HoldingEnd"
+
 
 // call is one acquiring call's span and what its holding's end needs.
 type call struct {

@@ -33,9 +33,9 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-// A stale commit through etcd and through SQLite: each is a span, a child
-// of the caller's, marked Error with both tokens; the accepted ones are
-// not. Refusals are counted by guard.
+// A stale commit through etcd is a span, a child of the caller's, marked
+// Error with both tokens; the accepted ones are not. The refusal is
+// counted as "resource".
 func TestStaleCommitSpans(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	k := newKit(t)
@@ -77,7 +77,15 @@ func TestStaleCommitSpans(t *testing.T) {
 		t.Errorf("accepted commit: status %v", ok.Status())
 	}
 	wantStale(t, stale, 9, 10)
+	k.want(t, fenceotel.MetricRefusals, 1, fenceotel.AttrGuard.String("resource"))
+}
 
+// A stale write to a SQLite row is a span marked Error with both tokens,
+// after a claim's span that is not; the refusal is counted as "sql".
+func TestStaleSQLWriteSpans(t *testing.T) {
+	k := newKit(t)
+	ctx, req := k.tp.Tracer("test").Start(context.Background(), "request")
+	defer req.End()
 	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "o.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -103,11 +111,10 @@ func TestStaleCommitSpans(t *testing.T) {
 	wantAttr(t, claims[0], fenceotel.AttrVerdict.String("ok"))
 	wantAttr(t, writes[0], fenceotel.AttrKeys.StringSlice([]string{"rows/r"}))
 	wantStale(t, writes[0], 4, 5)
-	for guard, want := range map[string]float64{"resource": 1, "sql": 1} {
-		if v := k.metric(t, fenceotel.MetricRefusals, fenceotel.AttrGuard.String(guard)); v != want {
-			t.Errorf("%s{%s} = %v, want %v", fenceotel.MetricRefusals, guard, v, want)
-		}
+	if claims[0].Parent().SpanID() != req.SpanContext().SpanID() {
+		t.Errorf("claim span is not a child of the caller's")
 	}
+	k.want(t, fenceotel.MetricRefusals, 1, fenceotel.AttrGuard.String("sql"))
 }
 
 func wantStale(t *testing.T, s sdktrace.ReadOnlySpan, token, highest int64) {
@@ -220,9 +227,7 @@ func TestGRPCRefusalMarksServerSpan(t *testing.T) {
 		t.Fatalf("%d server spans, want 2", len(spans))
 	}
 	wantMarked(t, spans, "grpc")
-	if v := k.metric(t, fenceotel.MetricRefusals, fenceotel.AttrGuard.String("grpc")); v != 1 {
-		t.Errorf("%s{grpc} = %v, want 1", fenceotel.MetricRefusals, v)
-	}
+	k.want(t, fenceotel.MetricRefusals, 1, fenceotel.AttrGuard.String("grpc"))
 }
 
 type fixed struct {

@@ -65,9 +65,7 @@ func TestHandoffAndLossSpans(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("B never waited")
 	}
-	if v := k.metric(t, fenceotel.MetricWaiting, fenceotel.AttrLockName.String(name)); v != 1 {
-		t.Errorf("%s = %v while B waits", fenceotel.MetricWaiting, v)
-	}
+	k.want(t, fenceotel.MetricWaiting, 1, fenceotel.AttrLockName.String(name))
 	if err := la.Unlock(actx); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +88,25 @@ func TestHandoffAndLossSpans(t *testing.T) {
 	if unlockA.Parent().SpanID() != reqA.SpanContext().SpanID() {
 		t.Errorf("Unlock span is not a child of its caller's span")
 	}
+	wantHandoff(t, name, spanA, spanB, unlockA, la.Token(), lb.Token())
+
+	// A loss: B's key is deleted by someone else.
+	if _, err := cli.Delete(ctx, lb.Key()); err != nil {
+		t.Fatal(err)
+	}
+	<-lb.Done()
+	wantLoss(t, k, spanB, "key_deleted")
+	k.want(t, fenceotel.MetricLosses, 1, fenceotel.AttrLockName.String(name), fenceotel.AttrCause.String("key_deleted"))
+	k.want(t, fenceotel.MetricAcquire, 2, fenceotel.AttrLockName.String(name))
+	k.want(t, fenceotel.MetricHeld, 0, fenceotel.AttrLockName.String(name))
+	k.want(t, fenceotel.MetricWaiting, 0, fenceotel.AttrLockName.String(name))
+}
+
+// wantHandoff checks the spans of a handoff from A to B: both granted,
+// B queued behind A, before A's Unlock started and granted after, and A's
+// Unlock linked to its Lock and marked with the release.
+func wantHandoff(t *testing.T, name string, spanA, spanB, unlockA sdktrace.ReadOnlySpan, tokenA, tokenB int64) {
+	t.Helper()
 	for _, s := range []sdktrace.ReadOnlySpan{spanA, spanB} {
 		wantAttr(t, s, fenceotel.AttrLockName.String(name))
 		wantAttr(t, s, fenceotel.AttrMode.String("write"))
@@ -98,8 +115,8 @@ func TestHandoffAndLossSpans(t *testing.T) {
 			t.Errorf("%s: status %v", s.Name(), s.Status())
 		}
 	}
-	wantAttr(t, spanA, fenceotel.AttrToken.Int64(la.Token()))
-	wantAttr(t, spanB, fenceotel.AttrToken.Int64(lb.Token()))
+	wantAttr(t, spanA, fenceotel.AttrToken.Int64(tokenA))
+	wantAttr(t, spanB, fenceotel.AttrToken.Int64(tokenB))
 	wantAttr(t, spanA, fenceotel.AttrAhead.Int(0))
 	wantAttr(t, spanB, fenceotel.AttrAhead.Int(1))
 	// B queued before A's release started, and was granted after it did:
@@ -114,46 +131,32 @@ func TestHandoffAndLossSpans(t *testing.T) {
 	if v, ok := attr(spanB, fenceotel.AttrQueueTime); !ok || v.AsFloat64() < unlockA.StartTime().Sub(q.Time).Seconds() {
 		t.Errorf("B's queue time %v is shorter than A's holding after B queued (%v)", v.AsFloat64(), unlockA.StartTime().Sub(q.Time))
 	}
-	if links := unlockA.Links(); len(links) != 1 || links[0].SpanContext.SpanID() != spanA.SpanContext().SpanID() {
-		t.Errorf("Unlock span links %v, want A's Lock span", links)
-	}
+	wantLinked(t, unlockA, spanA)
 	if e, ok := event(unlockA, "ended"); !ok || !has(attribute.NewSet(e.Attributes...), []attribute.KeyValue{fenceotel.AttrCause.String("released")}) {
 		t.Errorf("Unlock span has no ended event with cause released: %v", unlockA.Events())
 	}
+}
 
-	// A loss: B's key is deleted by someone else.
-	if _, err := cli.Delete(ctx, lb.Key()); err != nil {
-		t.Fatal(err)
-	}
-	<-lb.Done()
+// wantLoss checks the span of a holding's loss: a root of its own, linked
+// to the span of the call that took the holding, with the cause.
+func wantLoss(t *testing.T, k *kit, acquired sdktrace.ReadOnlySpan, cause string) {
+	t.Helper()
 	ends := k.ended(fenceotel.SpanHoldingEnd)
 	if len(ends) != 1 {
 		t.Fatalf("%d holding-end spans after the loss, want 1", len(ends))
 	}
 	end := ends[0]
-	wantAttr(t, end, fenceotel.AttrCause.String("key_deleted"))
-	wantAttr(t, end, fenceotel.AttrLockName.String(name))
+	wantAttr(t, end, fenceotel.AttrCause.String(cause))
+	if v, _ := attr(acquired, fenceotel.AttrLockName); !has(attribute.NewSet(end.Attributes()...), []attribute.KeyValue{fenceotel.AttrLockName.String(v.AsString())}) {
+		t.Errorf("loss span does not name the lock %q", v.AsString())
+	}
 	if end.Status().Code != codes.Error {
 		t.Errorf("loss span status %v, want Error", end.Status())
 	}
 	if end.Parent().IsValid() {
 		t.Errorf("loss span has a parent: %v", end.Parent())
 	}
-	if links := end.Links(); len(links) != 1 || links[0].SpanContext.SpanID() != spanB.SpanContext().SpanID() {
-		t.Errorf("loss span links %v, want B's Lock span", links)
-	}
-	if v := k.metric(t, fenceotel.MetricLosses, fenceotel.AttrLockName.String(name), fenceotel.AttrCause.String("key_deleted")); v != 1 {
-		t.Errorf("%s{key_deleted} = %v, want 1", fenceotel.MetricLosses, v)
-	}
-	if v := k.metric(t, fenceotel.MetricAcquire, fenceotel.AttrLockName.String(name)); v != 2 {
-		t.Errorf("%s count = %v, want 2", fenceotel.MetricAcquire, v)
-	}
-	if v := k.metric(t, fenceotel.MetricHeld, fenceotel.AttrLockName.String(name)); v != 0 {
-		t.Errorf("%s = %v after the loss", fenceotel.MetricHeld, v)
-	}
-	if v := k.metric(t, fenceotel.MetricWaiting, fenceotel.AttrLockName.String(name)); v != 0 {
-		t.Errorf("%s = %v after the handoff", fenceotel.MetricWaiting, v)
-	}
+	wantLinked(t, end, acquired)
 }
 
 // A TryLock that finds the lock taken is no error; a Lock whose ctx ends
@@ -213,12 +216,8 @@ func TestTryLockCancelAndCampaignSpans(t *testing.T) {
 		t.Errorf("%d holding-end spans for a holding Resign ended", n)
 	}
 	// The map left the name out of the metrics: one series, no name.
-	if v := k.metric(t, fenceotel.MetricAcquire); v != 1 {
-		t.Errorf("%s count = %v, want 1", fenceotel.MetricAcquire, v)
-	}
-	if v := k.metric(t, fenceotel.MetricAcquire, fenceotel.AttrLockName.String(name)); v != 0 {
-		t.Errorf("%s carries the name the map left out", fenceotel.MetricAcquire)
-	}
+	k.want(t, fenceotel.MetricAcquire, 1)
+	k.want(t, fenceotel.MetricAcquire, 0, fenceotel.AttrLockName.String(name))
 }
 
 // A span that is not recorded costs no hooks: nothing is linked to it.
@@ -257,21 +256,14 @@ func TestSessionLossCounted(t *testing.T) {
 	}
 	<-l.Done()
 	<-s.Done()
-	if v := k.metric(t, fenceotel.MetricSessionLosses); v != 1 {
-		t.Errorf("%s = %v, want 1", fenceotel.MetricSessionLosses, v)
-	}
-	ends := k.ended(fenceotel.SpanHoldingEnd)
-	if len(ends) != 1 {
-		t.Fatalf("%d holding-end spans, want 1", len(ends))
-	}
+	k.want(t, fenceotel.MetricSessionLosses, 1)
 	cause := lease.Cause(l.Err())
-	wantAttr(t, ends[0], fenceotel.AttrCause.String(cause))
-	if ends[0].Status().Code != codes.Error {
-		t.Errorf("loss span status %v, want Error", ends[0].Status())
+	locks := k.ended("lease.Lock")
+	if len(locks) != 1 {
+		t.Fatalf("%d Lock spans, want 1", len(locks))
 	}
-	if v := k.metric(t, fenceotel.MetricLosses, fenceotel.AttrCause.String(cause)); v != 1 {
-		t.Errorf("%s{%s} = %v, want 1", fenceotel.MetricLosses, cause, v)
-	}
+	wantLoss(t, k, locks[0], cause)
+	k.want(t, fenceotel.MetricLosses, 1, fenceotel.AttrCause.String(cause))
 	if v := k.metric(t, fenceotel.MetricMargin); v < 1 {
 		t.Errorf("%s count = %v, want one renewal at least", fenceotel.MetricMargin, v)
 	}

@@ -128,3 +128,19 @@ func event(s sdktrace.ReadOnlySpan, name string) (sdktrace.Event, bool) {
 	}
 	return sdktrace.Event{}, false
 }
+
+// want fails unless the series has the value want (see metric).
+func (k *kit) want(t *testing.T, name string, want float64, attrs ...attribute.KeyValue) {
+	t.Helper()
+	if v := k.metric(t, name, attrs...); v != want {
+		t.Errorf("%s %v = %v, want %v", name, attrs, v, want)
+	}
+}
+
+// wantLinked fails unless span s has one link, to span to.
+func wantLinked(t *testing.T, s, to sdktrace.ReadOnlySpan) {
+	t.Helper()
+	if links := s.Links(); len(links) != 1 || links[0].SpanContext.SpanID() != to.SpanContext().SpanID() {
+		t.Errorf("%s links %v, want %s's span", s.Name(), links, to.Name())
+	}
+}
