@@ -18,7 +18,6 @@ import (
 // them (see the package documentation).
 const SpanHoldingEnd = "lease.HoldingEnd"
 
-
 // call is one acquiring call's span and what its holding's end needs.
 type call struct {
 	t     *Telemetry
