@@ -77,10 +77,14 @@ func pings(t *testing.T, addr string, n int) []time.Duration {
 }
 
 // TestPingMeasuresConfiguredRoundTrip: what a link adds to a ping's round
-// trip is twice its one-way delay, within 10%. The figure compared is the
-// fastest of many pings, through the link and directly, in the same run:
-// the scheduler of a loaded machine adds to some pings, never takes away.
+// trip is twice its one-way delay, within 10%, plus at most relayCost. The
+// figure compared is the fastest of many pings, through the link and
+// directly, in the same run: the scheduler of a loaded machine adds to
+// some pings, never takes away. The link's relay (two more hops through
+// this process) costs a little on its own: 2-20 us on a quiet machine,
+// 30-40 us measured under CI's parallel test load with -race.
 func TestPingMeasuresConfiguredRoundTrip(t *testing.T) {
+	const relayCost = 50 * time.Microsecond
 	echo := echoServer(t)
 	for _, oneWay := range []time.Duration{100 * time.Microsecond, 500 * time.Microsecond, 2500 * time.Microsecond} {
 		t.Run(fmt.Sprint(2*oneWay), func(t *testing.T) {
@@ -93,11 +97,11 @@ func TestPingMeasuresConfiguredRoundTrip(t *testing.T) {
 				added = through[0] - direct[0]
 				t.Logf("try %d: direct min %v p50 %v; through min %v p50 %v; added %v, want %v", try,
 					direct[0], direct[len(direct)/2], through[0], through[len(through)/2], added, want)
-				if diff := (added - want).Abs(); diff*10 <= want {
+				if tenth := want / 10; added >= want-tenth && added <= want+tenth+relayCost {
 					return
 				}
 			}
-			t.Fatalf("the link added %v to the round trip, want %v within 10%%", added, want)
+			t.Fatalf("the link added %v to the round trip, want %v within 10%%, plus at most %v of relay", added, want, relayCost)
 		})
 	}
 }
