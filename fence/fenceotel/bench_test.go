@@ -18,13 +18,17 @@ import (
 	"github.com/leasefence/leasefence/lease"
 )
 
+// setup is one set-up compared: its sub-benchmark's name and its
+// Telemetry (nil for no hooks).
+type setup struct {
+	name string
+	tel  *fenceotel.Telemetry
+}
+
 // telemetries are the set-ups compared: no hooks at all, fenceotel on
 // no-op providers (what a service that installed no SDK gets from the
 // global ones), and fenceotel recording every span and metric.
-func telemetries(b *testing.B) []struct {
-	name string
-	tel  *fenceotel.Telemetry
-} {
+func telemetries(b *testing.B) []setup {
 	noop, err := fenceotel.New(fenceotel.WithTracerProvider(tracenoop.NewTracerProvider()),
 		fenceotel.WithMeterProvider(metricnoop.NewMeterProvider()))
 	if err != nil {
@@ -40,10 +44,7 @@ func telemetries(b *testing.B) []struct {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return []struct {
-		name string
-		tel  *fenceotel.Telemetry
-	}{{"otel=none", nil}, {"otel=noop", noop}, {"otel=sdk", sdk}}
+	return []setup{{"otel=none", nil}, {"otel=noop", noop}, {"otel=sdk", sdk}}
 }
 
 // The uncontended path, Lock, a fenced put and Unlock, against real etcd,
@@ -103,11 +104,10 @@ func BenchmarkHooks(b *testing.B) {
 					ch.Queued(0)
 					ch.Done(7, nil)
 				}
-				wctx, verdict := fh.Write(cctx, fence.Write{Fence: "etcd", Guards: []fence.WriteGuard{{Kind: "held", Key: "bench/1", Token: 7}}})
+				_, verdict := fh.Write(cctx, fence.Write{Fence: "etcd", Guards: []fence.WriteGuard{{Kind: "held", Key: "bench/1", Token: 7}}})
 				if verdict != nil {
 					verdict(nil)
 				}
-				_ = wctx
 				if ch != nil {
 					_, rch := ch.Release(cctx, "Unlock")
 					ch.Ended(time.Millisecond, lease.ErrUnlocked)

@@ -84,11 +84,10 @@ func newInstruments(m metric.Meter) (instruments, error) {
 // nameSet is the attribute set of a lock name, mapped; empty if the map
 // leaves it out.
 func (t *Telemetry) nameSet(name string, more ...attribute.KeyValue) metric.MeasurementOption {
-	attrs := more
 	if n := t.label(name); n != "" {
-		attrs = append(attrs, attribute.String(string(AttrLockName), n))
+		more = append(more, AttrLockName.String(n))
 	}
-	return metric.WithAttributeSet(attribute.NewSet(attrs...))
+	return metric.WithAttributeSet(attribute.NewSet(more...))
 }
 
 // leaseMetrics are the hooks of the lease metrics. They have no context
