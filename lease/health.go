@@ -60,7 +60,7 @@ func (h *Health) Check() error {
 		case err != nil: // released: nothing to watch any more
 			delete(h.locks, name)
 		default:
-			last := l.s.Deadline().Add(-l.s.ttl) // when the last renewal was sent
+			last := l.s.lastSent()
 			if silent := now.Sub(last); silent > h.margin {
 				errs = append(errs, fmt.Errorf("lock %q (token %d): session not renewed for %v (margin %v)",
 					name, l.token, silent.Round(time.Millisecond), h.margin))

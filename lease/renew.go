@@ -232,7 +232,7 @@ func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
 		s.lose("etcd reports the lease gone")
 		return
 	}
-	s.extend(at.Add(s.renewedTTL(resp.TTL)))
+	s.extend(localDeadline(at, s.renewedTTL(resp.TTL)))
 	s.checkRevision(resp.Header.GetRevision())
 }
 

@@ -15,9 +15,10 @@ import (
 
 // Session is one etcd lease, kept alive until Close or its loss, under
 // which any number of locks are held. Its methods are safe for concurrent
-// use. Done closes before etcd can hand its locks to anyone else if the
-// clocks run at the same rate, but a paused process sees nothing until it
-// runs again: fence the writes.
+// use. Done closes at the session's Deadline, which is ahead of etcd's
+// expiry by a margin (see Deadline), so a process that runs on time
+// learns of a loss before etcd can hand its locks to anyone else; a paused
+// one sees nothing until it runs again: fence the writes.
 type Session struct {
 	client  *clientv3.Client
 	id      clientv3.LeaseID
@@ -93,7 +94,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		hooks:     o.hooks,
 		keeper:    o.keeper,
 		lockDelay: o.lockDelay,
-		deadline:  sent.Add(granted),
+		deadline:  localDeadline(sent, granted),
 	}
 	s.gates.open, s.gates.shut = s.openGate, func(g *gate) { g.w.stop() }
 	if err := s.recordOwner(ctx, o); err != nil {
@@ -140,8 +141,10 @@ func (s *Session) Err() error {
 	return context.Cause(s.ctx)
 }
 
-// Deadline is when the session takes its lease to end unless renewed: no
-// later than etcd's expiry if the clocks run at the same rate.
+// Deadline is when the session takes its lease to end unless renewed: the
+// send time of the last keep-alive etcd answered, plus the TTL it granted,
+// less a margin of a twentieth of the TTL (at most 1 s). If the clocks run
+// at the same rate, etcd's expiry is at least that margin later.
 func (s *Session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -251,6 +254,22 @@ func (s *Session) fail(why error) {
 	s.cancel(why)
 }
 
+// localDeadline is the deadline a keep-alive sent at sent earns when etcd
+// answers with ttl. etcd's expiry counts from when it received the
+// request, so sent plus ttl is already no later than it; the margin
+// absorbs this process's own delays (a timer that fires late on a loaded
+// machine, a short GC pause) so that Done still closes before etcd's
+// revocation, which can come at the very instant of expiry.
+func localDeadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - lossMargin(ttl))
+}
+
+// lossMargin is how far ahead of etcd's expiry a session ends: a twentieth
+// of the TTL (100 ms for etcd's shortest lease), at most 1 s.
+func lossMargin(ttl time.Duration) time.Duration {
+	return min(ttl/20, time.Second)
+}
+
 // extend moves the local deadline on, never back.
 func (s *Session) extend(deadline time.Time) {
 	s.mu.Lock()
@@ -313,6 +332,12 @@ func (s *Session) confirmRegression(highest int64) {
 	s.lg.Error("etcd's store revision went backwards: fencing tokens can repeat; restore etcd with etcdutl snapshot restore --bump-revision N --mark-compacted",
 		zap.Int64("highest_seen", highest), zap.Int64("now", resp.Header.Revision))
 	s.fail(fmt.Errorf("%w: highest seen %d, now %d", ErrRevisionRegressed, highest, resp.Header.Revision))
+}
+
+// lastSent is when the last keep-alive etcd answered was sent (or the
+// grant), as its deadline records it.
+func (s *Session) lastSent() time.Time {
+	return s.Deadline().Add(lossMargin(s.ttl) - s.ttl)
 }
 
 func (s *Session) untilDeadline() time.Duration {
