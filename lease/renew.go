@@ -11,8 +11,8 @@ import (
 
 // renewer renews leases over one LeaseKeepAlive stream, a Keeper's or a
 // lone session's, every third of their TTL. An answer moves the deadline
-// to its request's send time plus the TTL (a lease's answers come in
-// request order). The loop only decides what is due; the stream's own
+// to its request's send time plus the TTL, less the loss margin (a lease's
+// answers come in request order). The loop only decides what is due; the stream's own
 // goroutines do the I/O, so that a blocked send holds up neither.
 type renewer struct {
 	client   *clientv3.Client

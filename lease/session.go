@@ -15,10 +15,11 @@ import (
 
 // Session is one etcd lease, kept alive until Close or its loss, under
 // which any number of locks are held. Its methods are safe for concurrent
-// use. Done closes at the session's Deadline, which is ahead of etcd's
-// expiry by a margin (see Deadline), so a process that runs on time
-// learns of a loss before etcd can hand its locks to anyone else; a paused
-// one sees nothing until it runs again: fence the writes.
+// use. Without renewal, Done closes at the session's Deadline (or sooner,
+// on Close, a revoke etcd reports, or a revision regression), which is
+// ahead of etcd's expiry by a margin (see Deadline): a process that runs
+// on time is told of a loss before etcd can hand its locks to anyone
+// else; a paused one sees nothing until it runs again: fence the writes.
 type Session struct {
 	client  *clientv3.Client
 	id      clientv3.LeaseID

@@ -141,6 +141,24 @@ func TestSessionTTLAndClose(t *testing.T) {
 	}
 }
 
+// A new session's deadline is its grant's send time plus the TTL, less
+// the loss margin of a twentieth of the TTL.
+func TestSessionDeadlineKeepsLossMargin(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	for _, ttl := range []time.Duration{2 * time.Second, 30 * time.Second, 60 * time.Second} {
+		before := time.Now()
+		s := newSession(t, cli, lease.WithTTL(ttl))
+		after := time.Now()
+		margin := min(s.TTL()/20, time.Second)
+		lo, hi := before.Add(s.TTL()-margin), after.Add(s.TTL()-margin)
+		if d := s.Deadline(); d.Before(lo) || d.After(hi) {
+			t.Errorf("TTL %v: deadline %v after the grant began, want within [%v, %v]",
+				s.TTL(), d.Sub(before), lo.Sub(before), hi.Sub(before))
+		}
+	}
+}
+
 // The session renews the lease for longer than its TTL.
 func TestSessionKeepsLeaseAlive(t *testing.T) {
 	etcdproc.LeakCheck(t)
