@@ -2,12 +2,14 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -45,9 +47,15 @@ func WithLockDelay(d time.Duration) Option {
 }
 
 // DelayRecordKey is where sessions with a lock delay record how the last
-// holder of name ended. It is no lock's key and lies outside name + "/".
-// Taking name with a lock delay needs write permission on it.
-func DelayRecordKey(name string) string { return name + "\x00lock-delay" }
+// holder of name ended. It is no lock's key and lies outside every name's
+// queue, nested names' too (see OwnPrefixes). Taking name with a lock
+// delay needs write permission on it.
+func DelayRecordKey(name string) string { return delayPrefix + name }
+
+// oldDelayRecordKey is where releases before the own-key prefix kept the
+// record: under the parent's queue for a nested name, which blocked etcd's
+// Mutex on the parent. A record found there is moved (readRecord).
+func oldDelayRecordKey(name string) string { return name + "\x00lock-delay" }
 
 // recordState is what a name's delay record says.
 type recordState int
@@ -173,12 +181,49 @@ func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next 
 	return done, next, err
 }
 
+// readRecord reads the name's record, first moving one it finds in the
+// old place (oldDelayRecordKey) to DelayRecordKey.
 func (l *Lock) readRecord(ctx context.Context) (delayRecord, error) {
-	resp, err := l.s.client.Get(ctx, DelayRecordKey(l.name))
-	if err != nil {
-		return delayRecord{}, err
+	key, old := DelayRecordKey(l.name), oldDelayRecordKey(l.name)
+	for range 3 {
+		resp, err := l.s.client.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(old)).Commit()
+		if err != nil {
+			return delayRecord{}, err
+		}
+		cur := firstKV(resp.Responses[0].GetResponseRange().Kvs)
+		was := firstKV(resp.Responses[1].GetResponseRange().Kvs)
+		if was == nil {
+			return parseRecord(cur), nil
+		}
+		if err := l.moveRecord(ctx, cur, was); err != nil {
+			return delayRecord{}, err
+		}
 	}
-	return parseRecord(firstKV(resp.Kvs)), nil
+	return delayRecord{}, fmt.Errorf("moving %q: %w", old, errRecordMoving)
+}
+
+// errRecordMoving: the old record kept changing while it was moved.
+var errRecordMoving = errors.New("the record kept changing")
+
+// moveRecord replaces cur (nil if none) at DelayRecordKey with the newer
+// of cur and was (the old place's record, by token; cur on a tie), lease
+// and all, and deletes was, unless either changed meanwhile. A record
+// whose lease ended meanwhile is gone: the caller reads again.
+func (l *Lock) moveRecord(ctx context.Context, cur, was *mvccpb.KeyValue) error {
+	key, old := DelayRecordKey(l.name), oldDelayRecordKey(l.name)
+	then := []clientv3.Op{clientv3.OpDelete(old)}
+	if keep := was; cur == nil || parseRecord(was).token > parseRecord(cur).token {
+		then = append(then, clientv3.OpPut(key, string(keep.Value), clientv3.WithLease(clientv3.LeaseID(keep.Lease))))
+	}
+	_, err := l.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", modRevision(cur)),
+			clientv3.Compare(clientv3.ModRevision(old), "=", was.ModRevision)).
+		Then(then...).
+		Commit()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil
+	}
+	return err
 }
 
 // recordLoss records that the holding rec names was lost, under a new lease

@@ -46,6 +46,7 @@ type Lock struct {
 	changed chan struct{} // poked when the keys ahead may have changed
 
 	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
+	kw      keyWrites  // the key's writes that need its marker
 
 	mu   sync.Mutex // guards hold and q
 	hold keyState
@@ -198,6 +199,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 		value = ReaderValue
 	}
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w, trace: trace}
+	l.kw = s.keyWrites(name, l.key)
 	l.hold.value, l.hold.gate = value, release
 	l.q.know = newKnowledge(l.key, l.owns, l.blocksKV)
 	if err := l.start(); err != nil {
@@ -348,7 +350,7 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	err := l.enqueue(ctx, wctx, try)
 	stop()
 	if err == nil && l.token != 0 && ctx.Err() != nil {
-		l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token))
+		l.cleanup()
 		return ctx.Err()
 	}
 	return err
@@ -356,27 +358,21 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 
 // enqueue is create's work: its writes use wctx, its waits ctx.
 func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
-	put := clientv3.OpPut(l.key, l.hold.value, clientv3.WithLease(l.s.id))
 	if try {
-		if done, err := l.tryEmpty(wctx, put); done || err != nil {
+		if done, err := l.tryEmpty(wctx); done || err != nil {
 			return err
 		}
 		// Only keys that do not block were seen: queue, then look again.
 	}
 	// A paused Keeper's watch (keyWatch.granted) keeps no copy: read.
 	mirrored := !try && l.w.queue.mirror != nil && !l.w.queue.isPaused()
-	then := []clientv3.Op{put}
+	var reads []clientv3.Op
 	if !mirrored {
-		then = append(then, newestFirst(l.name+"/", 0, l.page()+1))
+		reads = append(reads, newestFirst(l.name+"/", 0, l.page()+1))
 	}
 	for tries := 0; ; tries++ {
-		resp, err := l.s.client.Txn(wctx).
-			If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0), l.s.markerCmp(l.name)).
-			Then(then...).
-			Else(clientv3.OpGet(l.key), clientv3.OpGet(markerKey(l.name, l.s.id))).
-			Commit()
+		resp, err := l.kw.put(wctx, l.hold.value, reads...)
 		if err != nil {
-			l.unanswered(err)
 			return err
 		}
 		if resp.Succeeded {
@@ -393,34 +389,25 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 }
 
 // putTries is how many times enqueue puts its key again after finding its
-// marker moved or a key at its path that is no lock: once is expected,
-// twice is a race.
+// marker moved, a key its session's late put left, or a key at its path
+// that is no lock: once is expected, twice is a race.
 const putTries = 3
 
 // notPut sees to what kept enqueue's put from applying, so that it may
-// try again: the key's marker moved by one of the session's own removals
-// after an unanswered put, applied late; or a key at the lock's own path
-// that is no lock, moved off its lease by someone else's put. Any other
-// key there is on the session's lease, and no lock of the session owns it
-// (the lock holds the name's gate, and no put of the session can apply
-// late): another client shares the lease, and the lock must not take it.
+// try again (keyWrites.notPut): it removes a key at the lock's own path
+// that someone else's put moved off the session's lease, which is no lock.
 func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries int) error {
-	if m := firstKV(resp.Responses[1].GetResponseRange().Kvs); m != nil && l.s.adoptMarker(l.name, m.ModRevision) && tries < putTries {
+	key, marker := readsOf(resp.Responses)
+	again, other, err := l.kw.notPut(key, marker)
+	switch {
+	case err != nil:
+		return err
+	case tries >= putTries:
+		return fmt.Errorf("%w: %s: the put kept failing", ErrKeyInUse, l.key)
+	case again:
 		return nil
 	}
-	left := firstKV(resp.Responses[0].GetResponseRange().Kvs)
-	if left == nil || isQueueKey(l.name+"/", left) || tries >= putTries {
-		return fmt.Errorf("%w: %s", ErrKeyInUse, l.key)
-	}
-	return l.s.removeLeftover(wctx, left)
-}
-
-// unanswered handles a failed put of the lock key: if it may have been
-// applied, or may be yet, it withdraws the put (unanswered.go).
-func (l *Lock) unanswered(err error) {
-	if !rpcerr.Definite(err) {
-		l.withdraw()
-	}
+	return l.s.removeLeftover(wctx, other)
 }
 
 // queued takes the view from the put's answer or from the Keeper's copy.
@@ -429,22 +416,17 @@ func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored 
 		l.viewFromMirror(ctx)
 		return
 	}
-	// The page holds the new key itself, the newest under the name.
-	l.setAhead(resp.Header.Revision, resp.Responses[1].GetResponseRange())
+	// The page (after the puts of the key and its marker) holds the new
+	// key itself, the newest under the name.
+	l.setAhead(resp.Header.Revision, resp.Responses[2].GetResponseRange())
 }
 
 // tryEmpty puts the key only if no key is under the name. done: it was
 // put (held), a blocking key was found (err wraps ErrLocked), or it
 // failed; otherwise only keys that do not block were found: queue.
-func (l *Lock) tryEmpty(wctx context.Context, put clientv3.Op) (done bool, err error) {
-	pfx := l.name + "/"
-	resp, err := l.s.client.Txn(wctx).
-		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix(), l.s.markerCmp(l.name)).
-		Then(put).
-		Else(oldestFirst(pfx)).
-		Commit()
+func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
+	resp, err := l.kw.tryPut(wctx, l.hold.value, oldestFirst(l.name+"/"))
 	if err != nil {
-		l.unanswered(err)
 		return true, err
 	}
 	if resp.Succeeded {
@@ -1058,37 +1040,41 @@ func (l *Lock) leave() {
 // that it held the name becomes a release, so the next holder sees no
 // loss.
 func (l *Lock) abandon() {
-	l.cleanup(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token), l.abandonOps()...)
+	l.cleanup(l.abandonOps()...)
 	l.end(ErrUnlocked)
 }
 
-// cleanup deletes the key, with ops, if cmp holds, retrying until done or
-// the session ends, whatever the caller's ctx: a key left while the
-// session lives holds up every later waiter; the session's end takes it.
-func (l *Lock) cleanup(cmp clientv3.Cmp, ops ...clientv3.Op) {
-	l.removeKey(cmp, ops, nil)
-}
-
-// removeKey is cleanup's loop, with ops added to the delete and els sent
-// when cmp fails. It returns the revision etcd answered at, 0 if none did.
-func (l *Lock) removeKey(cmp clientv3.Cmp, ops, els []clientv3.Op) int64 {
+// cleanup deletes the key, with ops, if it still carries the token,
+// retrying until done or the session ends, whatever the caller's ctx: a
+// key left while the session lives holds up every later waiter; the
+// session's end takes it.
+func (l *Lock) cleanup(ops ...clientv3.Op) {
 	retry := newBackoff(20*time.Millisecond, time.Second)
-	then := append([]clientv3.Op{clientv3.OpDelete(l.key)}, ops...)
+	then := append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), ops...)
 	for {
-		resp, err := l.s.client.Txn(l.s.ctx).If(cmp).Then(then...).Else(els...).Commit()
+		resp, err := l.s.keys.Txn(l.s.ctx).If(l.tokenCmp()).Then(then...).Commit()
 		if err == nil {
-			return resp.Header.Revision
+			if resp.Succeeded {
+				l.kw.released()
+			}
+			return
 		}
 		if rpcerr.Definite(err) {
 			// Refused outright: retrying changes nothing; the lease removes it.
 			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
-			return 0
+			return
 		}
 		if retry.wait(l.s.ctx) != nil {
 			l.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", l.key), zap.Error(err))
-			return 0
+			return
 		}
 	}
+}
+
+// tokenCmp holds while the key is this holding's: a later holding of the
+// session has a later creation revision.
+func (l *Lock) tokenCmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)
 }
 
 // Unlock releases the lock: it deletes the key only if the key's creation
@@ -1118,10 +1104,13 @@ func (l *Lock) unlock(ctx context.Context) error {
 	}
 	l.setPhase(releasing)
 	rested := l.restOwn()
-	resp, err := l.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)).
-		Then(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.releaseOps()...)...).
+	resp, err := l.s.keys.Txn(ctx).
+		If(l.tokenCmp()).
+		Then(append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), l.releaseOps()...)...).
 		Commit()
+	if err == nil && resp.Succeeded {
+		l.kw.released()
+	}
 
 	l.mu.Lock()
 	released := (err == nil && resp.Succeeded) || (err != nil && l.hold.phase == releasedOrTaken)

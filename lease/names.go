@@ -33,6 +33,27 @@ func lockKey(name string, id clientv3.LeaseID) string {
 	return fmt.Sprintf("%s/%x", name, int64(id))
 }
 
+// ownKeyPrefix starts every key the library writes that is not a place in
+// a queue (a marker, a lock-delay record). No lock name may start with a
+// control character, so no name's queue, nested or not, ours or etcd's
+// Mutex's and Election's, ever holds one of these keys.
+const ownKeyPrefix = "\x01leasefence/"
+
+// The library's own keys by kind, each followed by the lock name.
+const (
+	markerPrefix = ownKeyPrefix + "marker/"
+	delayPrefix  = ownKeyPrefix + "lock-delay/"
+)
+
+// OwnPrefixes are the key prefixes, besides namePrefix itself, that the
+// library writes for lock names starting with namePrefix. An etcd role
+// that may use those names needs read and write permission on namePrefix
+// and on each of these (docs/operations.md has the recipe); a role of
+// another prefix sees none of them.
+func OwnPrefixes(namePrefix string) []string {
+	return []string{markerPrefix + namePrefix, delayPrefix + namePrefix}
+}
+
 // QueueName tells whether a key attached to lease leaseID is a place in a
 // lock's or an election's queue (name, "/", the lease ID in lowercase
 // hex), and if so the name. It sends nothing.
@@ -42,6 +63,9 @@ func QueueName(key []byte, leaseID clientv3.LeaseID) (name string, ok bool) {
 		return "", false
 	}
 	name = string(key[:i])
+	if validateName(name) != nil {
+		return "", false // a key of the library's own (ownKeyPrefix), say
+	}
 	return name, isQueueKey(name+"/", &mvccpb.KeyValue{Key: key, Lease: int64(leaseID)})
 }
 

@@ -56,9 +56,13 @@ type Session struct {
 	probeKey atomic.Value // string
 
 	failing atomic.Bool // set by the first involuntary end, so that it is reported once
-	// markers: by lock name, the mod revision of the marker its lock key's
-	// puts compare (unanswered.go); absent while 0. s.mu guards it.
-	markers map[string]int64
+	// markers: what the session knows of its lock keys' markers
+	// (unanswered.go).
+	markers markerBook
+	// keys sends the writes of lock keys that writes.go lists: the client,
+	// or in tests a KV that loses and delays requests (write model).
+	keys   clientv3.KV
+	writes writeSeam // the write model's mutants; empty in release builds
 }
 
 // NewSession grants a lease of the configured TTL and keeps it alive until
@@ -87,6 +91,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	granted := o.grantedTTL(resp.TTL)
 	s := &Session{
 		client:    client,
+		keys:      client,
 		id:        resp.ID,
 		ttl:       granted,
 		lg:        o.logger.With(zap.String("lease", fmt.Sprintf("%x", int64(resp.ID)))),

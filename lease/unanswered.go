@@ -3,62 +3,284 @@ package lease
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/internal/rpcerr"
 )
 
 // A put sent with no definite answer may be applied after the lock gave
-// up and removed its key, even after that removal (a proposal a follower
-// forwarded late); its key would then sit on the live session's lease,
-// owned by no lock, ahead of every later waiter. So a late apply is made
-// impossible: every put of a lock key also compares the mod revision of
-// the key's marker (absent until needed), and the removal after an
-// unanswered put moves the marker in the same transaction. A put sent
-// before that removal compares the marker's old revision, and fails
-// whenever it is applied.
+// up, even after the session's cleanup (a proposal a follower forwarded
+// late); so may the cleanup itself. Each lock key of a session has a
+// marker, a key of the library's own on the session's lease, and these
+// rules make every late copy harmless:
+//
+//   - Every put of the lock key (an enqueue, TryLock's put) compares the
+//     marker's mod revision with what the session last knew of it, and
+//     writes the marker in the same transaction. A key at the lock's path
+//     whose creation revision is the marker's mod revision was therefore
+//     created by the session's latest put: no other client writes both.
+//   - A withdrawal (after an unanswered put) compares the marker too, and
+//     moves it: it deletes the key only if the key is the marker's put's,
+//     so a late copy of it fails once anything moved the marker, and never
+//     deletes a later holding's key or another client's key on the lease.
+//   - After an unanswered put the name's marker is kept for the session's
+//     life: the put may have compared the marker's absence, and would land
+//     if the marker went.
+//   - A session that finds the marker not as it knew it (someone deleted
+//     it, a restore brought it back older) takes it as found: the next put
+//     moves it on, so a late copy that compared an older state fails, and a
+//     key that such a copy left is the marker's put's, which the session
+//     removes.
+//
+// writes.go lists every write with its guard.
 
-// markerKey is the marker of the session's lock key for name: outside the
-// name's prefix (a name has no control character), so that no queue read
-// and no lock of etcd's own code sees it; on the session's lease, so that
-// it ends with the session.
+// markerKey is the marker of the session's lock key for name: under the
+// library's own prefix, outside every queue, on the session's lease.
 func markerKey(name string, id clientv3.LeaseID) string {
-	return fmt.Sprintf("%s\x00unanswered:%x", name, int64(id))
+	return fmt.Sprintf("%s%s/%x", markerPrefix, name, int64(id))
 }
 
-// markerCmp holds while key's marker is as the session last knew it.
-func (s *Session) markerCmp(name string) clientv3.Cmp {
-	s.mu.Lock()
-	rev := s.markers[name]
-	s.mu.Unlock()
-	return clientv3.Compare(clientv3.ModRevision(markerKey(name, s.id)), "=", rev)
+// markerBook is what a session knows of its markers, by lock name. The
+// locks of one name take turns (gate.go), so only one of them writes a
+// name's marker at a time; the book is shared by every name.
+type markerBook struct {
+	mu sync.Mutex
+	m  map[string]marker
 }
 
-// adoptMarker records that name's marker was found moved to rev: only the
-// session moves it, and a move it sent may be applied after a later one.
-func (s *Session) adoptMarker(name string, rev int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if rev <= s.markers[name] {
-		return false
+// marker is what the session knows of one name's marker.
+type marker struct {
+	rev  int64 // its mod revision as last written or found; 0: absent
+	kept bool  // a put of the name had no answer: never delete it
+}
+
+func (b *markerBook) get(name string) marker {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.m[name]
+}
+
+// set records that name's marker is at rev (0: absent). A marker neither
+// present nor kept is forgotten, so the book holds only names in use.
+func (b *markerBook) set(name string, rev int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.m[name]
+	m.rev = rev
+	if m.rev == 0 && !m.kept {
+		delete(b.m, name)
+		return
 	}
-	if s.markers == nil {
-		s.markers = make(map[string]int64)
+	if b.m == nil {
+		b.m = make(map[string]marker)
 	}
-	s.markers[name] = rev
-	return true
+	b.m[name] = m
 }
 
-// withdraw removes the lock key of a put that had no definite answer, if
-// it is on the session's lease, and moves the key's marker in the same
-// transaction, so that the put, if etcd applies it later, fails. It
-// retries until etcd answers or the session ends; the session's end takes
-// the key anyway.
-func (l *Lock) withdraw() {
-	marker := []clientv3.Op{clientv3.OpPut(markerKey(l.name, l.s.id), "", clientv3.WithLease(l.s.id))}
-	if rev := l.removeKey(clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)), marker, marker); rev != 0 {
-		l.s.adoptMarker(l.name, rev)
+// keep records that a put of name had no answer.
+func (b *markerBook) keep(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = make(map[string]marker)
+	}
+	m := b.m[name]
+	m.kept = true
+	b.m[name] = m
+}
+
+// keyWrites makes a session's writes of one name's lock key that need the
+// marker: the puts, the withdrawal of an unanswered put, the removal of a
+// key the session's own late put left. It decides each from what etcd
+// answered and sends it; the write model (writes_model_test.go) drives it
+// against a store that loses, delays and replays requests.
+type keyWrites struct {
+	kv     clientv3.KV
+	lg     *zap.Logger
+	book   *markerBook
+	name   string
+	key    string
+	marker string
+	lease  clientv3.LeaseID
+	// ctx is the withdrawal's: it ends with the session, whose end takes
+	// the key anyway.
+	ctx context.Context
+	// retries gives a withdrawal its wait before it sends a request again
+	// after no answer: false once it should not (the session ended).
+	retries func() (wait func() bool)
+	seam    writeSeam // the write model's mutants; empty in release builds
+}
+
+// markerCmps hold while the marker is at rev (absent for 0).
+func (w *keyWrites) markerCmp(rev int64) clientv3.Cmp {
+	return clientv3.Compare(clientv3.ModRevision(w.marker), "=", rev)
+}
+
+// putOps put the key with value and move the marker, in one transaction.
+func (w *keyWrites) putOps(value string) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpPut(w.key, value, clientv3.WithLease(w.lease)),
+		clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease)),
+	}
+}
+
+// reads read the key and the marker: a failed put's or withdrawal's Else.
+func (w *keyWrites) reads() []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(w.key), clientv3.OpGet(w.marker)}
+}
+
+// readsOf is what reads returned, from the start of ops' responses.
+func readsOf(resps []*pb.ResponseOp) (key, marker *mvccpb.KeyValue) {
+	return firstKV(resps[0].GetResponseRange().Kvs), firstKV(resps[1].GetResponseRange().Kvs)
+}
+
+// put sends one put of the key with value, comparing the key's absence
+// and the marker at what the book says, and with reads in its Then. On
+// no definite answer it withdraws the put before it returns etcd's error.
+func (w *keyWrites) put(ctx context.Context, value string, reads ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	rev := w.book.get(w.name).rev
+	resp, err := w.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(w.key), "=", 0), w.markerCmp(rev)).
+		Then(append(w.putOps(value), reads...)...).
+		Else(w.reads()...).
+		Commit()
+	w.settle(rev, resp, err)
+	return resp, err
+}
+
+// tryPut is put for TryLock: only if no key at all is under the name.
+func (w *keyWrites) tryPut(ctx context.Context, value string, els clientv3.Op) (*clientv3.TxnResponse, error) {
+	rev := w.book.get(w.name).rev
+	resp, err := w.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(w.name+"/"), "=", 0).WithPrefix(), w.markerCmp(rev)).
+		Then(w.putOps(value)...).
+		Else(els).
+		Commit()
+	w.settle(rev, resp, err)
+	return resp, err
+}
+
+// settle records a put's outcome: the marker moved with a put that
+// applied; an unanswered one, sent comparing the marker at rev, is
+// withdrawn.
+func (w *keyWrites) settle(rev int64, resp *clientv3.TxnResponse, err error) {
+	switch {
+	case err == nil && resp.Succeeded:
+		w.book.set(w.name, resp.Header.Revision)
+	case err != nil && !rpcerr.Definite(err):
+		w.book.keep(w.name)
+		w.withdraw(rev, 0)
+	}
+}
+
+// notPut is what a put that did not apply left to do, from the key and
+// the marker its Else read: again reports whether to put again. A key the
+// session's own late put left (its creation revision is the marker's) is
+// removed; a key someone moved off the session's lease, at the lock's own
+// path, is removed by the caller (again false, other set); any other key
+// there is another client's on the session's lease, which no lock of the
+// session may take (ErrKeyInUse). With no key there, the marker was not as
+// the book said: it is taken as found.
+func (w *keyWrites) notPut(key, marker *mvccpb.KeyValue) (again bool, other *mvccpb.KeyValue, err error) {
+	switch {
+	case key == nil && w.seam.adoptsOnlyHigher() && modRevision(marker) <= w.book.get(w.name).rev:
+		return false, nil, fmt.Errorf("%w: %s", ErrKeyInUse, w.key)
+	case key == nil:
+		w.book.set(w.name, modRevision(marker))
+		return true, nil, nil
+	case w.fromMarkerPut(key, marker):
+		w.lg.Warn("removing a lock key that a late put of this session left",
+			zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
+		w.withdraw(marker.ModRevision, key.CreateRevision)
+		return true, nil, nil
+	case key.Lease != int64(w.lease):
+		return false, key, nil
+	}
+	return false, nil, fmt.Errorf("%w: %s is another client's key on this session's lease", ErrKeyInUse, w.key)
+}
+
+// fromMarkerPut tells whether key, on the session's lease, was created by
+// the put that last wrote marker: only the session's puts write both in
+// one step.
+func (w *keyWrites) fromMarkerPut(key, marker *mvccpb.KeyValue) bool {
+	if w.seam.ownsAnyLeaseKey() {
+		return key != nil && key.Lease == int64(w.lease)
+	}
+	return key != nil && marker != nil && key.Lease == int64(w.lease) && key.CreateRevision == marker.ModRevision
+}
+
+func modRevision(kv *mvccpb.KeyValue) int64 {
+	if kv == nil {
+		return 0
+	}
+	return kv.ModRevision
+}
+
+// withdrawTries bounds the withdrawal's answered refusals: each means the
+// marker moved between its read and its write, which only late copies of
+// the session's own requests and other clients do, so a few suffice.
+const withdrawTries = 8
+
+// withdraw moves the marker, which is at rev as far as the session knows,
+// so that no put that compared an earlier state of it can apply; and
+// deletes the key in the same step if del is the key's creation revision
+// (the key the marker's put created). If the marker is found elsewhere it
+// decides again from what it found. It retries an unanswered request
+// until etcd answers or again says stop; the session's end takes the key.
+func (w *keyWrites) withdraw(rev, del int64) {
+	wait := w.retries()
+	for refused := 0; refused < withdrawTries; {
+		cmps := []clientv3.Cmp{w.markerCmp(rev)}
+		then := []clientv3.Op{clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease))}
+		if del != 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.key), "=", del))
+			then = append([]clientv3.Op{clientv3.OpDelete(w.key)}, then...)
+		}
+		els := w.reads()
+		if w.seam.unguardedWithdraw() {
+			cmps, then, els = w.unguardedWithdraw()
+		}
+		resp, err := w.kv.Txn(w.ctx).If(cmps...).Then(then...).Else(els...).Commit()
+		switch {
+		case err == nil && (resp.Succeeded || w.seam.unguardedWithdraw()):
+			w.book.set(w.name, resp.Header.Revision)
+			return
+		case err == nil:
+			refused++
+			key, marker := readsOf(resp.Responses)
+			rev, del = modRevision(marker), 0
+			if w.fromMarkerPut(key, marker) {
+				del = key.CreateRevision
+			}
+		case rpcerr.Definite(err) || !wait():
+			w.lg.Warn("lock key's withdrawal left undone; the lease's end takes the key",
+				zap.String("key", w.key), zap.Error(err))
+			return
+		}
+	}
+	w.lg.Warn("lock key's marker kept moving; withdrawal given up", zap.String("key", w.key))
+}
+
+// releaseOps go with the delete of a holding's key (Unlock, cleanup): they
+// delete the marker too, unless it is kept. released records that they
+// applied.
+func (w *keyWrites) releaseOps() []clientv3.Op {
+	if w.book.get(w.name).kept {
+		return nil
+	}
+	return []clientv3.Op{clientv3.OpDelete(w.marker)}
+}
+
+// released records that a holding's key was deleted with releaseOps.
+func (w *keyWrites) released() {
+	if !w.book.get(w.name).kept {
+		w.book.set(w.name, 0)
 	}
 }
 
@@ -74,4 +296,20 @@ func (s *Session) removeLeftover(wctx context.Context, kv *mvccpb.KeyValue) erro
 			zap.String("key", string(kv.Key)), zap.Int64("created", kv.CreateRevision), zap.Int64("lease", kv.Lease))
 	}
 	return err
+}
+
+// keyWrites are the marker-guarded writes of the session's key for name.
+func (s *Session) keyWrites(name, key string) keyWrites {
+	return keyWrites{
+		kv: s.keys, lg: s.lg, book: &s.markers, name: name, key: key,
+		marker: markerKey(name, s.id), lease: s.id, ctx: s.ctx, retries: s.withdrawRetries,
+		seam: s.writes,
+	}
+}
+
+// withdrawRetries waits out a doubling backoff before each retry of a
+// withdrawal, until the session ends.
+func (s *Session) withdrawRetries() func() bool {
+	retry := newBackoff(20*time.Millisecond, time.Second)
+	return func() bool { return retry.wait(s.ctx) == nil }
 }

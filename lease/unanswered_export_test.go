@@ -4,11 +4,21 @@ import clientv3 "go.etcd.io/etcd/client/v3"
 
 // PutCmps are the comparisons a put of s's lock key for name sends now.
 func PutCmps(s *Session, name string) []clientv3.Cmp {
-	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lockKey(name, s.id)), "=", 0), s.markerCmp(name)}
+	w := s.keyWrites(name, lockKey(name, s.id))
+	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w.key), "=", 0), w.markerCmp(s.markers.get(name).rev)}
 }
 
 // Withdraw does what a lock of s does after its put of the key for name
 // had no definite answer (test-only).
 func Withdraw(s *Session, name string) {
-	(&Lock{s: s, name: name, key: lockKey(name, s.id)}).withdraw()
+	w := s.keyWrites(name, lockKey(name, s.id))
+	w.book.keep(name)
+	w.withdraw(s.markers.get(name).rev, 0)
 }
+
+// MarkerKey is the marker of s's lock key for name (test-only).
+func MarkerKey(s *Session, name string) string { return markerKey(name, s.id) }
+
+// SetKeys makes s send its lock keys' writes (writes.go) through kv: the
+// write model's lossy KV. Call it before s takes any lock.
+func SetKeys(s *Session, kv clientv3.KV) { s.keys = kv }
