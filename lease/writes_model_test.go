@@ -40,7 +40,7 @@ type writeWorld struct {
 	kv    *lossyKV
 	lossy bool
 
-	held  *lease.Lock // the session's holding, if any
+	held *lease.Lock // the session's holding, if any
 	// limbo: holdings whose Unlock had no answer: their key may be gone
 	// already, or go when a held request applies; each must end.
 	limbo []*lease.Lock
