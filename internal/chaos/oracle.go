@@ -279,7 +279,8 @@ func StartOracle(ctx context.Context, cli *clientv3.Client, prefix string) (*Ora
 	for {
 		var first context.Context
 		first, cancel = context.WithCancel(clientv3.WithRequireLeader(wctx))
-		wch = cli.Watch(first, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		lo, hi := watchedRange(prefix)
+		wch = cli.Watch(first, lo, clientv3.WithRange(hi), clientv3.WithCreatedNotify())
 		if resp, err = startRead(ctx, cli, prefix, wch); err == nil {
 			break
 		}
@@ -294,6 +295,9 @@ func StartOracle(ctx context.Context, cli *clientv3.Client, prefix string) (*Ora
 	o := &Oracle{cli: cli, prefix: prefix, done: make(chan struct{}), changed: make(chan struct{}), stop: stop,
 		hist: LockHistory{Start: resp.Header.Revision, Through: resp.Header.Revision}}
 	for _, kv := range resp.Kvs {
+		if !recorded(prefix, string(kv.Key)) {
+			continue
+		}
 		o.hist.Events = append(o.hist.Events, LockEvent{Rev: resp.Header.Revision, Key: string(kv.Key),
 			Create: kv.CreateRevision, Lease: kv.Lease, Reader: string(kv.Value) == lease.ReaderValue,
 			Value: string(kv.Value), At: at})
@@ -315,7 +319,22 @@ func startRead(ctx context.Context, cli *clientv3.Client, prefix string, wch cli
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return cli.Get(ctx, prefix, clientv3.WithPrefix())
+	lo, hi := watchedRange(prefix)
+	return cli.Get(ctx, lo, clientv3.WithRange(hi))
+}
+
+// watchedRange is the range of keys the oracle watches for prefix: the
+// names' queues and the lock-delay records of those names, which lie
+// under the library's own prefix, outside every queue, and sort before
+// any printable name. recorded picks the two out of it.
+func watchedRange(prefix string) (lo, hi string) {
+	return lease.DelayRecordKey(prefix), clientv3.GetPrefixRangeEnd(prefix)
+}
+
+// recorded tells whether key, in the watched range, is one the history
+// records: under prefix, or a lock-delay record of a name under it.
+func recorded(prefix, key string) bool {
+	return strings.HasPrefix(key, prefix) || strings.HasPrefix(key, lease.DelayRecordKey(prefix))
 }
 
 // follow keeps the watch open, from next on, until ctx ends or the
@@ -336,7 +355,8 @@ func (o *Oracle) follow(ctx context.Context, wch clientv3.WatchChan, cancel cont
 		// ends it instead of leaving it silent.
 		var wctx context.Context
 		wctx, cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch = o.cli.Watch(wctx, o.prefix, clientv3.WithPrefix(), clientv3.WithRev(next))
+		lo, hi := watchedRange(o.prefix)
+		wch = o.cli.Watch(wctx, lo, clientv3.WithRange(hi), clientv3.WithRev(next))
 	}
 }
 
@@ -372,7 +392,7 @@ func (o *Oracle) add(evs []*clientv3.Event, from int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, ev := range evs {
-		if ev.Kv.ModRevision < from {
+		if ev.Kv.ModRevision < from || !recorded(o.prefix, string(ev.Kv.Key)) {
 			continue
 		}
 		e := LockEvent{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Delete: ev.Type == clientv3.EventTypeDelete, At: at}
