@@ -38,10 +38,11 @@ var (
 	ErrInvalidArgument = errors.New("lease: invalid argument")
 
 	// ErrKeyInUse reports that the session's key for a lock exists on its
-	// lease but is not this package's: another client (a concurrency.Mutex,
-	// say) shares the lease, and taking the lock would make two holders. A
-	// key left at that path by someone else's put with no lease is no
-	// holding: the lock removes it and queues.
+	// lease but was not put by the session: another client (a
+	// concurrency.Mutex, say) shares the lease, and taking the lock would
+	// make two holders, so the lock is refused and the key left alone. A
+	// key left at that path by someone else's put with no lease or another
+	// one is no holding: the lock removes it and queues.
 	ErrKeyInUse = errors.New("lease: lock key already in use on this lease")
 
 	// ErrRevisionRegressed reports that etcd's store revision went

@@ -125,6 +125,10 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 }
 
 // Lease is the session's etcd lease ID: not a fencing token (not ordered).
+// Do not build other lock clients on it (a concurrency.Mutex with
+// concurrency.WithLease, say): their keys sit at the session's own lock
+// paths, and a lock of such a name through the session is refused with
+// ErrKeyInUse.
 func (s *Session) Lease() clientv3.LeaseID { return s.id }
 
 // TTL is the lease TTL etcd granted, which may exceed the one asked for.
