@@ -6,7 +6,8 @@
 //
 //   - State in the same etcd as the lock: Held. The write commits only if
 //     the lock key still exists with the holder's token (its creation
-//     revision) and on a lease, checked by etcd when it applies the
+//     revision) and on the lease its name encodes (etcd's layout,
+//     name/<lease ID in hex>), checked by etcd when it applies the
 //     transaction, not when the client sent it. HeldCmps are the same
 //     comparisons, for a transaction built with clientv3's own Txn.
 //   - A resource that may see tokens from writers that reached it by other

@@ -9,8 +9,9 @@ import (
 
 // Sentinel errors; match them with errors.Is.
 var (
-	// ErrNotHeld reports that a Held guard failed: the lock key is gone or
-	// was created anew (a different token). The error is a *NotHeldError.
+	// ErrNotHeld reports that a Held guard failed: the lock key is gone,
+	// was created anew (a different token), or was moved off the lease
+	// its name encodes. The error is a *NotHeldError.
 	ErrNotHeld = errors.New("fence: lock not held")
 
 	// ErrStale reports that a Resource guard failed: the resource has
@@ -43,7 +44,8 @@ type NotHeldError struct {
 	// was sent; nil when etcd refused the guard.
 	Cause error
 	// Detached: the key still has the token, but someone else's put
-	// left it with no lease, so it no longer goes with the holder.
+	// moved it off the lease its name encodes (onto no lease or another
+	// one), so it no longer goes with the holder.
 	Detached bool
 }
 
@@ -54,7 +56,7 @@ func (e *NotHeldError) Error() string {
 	case e.Current == 0:
 		return fmt.Sprintf("fence: lock not held: key %q (token %d) is gone", e.Key, e.Token)
 	case e.Detached:
-		return fmt.Sprintf("fence: lock not held: key %q (token %d) is no longer attached to a lease", e.Key, e.Token)
+		return fmt.Sprintf("fence: lock not held: key %q (token %d) is no longer attached to the lease its name encodes", e.Key, e.Token)
 	}
 	return fmt.Sprintf("fence: lock not held: key %q has token %d, not %d", e.Key, e.Current, e.Token)
 }

@@ -2,6 +2,8 @@ package fence
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -35,27 +37,64 @@ func Ended(h Holder) error {
 
 // HeldCmps are the comparisons a Held guard makes, for transactions built
 // by hand with clientv3's own Txn: they all hold while h's key exists with
-// the creation revision h.Token() and is attached to a lease, and fail,
-// as Held does, for a key that someone else's put moved off its lease.
-// Put every one of them in the transaction's If:
+// the creation revision h.Token() and is attached to the lease its name
+// encodes (the key is name + "/" + the lease ID in lowercase hex, etcd's
+// lock layout), and fail, as Held does, for a key that someone else's put
+// moved off that lease, onto no lease or another one. Put every one of
+// them in the transaction's If:
 //
 //	cli.Txn(ctx).If(fence.HeldCmps(l)...).Then(ops...)
 //
 // Unlike a Held guard they do not check the holder's Err before sending,
 // and a failure is not an error: the transaction runs its Else. A token
-// that is not positive never passes (a missing key has no lease). h must
-// not be nil.
+// that is not positive never passes (a missing key has no lease). A key
+// that does not end in "/" and the lowercase hex of a positive lease ID
+// is no lock key: its comparisons never hold (they require its lease to
+// be 0 and not 0), where Held refuses it as bad input. h must not be nil.
 func HeldCmps(h Holder) []clientv3.Cmp { return heldCmps(h.Key(), h.Token()) }
 
 // heldCmps is what Held checks of a lock key, for HeldCmps and Txn alike.
 // A lock key that someone else's put moved off its lease keeps its
 // creation revision, but no longer goes with the holder's session: the
-// lease comparison refuses it.
+// lease comparison refuses it, whether the put left it with no lease or
+// on another live one (which package lease takes for no lock, granting
+// the next waiter). For a key that encodes no lease, the comparisons
+// contradict each other, so they never hold.
 func heldCmps(key string, token int64) []clientv3.Cmp {
+	id, ok := keyLease(key)
+	if !ok {
+		return []clientv3.Cmp{
+			clientv3.Compare(clientv3.LeaseValue(key), "=", 0),
+			clientv3.Compare(clientv3.LeaseValue(key), "!=", 0),
+		}
+	}
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(key), "=", token),
-		clientv3.Compare(clientv3.LeaseValue(key), "!=", 0),
+		clientv3.Compare(clientv3.LeaseValue(key), "=", id),
 	}
+}
+
+// keyLease is the lease ID a lock key's name encodes: the key's last
+// segment, after its last "/", is the ID in lowercase hex with no leading
+// zeros, as etcd's lock and election code and package lease write it. ok
+// is false for a key with no such segment or an ID that is not positive.
+func keyLease(key string) (id int64, ok bool) {
+	i := strings.LastIndexByte(key, '/')
+	if i < 0 {
+		return 0, false
+	}
+	seg := key[i+1:]
+	id, err := strconv.ParseInt(seg, 16, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 16) != seg {
+		return 0, false
+	}
+	return id, true
+}
+
+// isLockKey tells whether key is in etcd's lock layout (keyLease).
+func isLockKey(key string) bool {
+	_, ok := keyLease(key)
+	return ok
 }
 
 type guardKind int
@@ -78,13 +117,19 @@ type Guard struct {
 }
 
 // Held is the lock-service check: the lock key still exists with the
-// holder's token, attached to a lease, so the holder has not lost the
-// lock, at the moment etcd applies the transaction. (A put by someone
-// else with no lease, as etcdctl put makes, keeps the key's creation
-// revision and drops its lease; Held refuses such a key. A put that moves
-// the key to another lease is not told apart by Held; the holder's own
-// Lock sees it and ends.) Use it for state kept in the same etcd as the
-// lock.
+// holder's token, attached to the lease its name encodes, so the holder
+// has not lost the lock, at the moment etcd applies the transaction. (A
+// put by someone else keeps the key's creation revision but moves it off
+// that lease: with no lease, as etcdctl put makes, or onto another one.
+// Either way package lease takes the key for no lock and may grant the
+// next waiter; Held refuses it with ErrNotHeld.) Use it for state kept in
+// the same etcd as the lock.
+//
+// The holder's key must be in etcd's lock layout, name + "/" + the lease
+// ID in lowercase hex (as *lease.Lock, FromMutex and FromElection give):
+// Commit refuses any other key with ErrInvalidArgument before sending.
+// A put on the key made with the holder's own lease ID is not told apart
+// from the holder's own.
 //
 // If the holder also has an Err method (as *lease.Lock does) and it reports
 // an error, Commit fails with ErrNotHeld without sending anything.
@@ -141,6 +186,8 @@ func (g Guard) validate() error {
 		return fmt.Errorf("%w: guard with an empty key", ErrInvalidArgument)
 	case g.token <= 0:
 		return fmt.Errorf("%w: guard on %q with token %d: tokens are positive", ErrInvalidArgument, g.key, g.token)
+	case g.kind == heldGuard && !isLockKey(g.key):
+		return fmt.Errorf("%w: Held on %q: a lock key ends in / and its lease ID in lowercase hex", ErrInvalidArgument, g.key)
 	}
 	return nil
 }

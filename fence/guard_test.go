@@ -2,12 +2,16 @@ package fence_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdproc"
+	"github.com/leasefence/leasefence/lease"
 )
 
 // HeldCmps check what Held checks: a live holder passes, and a holder
@@ -72,9 +76,164 @@ func TestHeldCmpsRefuseZeroToken(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "heldcmps-zero")
-	h := token{name + "/missing", 0}
+	h := token{name + "/1a2b", 0}
 	resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
 	if err != nil || resp.Succeeded {
 		t.Fatalf("HeldCmps with token 0 on a missing key: succeeded=%v err=%v", resp != nil && resp.Succeeded, err)
+	}
+}
+
+// The defect this guards against: someone's put moves the holder's key
+// onto another live lease. Package lease takes that key for no lock and
+// grants the next waiter, so the old holder (paused, its Lock not yet
+// told) must be refused by etcd, by Held and HeldCmps alike, while the
+// new holder writes. Before the move both pass.
+func TestHeldRefusesKeyOnAnotherLease(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli, other := etcd.Client(t), etcd.Client(t)
+	name := etcdproc.Name(t, "held-foreign")
+	data := name + "-data"
+	_, first := newLock(t, cli, name)
+	// The paused old holder: a bare Holder, so that the verdict is etcd's,
+	// not the Lock's own Err.
+	old := token{first.Key(), first.Token()}
+	heldWrite := func(h fence.Holder, value string) error {
+		t.Helper()
+		_, err := fence.NewTxn(testCtx(t), cli, fence.Held(h)).Then(clientv3.OpPut(data, value)).Commit()
+		return err
+	}
+	cmpsWrite := func(h fence.Holder, value string) bool {
+		t.Helper()
+		resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(data, value)).Commit()
+		if err != nil {
+			t.Fatalf("txn for %s@%d: %v", h.Key(), h.Token(), err)
+		}
+		return resp.Succeeded
+	}
+	if err := heldWrite(old, "old held"); err != nil {
+		t.Fatalf("control: Held before the move: %v", err)
+	}
+	if !cmpsWrite(old, "old cmps") {
+		t.Fatal("control: HeldCmps before the move failed")
+	}
+
+	s2, err := lease.NewSession(testCtx(t), other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	type result struct {
+		l   *lease.Lock
+		err error
+	}
+	waiter := make(chan result, 1)
+	ctx, cancel := testCtxWithTimeout(t, 20*time.Second)
+	defer cancel()
+	go func() {
+		l, err := s2.Lock(ctx, name)
+		waiter <- result{l, err}
+	}()
+
+	// Someone's put moves the holder's key onto another live lease.
+	g, err := other.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Revoke(testCtx(t), g.ID)
+	if _, err := other.Put(testCtx(t), old.Key(), "intruder", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(testCtx(t), old.Key())
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != old.Token() || resp.Kvs[0].Lease != int64(g.ID) {
+		t.Fatalf("moved key: %v %v, want creation revision %d on lease %x", resp.Kvs, err, old.Token(), int64(g.ID))
+	}
+	ttl, err := cli.TimeToLive(testCtx(t), g.ID)
+	if err != nil || ttl.TTL <= 0 {
+		t.Fatalf("the other lease is not live: %v %v", ttl, err)
+	}
+
+	r := <-waiter
+	if r.err != nil {
+		t.Fatalf("the waiter behind the moved key: %v, want the lock", r.err)
+	}
+	next := r.l
+	if next.Token() <= old.Token() {
+		t.Fatalf("new holder's token %d, not above the old %d", next.Token(), old.Token())
+	}
+	if err := heldWrite(next, "new"); err != nil {
+		t.Fatalf("the new holder's Held write: %v", err)
+	}
+
+	err = heldWrite(old, "old after the move")
+	var nh *fence.NotHeldError
+	if !errors.Is(err, fence.ErrNotHeld) || !errors.As(err, &nh) || !nh.Detached || nh.Current != old.Token() {
+		t.Fatalf("Held on the key moved onto another lease: %v, want a Detached NotHeldError", err)
+	}
+	if cmpsWrite(old, "old cmps after the move") {
+		t.Fatal("HeldCmps passed a holder whose key was moved onto another lease")
+	}
+	if v, _ := get(t, cli, data); v != "new" {
+		t.Fatalf("data = %q, want the new holder's write alone", v)
+	}
+	if !cmpsWrite(next, "new cmps") {
+		t.Fatal("HeldCmps refused the new holder")
+	}
+	if err := next.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Holder whose key is not in etcd's lock layout (name, "/", the lease
+// ID in lowercase hex) is refused by Held as bad input, with nothing
+// sent, even when the key exists on a lease with that creation revision;
+// HeldCmps on it never hold.
+func TestHeldRefusesKeyWithNoLease(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "held-nolease")
+	g, err := cli.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(testCtx(t), g.ID)
+	hex := fmt.Sprintf("%x", int64(g.ID))
+	keys := []string{
+		strings.ReplaceAll(name, "/", "-") + hex, // no "/"
+		name + "/",
+		name + "/lock",
+		name + "/0" + hex,
+		name + "/+" + hex,
+		name + "/-" + hex,
+		name + "/0",
+		name + "/8000000000000000", // past int64
+		name + "/" + hex + "/x",
+	}
+	if up := strings.ToUpper(hex); up != hex {
+		keys = append(keys, name+"/"+up)
+	}
+	for _, key := range keys {
+		t.Run(key[len(name):], func(t *testing.T) {
+			p, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := token{key, p.Header.Revision}
+			kv := &countingKV{KV: cli}
+			before := revision(t, cli)
+			_, err = fence.NewTxn(testCtx(t), kv, fence.Held(h)).Then(clientv3.OpPut(name+"-data", "x")).Commit()
+			if !errors.Is(err, fence.ErrInvalidArgument) {
+				t.Fatalf("Held on %q: %v, want ErrInvalidArgument", key, err)
+			}
+			if kv.sent != 0 || revision(t, cli) != before {
+				t.Fatalf("Held on %q sent %d transactions", key, kv.sent)
+			}
+			resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
+			if err != nil || resp.Succeeded {
+				t.Fatalf("HeldCmps on %q: succeeded=%v err=%v, want a failed comparison", key, resp != nil && resp.Succeeded, err)
+			}
+			if _, err := cli.Delete(testCtx(t), key); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -68,8 +69,26 @@ func testCtxWithTimeout(t testing.TB, d time.Duration) (context.Context, context
 	return context.WithTimeout(testCtx(t), d)
 }
 
-// leasedPut puts key with an empty value on a lease of its own, as a lock
-// key is: Held refuses a key with no lease.
+// lockPut makes a lock key as a session does: a lease of its own, and
+// name + "/" + the lease ID in lowercase hex put on it with that lease.
+// It returns the key as a Holder, with the key's creation revision as
+// its token, and the lease.
+func lockPut(t testing.TB, cli *clientv3.Client, name string) (token, clientv3.LeaseID) {
+	t.Helper()
+	g, err := cli.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("%s/%x", name, int64(g.ID))
+	resp, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token{key, resp.Header.Revision}, g.ID
+}
+
+// leasedPut puts key with an empty value on a lease of its own. Held
+// takes only a key named after its lease (lockPut).
 func leasedPut(t testing.TB, cli *clientv3.Client, key string) *clientv3.PutResponse {
 	t.Helper()
 	g, err := cli.Grant(testCtx(t), 60)

@@ -41,8 +41,9 @@ func TestResourceOneLevel(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			base := etcdproc.Name(t, "onelevel")
-			rec, data, lock := base+"/fence", base+"/data", base+"/lock"
-			lockPut := leasedPut(t, cli, lock)
+			rec, data := base+"/fence", base+"/data"
+			h, _ := lockPut(t, cli, base+"/lock")
+			lock := h.key
 			if tc.record != "" {
 				if _, err := cli.Put(testCtx(t), rec, tc.record); err != nil {
 					t.Fatal(err)
@@ -55,7 +56,7 @@ func TestResourceOneLevel(t *testing.T) {
 			}
 			before := revision(t, cli)
 			kv := &countingKV{KV: cli}
-			resp, err := fence.NewTxn(testCtx(t), kv, fence.Held(token{lock, lockPut.Header.Revision}), fence.Resource(rec, writer)).
+			resp, err := fence.NewTxn(testCtx(t), kv, fence.Held(h), fence.Resource(rec, writer)).
 				Then(clientv3.OpPut(data, "v"), clientv3.OpGet(lock)).
 				Commit()
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {

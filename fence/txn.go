@@ -338,12 +338,13 @@ func (t *Txn) heldFailures(resp *clientv3.TxnResponse) error {
 		}
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		i++
+		id, _ := keyLease(g.key) // validate refused keys that encode no lease
 		switch {
 		case len(kvs) == 0:
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token})
 		case kvs[0].CreateRevision != g.token:
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: kvs[0].CreateRevision})
-		case kvs[0].Lease == 0:
+		case kvs[0].Lease != id:
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token, Current: g.token, Detached: true})
 		}
 	}

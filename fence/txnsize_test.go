@@ -95,8 +95,8 @@ func TestTxnSizeBoundary(t *testing.T) {
 				prefix := fmt.Sprintf("%s/h%d-r%d", base, held, res)
 				var guards []fence.Guard
 				for i := 0; i < held; i++ {
-					resp := leasedPut(t, cli, fmt.Sprintf("%s/lock%d", prefix, i))
-					guards = append(guards, fence.Held(token{fmt.Sprintf("%s/lock%d", prefix, i), resp.Header.Revision}))
+					h, _ := lockPut(t, cli, fmt.Sprintf("%s/lock%d", prefix, i))
+					guards = append(guards, fence.Held(h))
 				}
 				for i := 0; i < res; i++ {
 					guards = append(guards, fence.Resource(fmt.Sprintf("%s/rec%d", prefix, i), 7))
