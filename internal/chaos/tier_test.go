@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,7 @@ const envPools = "LEASEFENCE_CHAOS_POOLS"
 // one of the pool's each.
 func TestChaos(t *testing.T) {
 	runs, long := chaosRuns(t)
+	checkFaultsEnv(t)
 	tier := "long"
 	if !long {
 		tier, runs = "fast", len(runFaults())
@@ -80,19 +82,7 @@ func TestChaos(t *testing.T) {
 				fault:   runFaults()[i%len(runFaults())],
 				prefix:  name(t, "chaos", i),
 			}
-			// Two runs in three, each kind in turn, the clients use a
-			// Keeper, but not with a scaled clock (a Keeper's timer runs
-			// on the real one): half of all runs with the clock kinds.
-			cfg.keeper = (i+i/len(runFaults()))%3 != 0 && cfg.fault != faultSlowClock && cfg.fault != faultFastClock
-			// Two runs in four, in a rhythm apart from the Keeper's, the
-			// sessions wait out a lock delay after a loss: the delay's
-			// path and its meeting with the Keeper (where a waiter once
-			// hung) are checked by the liveness oracle too. Not with
-			// latency: its round trips on top of the delay outlast the
-			// victim's pause, and the run proves nothing.
-			if (i/2)%2 == 0 && cfg.fault != faultLatency {
-				cfg.lockDelay = time.Second
-			}
+			cfg.rhythm(i)
 			mode := "fenced"
 			if !cfg.fenced {
 				mode = "control"
@@ -128,6 +118,7 @@ func TestChaos(t *testing.T) {
 				label := fmt.Sprintf("run seed=%d fault=%s keeper=%v lock-delay=%v", cfg.seed, cfg.fault, cfg.keeper, cfg.lockDelay)
 				reportOracle(t, label, r.oracle)
 				reportLiveness(t, label, r.liveness)
+				reportEnd(t, label, r.end)
 				if r.check == porcupine.Unknown {
 					t.Errorf("the checker gave up (Unknown), which counts as a failure")
 				}
@@ -147,6 +138,46 @@ func TestChaos(t *testing.T) {
 	}
 	tierOracle(t, &sum)
 	tierLiveness(t, &sum)
+	tierEnd(t, &sum.end)
+}
+
+// rhythm sets run i's Keeper and lock delay.
+func (r *runConfig) rhythm(i int) {
+	// Two runs in three, each kind in turn, the clients use a
+	// Keeper, but not with a scaled clock (a Keeper's timer runs
+	// on the real one): half of all runs with the clock kinds.
+	r.keeper = (i+i/len(runFaults()))%3 != 0 && r.fault != faultSlowClock && r.fault != faultFastClock
+	if r.fault == faultLost {
+		// Every other run of the kind: half, whatever the kinds.
+		r.keeper = (i/len(runFaults()))%2 == 0
+	}
+	// Two runs in four, in a rhythm apart from the Keeper's, the
+	// sessions wait out a lock delay after a loss: the delay's
+	// path and its meeting with the Keeper (where a waiter once
+	// hung) are checked by the liveness oracle too. Not with
+	// latency: its round trips on top of the delay outlast the
+	// victim's pause, and the run proves nothing.
+	if (i/2)%2 == 0 && r.fault != faultLatency {
+		r.lockDelay = time.Second
+	}
+}
+
+// checkFaultsEnv refuses a LEASEFENCE_CHAOS_FAULTS that names a kind
+// that does not exist, or leaves none this build and machine can make.
+func checkFaultsEnv(t testing.TB) {
+	t.Helper()
+	v := os.Getenv(envFaults)
+	if v == "" {
+		return
+	}
+	for _, f := range strings.Split(v, ",") {
+		if !slices.Contains(allFaults, fault(f)) {
+			t.Fatalf("%s=%q: no fault kind %q (kinds: %v)", envFaults, v, f, allFaults)
+		}
+	}
+	if len(runFaults()) == 0 {
+		t.Fatalf("%s=%q: none of these kinds can run in this build or on this machine", envFaults, v)
+	}
 }
 
 // tierManifest holds the manifest register to account: it took part
