@@ -662,14 +662,15 @@ func (c *chaosClient) readNext(l *lease.Lock) bool {
 // other client behind that lock's key, for as long as the session lives
 // (a flapping run once stalled so).
 func (c *chaosClient) release(ctx context.Context, l *lease.Lock) {
-	if c.keep && ctx.Err() != nil {
-		// The run is over, and the session stays for the end-of-run
-		// checks: let go anyway, within a bound, so that they find no
-		// holder.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second+c.cfg.slack)
-		defer cancel()
+	if c.keep {
+		// The session stays for the end-of-run checks: let go even as
+		// the run ends, within a bound past its end, so that they find
+		// no holder.
+		var stop func()
+		ctx, stop = pastEnd(ctx, 5*time.Second+c.cfg.slack)
+		defer stop()
 	}
+	var errs []string
 	for ctx.Err() == nil && l.Err() == nil {
 		uctx, cancel := context.WithTimeout(ctx, time.Second+c.cfg.slack)
 		err := l.Unlock(uctx)
@@ -677,6 +678,30 @@ func (c *chaosClient) release(ctx context.Context, l *lease.Lock) {
 		if err == nil {
 			return
 		}
+		errs = append(errs, err.Error())
+	}
+	if c.ends != nil && len(errs) > 0 {
+		c.ends.note(l.Key(), fmt.Sprintf("client %d: Unlock of %s (token %d) failed %d times, the lock ending with %v: %s",
+			c.id, l.Key(), l.Token(), len(errs), l.Err(), strings.Join(errs, "; ")))
+	}
+}
+
+// pastEnd is a context with ctx's values that ends d after ctx does,
+// and a function that ends it at once.
+func pastEnd(ctx context.Context, d time.Duration) (context.Context, func()) {
+	out, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-out.Done():
+		}
+	})
+	return out, func() {
+		stop()
+		cancel()
 	}
 }
 

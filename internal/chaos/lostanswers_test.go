@@ -84,6 +84,29 @@ type endLog struct {
 	mu      sync.Mutex
 	deleted []string
 	keys    []string
+	notes   map[string][]string // by key: Unlocks that failed, for the reports
+}
+
+// note records what happened to key that a report on it should tell.
+func (e *endLog) note(key, what string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.notes == nil {
+		e.notes = map[string][]string{}
+	}
+	e.notes[key] = append(e.notes[key], what)
+}
+
+// story is key's story in the oracle's history, and the notes on it.
+func (e *endLog) story(oracle *Oracle, key string) string {
+	e.mu.Lock()
+	notes := slices.Clone(e.notes[key])
+	e.mu.Unlock()
+	s := oracle.Story(key)
+	for _, n := range notes {
+		s += "\n\t\tnote: " + n
+	}
+	return s
 }
 
 func (e *endLog) add(key, why string) {
@@ -96,10 +119,10 @@ func (e *endLog) add(key, why string) {
 // list says why each holding is in the log, with its key's story.
 func (e *endLog) list(oracle *Oracle) []string {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []string
-	for i, why := range e.deleted {
-		out = append(out, why+oracle.Story(e.keys[i]))
+	out, keys := slices.Clone(e.deleted), slices.Clone(e.keys)
+	e.mu.Unlock()
+	for i := range out {
+		out[i] += e.story(oracle, keys[i])
 	}
 	return out
 }
@@ -226,7 +249,7 @@ func endChecks(clients []*chaosClient, tools *clientv3.Client, ends *endLog, ora
 	}
 	blocked := map[string]bool{}
 	for _, o := range orphans {
-		res.orphans = append(res.orphans, o.String()+oracle.Story(o.key))
+		res.orphans = append(res.orphans, o.String()+ends.story(oracle, o.key))
 		blocked[o.name] = true
 	}
 	for _, c := range clients {
@@ -238,7 +261,7 @@ func endChecks(clients []*chaosClient, tools *clientv3.Client, ends *endLog, ora
 		for i := range cfg.names {
 			name := cfg.lockName(i)
 			if why := c.tryName(ctx, s, name, blocked[name]); why != "" {
-				res.stranded = append(res.stranded, why+oracle.Story(fmt.Sprintf("%s/%x", name, int64(s.Lease()))))
+				res.stranded = append(res.stranded, why+ends.story(oracle, fmt.Sprintf("%s/%x", name, int64(s.Lease()))))
 			}
 		}
 	}
