@@ -13,8 +13,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/holdback"
+	"github.com/leasefence/leasefence/internal/rpcerr"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -419,5 +423,82 @@ func tierEnd(t testing.TB, e *endTally) {
 	}
 	if e.lossy > 0 && (e.answersLost == 0 || e.sentLate == 0) {
 		t.Errorf("%d lostanswers runs lost %d answers and sent %d writes late: the fault is not happening", e.lossy, e.answersLost, e.sentLate)
+	}
+}
+
+// lossyClient is a client of the shared member whose writes l faults.
+func lossyClient(t *testing.T, l *holdback.Losses) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(l.Unary())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Every write faulted: each caller gets Unavailable, which is neither
+// definite nor final; an answer lost leaves the write applied when the
+// caller learns of it, a late one applies after, by Stop; reads pass.
+func TestLostAnswers(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	l := holdback.NewLosses(holdback.LossConfig{Seed: 1, Rate: 1, MaxInWindow: 1000, Window: time.Nanosecond,
+		MinDelay: 200 * time.Millisecond, MaxDelay: 300 * time.Millisecond})
+	cli, tools := lossyClient(t, l), etcd.Client(t)
+	pfx := etcdtest.Name(t, "lost") + "/"
+	present := 0
+	for i := range 20 {
+		key := fmt.Sprint(pfx, i)
+		_, err := cli.Put(ctx, key, "v")
+		if status.Code(err) != codes.Unavailable || rpcerr.Definite(err) || !rpcerr.Transient(ctx, err) {
+			t.Fatalf("put %s: %v; want Unavailable, not definite, transient", key, err)
+		}
+		if g, err := tools.Get(ctx, key); err != nil {
+			t.Fatal(err)
+		} else if len(g.Kvs) == 1 {
+			present++
+		}
+	}
+	if _, err := cli.Get(ctx, pfx+"0"); err != nil {
+		t.Fatalf("a read was faulted: %v", err)
+	}
+	l.Stop()
+	n := l.Counts()
+	g, err := tools.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Lost != int64(present) || n.Lost+n.Late != 20 || n.Lost == 0 || n.Late == 0 || n.LateFailed != 0 || g.Count != 20 {
+		t.Fatalf("counts %+v, %d applied as the caller learned of the fault, %d applied by Stop; want 20 in all, some of each kind", n, present, g.Count)
+	}
+}
+
+// The cap: at most MaxInWindow faults in any Window, whatever the rate;
+// Abort drops the late writes not sent yet.
+func TestLostAnswersCapAndAbort(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	l := holdback.NewLosses(holdback.LossConfig{Seed: 2, Rate: 1, MaxInWindow: 2, Window: time.Minute,
+		MinDelay: time.Minute, MaxDelay: time.Minute})
+	cli, tools := lossyClient(t, l), etcd.Client(t)
+	pfx := etcdtest.Name(t, "lostcap") + "/"
+	failed := 0
+	for i := range 6 {
+		if _, err := cli.Put(ctx, fmt.Sprint(pfx, i), "v"); err != nil {
+			failed++
+		}
+	}
+	start := time.Now()
+	l.Abort()
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("Abort took %v", d)
+	}
+	g, err := tools.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := l.Counts()
+	if failed != 2 || n.Late != 0 || g.Count != int64(6-2+n.Lost) {
+		t.Fatalf("%d of 6 puts failed, %d keys applied, counts %+v; want 2 failed, late ones dropped", failed, g.Count, n)
 	}
 }
