@@ -1003,22 +1003,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 			c.loop(ctx, v, watchCli)
 		}()
 	}
-	// Let the clients get going, then arm the fault: the next client to
-	// write under a lock becomes the victim.
-	select {
-	case <-time.After(150 * time.Millisecond):
-	case <-ctx.Done():
-	}
-	v.armed.Store(true)
-	select {
-	case <-v.done:
-		// A short tail, so that reads after the victim's writes happen.
-		select {
-		case <-time.After(200 * time.Millisecond):
-		case <-ctx.Done():
-		}
-	case <-ctx.Done():
-	}
+	awaitVictim(ctx, v)
 	victimFound := !v.armed.Load()
 	end := time.Now() // a call not returned by now was still waiting
 	cancel()
@@ -1033,6 +1018,34 @@ func run(t testing.TB, cfg runConfig) runResult {
 	if victimFound && v.heal.err != nil && res.liveness.Lost == nil {
 		res.liveness.Lost = v.heal.err // heal times unknown: nothing is proven
 	}
+	res.judge(cfg, v, victimFound)
+	return res
+}
+
+// awaitVictim lets the clients get going, then arms the fault (the next
+// client to write under a lock becomes the victim), and waits for the
+// victim's pause and a short tail, so that reads after its late writes
+// happen, or for ctx's end.
+func awaitVictim(ctx context.Context, v *victimState) {
+	select {
+	case <-time.After(150 * time.Millisecond):
+	case <-ctx.Done():
+	}
+	v.armed.Store(true)
+	select {
+	case <-v.done:
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	case <-ctx.Done():
+	}
+}
+
+// judge says whether the run proved anything, checks its history, and
+// counts its manifest operations.
+func (res *runResult) judge(cfg runConfig, v *victimState, victimFound bool) {
+	h := res.history
 	switch {
 	case !victimFound:
 		res.why = "no client became the victim"
@@ -1045,7 +1058,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	}
 	res.check, res.info = h.Check(20 * time.Second)
 	if res.check == porcupine.Illegal {
-		res.illegal = illegalKinds(res.history, cfg.kinds())
+		res.illegal = illegalKinds(h, cfg.kinds())
 	}
 	if cfg.objects != nil {
 		res.manifest = countManifest(h)
@@ -1054,7 +1067,6 @@ func run(t testing.TB, cfg runConfig) runResult {
 		res.manifest.lateAccepted = int(v.manifestAccepted.Load())
 		res.manifest.badReads = int(cfg.objects.badReads.Load())
 	}
-	return res
 }
 
 // connect gives c its etcd clients: straight from its own host for a

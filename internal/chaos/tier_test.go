@@ -52,14 +52,7 @@ func TestChaos(t *testing.T) {
 		tier, runs = "fast", len(runFaults())
 	}
 	controls := max(2, runs/10)
-	pools := 1
-	if v := os.Getenv(envPools); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 8 {
-			t.Fatalf("%s=%q: want 1 to 8", envPools, v)
-		}
-		pools = n
-	}
+	pools := chaosPools(t)
 	threes := make(chan *etcdtest.Cluster, pools)
 	nets := make(chan *chaosNet, pools)
 	rtts := make(chan *rttlab.Lab, pools)
@@ -109,19 +102,7 @@ func TestChaos(t *testing.T) {
 				cfg.objects = newObjects(t, versity, cfg.names)
 				r := run(t, cfg)
 				sum.add(cfg, r)
-				t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes; %s; illegal kinds %v",
-					r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites, r.manifest, slices.Sorted(maps.Keys(r.illegal)))
-				if cfg.fenced {
-					report(t, cfg, r)
-				}
-				// Control runs too: they leave out the fence, not the lock.
-				label := fmt.Sprintf("run seed=%d fault=%s keeper=%v lock-delay=%v", cfg.seed, cfg.fault, cfg.keeper, cfg.lockDelay)
-				reportOracle(t, label, r.oracle)
-				reportLiveness(t, label, r.liveness)
-				reportEnd(t, label, r.end)
-				if r.check == porcupine.Unknown {
-					t.Errorf("the checker gave up (Unknown), which counts as a failure")
-				}
+				reportRun(t, cfg, r)
 			})
 		}
 	})
@@ -139,6 +120,40 @@ func TestChaos(t *testing.T) {
 	tierOracle(t, &sum)
 	tierLiveness(t, &sum)
 	tierEnd(t, &sum.end)
+}
+
+// chaosPools is LEASEFENCE_CHAOS_POOLS, 1 unless set.
+func chaosPools(t testing.TB) int {
+	t.Helper()
+	v := os.Getenv(envPools)
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 8 {
+		t.Fatalf("%s=%q: want 1 to 8", envPools, v)
+	}
+	return n
+}
+
+// reportRun logs what a run measured and fails the test for what it
+// found wrong: a fenced history the checker did not accept, an invalid
+// grant, a stuck waiter, an end-of-run finding (control runs too: they
+// leave out the fence, not the lock), or a checker that gave up.
+func reportRun(t testing.TB, cfg runConfig, r runResult) {
+	t.Helper()
+	t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes; %s; illegal kinds %v",
+		r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites, r.manifest, slices.Sorted(maps.Keys(r.illegal)))
+	if cfg.fenced {
+		report(t, cfg, r)
+	}
+	label := fmt.Sprintf("run seed=%d fault=%s keeper=%v lock-delay=%v", cfg.seed, cfg.fault, cfg.keeper, cfg.lockDelay)
+	reportOracle(t, label, r.oracle)
+	reportLiveness(t, label, r.liveness)
+	reportEnd(t, label, r.end)
+	if r.check == porcupine.Unknown {
+		t.Errorf("the checker gave up (Unknown), which counts as a failure")
+	}
 }
 
 // rhythm sets run i's Keeper and lock delay.
