@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ import (
 	"github.com/leasefence/leasefence/fence/objectfence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
 	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/holdback"
 	"github.com/leasefence/leasefence/internal/netlab"
 	"github.com/leasefence/leasefence/internal/rttlab"
 	"github.com/leasefence/leasefence/internal/s3test"
@@ -47,24 +49,37 @@ const (
 	faultFlap      fault = "net-flap"       // network namespaces: links cut and healed every few hundred ms (partition_test.go)
 	faultNet       fault = "net-partition"  // network namespaces: the victim's host cut from every member, sometimes with a member cut from the others
 	faultRTT       fault = "rtt-lab"        // as partition, on three members behind delayed links, cut and slowed meanwhile (rtt_test.go)
+	faultLost      fault = "lostanswers"    // as pause, with the lock clients' writes' answers lost, or the writes sent late (lostanswers_test.go)
 )
 
-var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader, faultNet, faultRTT}
+var allFaults = []fault{faultPause, faultPartition, faultSlowClock, faultFastClock, faultLatency, faultCompact, faultLeader, faultNet, faultRTT, faultLost}
 
-// runFaults are the fault kinds this build and machine can make: the
-// clock kinds need the leasefence_mutants build tag, the network kind
-// network namespaces (root, ip, nft; CI must have them).
+// envFaults names the fault kinds a tier runs, separated by commas
+// (default: every kind this build and machine can make).
+const envFaults = "LEASEFENCE_CHAOS_FAULTS"
+
+// runFaults are the fault kinds this build and machine can make, of those
+// LEASEFENCE_CHAOS_FAULTS names if set: the clock kinds need the
+// leasefence_mutants build tag, the network kind network namespaces
+// (root, ip, nft; CI must have them).
 func runFaults() []fault {
 	var fs []fault
 	for _, f := range allFaults {
 		switch {
 		case (f == faultSlowClock || f == faultFastClock) && !clockFaults:
 		case f == faultNet && netlab.Available() != nil && os.Getenv("CI") != "true":
+		case !chosenFault(f):
 		default:
 			fs = append(fs, f)
 		}
 	}
 	return fs
+}
+
+// chosenFault tells whether LEASEFENCE_CHAOS_FAULTS, if set, names f.
+func chosenFault(f fault) bool {
+	v := os.Getenv(envFaults)
+	return v == "" || slices.Contains(strings.Split(v, ","), string(f))
 }
 
 // runConfig is one chaos run.
@@ -131,6 +146,7 @@ type runResult struct {
 	// finds illegal, in a run whose whole history it found illegal.
 	illegal  map[string]bool
 	manifest manifestCounts
+	end      endResult // the end-of-run checks (lostanswers_test.go)
 }
 
 // manifestCounts are a run's operations on its manifest registers: writes
@@ -235,6 +251,19 @@ type chaosClient struct {
 	rng      *rand.Rand
 	seq      int
 	oracle   *Oracle // told every grant
+	// lockCli is the client the sessions (and a Keeper) use: cli, or in a
+	// lostanswers run one of its own whose writes losses fault; the
+	// fenced writes and reads go through cli, unfaulted.
+	lockCli *clientv3.Client
+	losses  *holdback.Losses
+	// keep: the loop leaves its last session (and Keeper) open for the
+	// end-of-run checks, and lets go of its last holding even after the
+	// run's end; closeSession closes them.
+	keep    bool
+	session *lease.Session
+	keeper  *lease.Keeper
+	tools   *clientv3.Client // the run's own client, away from the faults; nil: none
+	ends    *endLog          // keys lost while their lease lived
 }
 
 // hooks is the context the suite's own code sees: the run's mutant and
@@ -489,40 +518,25 @@ type heal struct {
 // loop is a client's life: take a random lock, make a few random
 // operations, let go; until ctx ends.
 func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *clientv3.Client) {
-	var s *lease.Session
 	var sopts []lease.Option
 	if c.cfg.keeper {
-		k, err := lease.NewKeeper(c.cli)
+		k, err := lease.NewKeeper(c.sessionClient())
 		if err != nil {
 			panic(err) // only a nil client is refused
 		}
-		defer k.Close() // after the session's Close below
+		c.keeper = k // closed after the session
 		sopts = append(sopts, lease.WithKeeper(k))
 	}
 	if c.cfg.lockDelay > 0 {
 		sopts = append(sopts, lease.WithLockDelay(c.cfg.lockDelay))
 	}
-	defer func() {
-		if s != nil {
-			s.Close()
-		}
-	}()
+	if !c.keep {
+		defer c.closeSession()
+	}
 	for ctx.Err() == nil {
-		if s == nil || s.Err() != nil {
-			if s != nil {
-				s.Close()
-			}
-			// newSession, not lease.NewSession: the library never reads
-			// the hooks from a context, so only newSession turns the
-			// run's clock rate into the session's scaled clock.
-			sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second+c.cfg.slack)
-			var err error
-			s, err = newSession(sctx, c.cli, append(sopts, lease.WithTTL(c.cfg.ttl))...)
-			cancel()
-			if err != nil {
-				s = nil
-				continue
-			}
+		s := c.liveSession(ctx, sopts)
+		if s == nil {
+			continue
 		}
 		name := fmt.Sprint(c.rng.IntN(c.cfg.names))
 		l, err := c.acquire(ctx, s, name)
@@ -544,7 +558,49 @@ func (c *chaosClient) loop(ctx context.Context, v *victimState, watchCli *client
 				break
 			}
 		}
+		c.keyDeleted(s, l.Key(), l.Token(), l.Err()) // lost while held
 		c.release(ctx, l)
+	}
+}
+
+// sessionClient is the client the sessions use.
+func (c *chaosClient) sessionClient() *clientv3.Client {
+	if c.lockCli != nil {
+		return c.lockCli
+	}
+	return c.cli
+}
+
+// liveSession is the client's session, a new one if it has none or it
+// ended; nil if one could not be made.
+func (c *chaosClient) liveSession(ctx context.Context, sopts []lease.Option) *lease.Session {
+	if c.session != nil && c.session.Err() == nil {
+		return c.session
+	}
+	if c.session != nil {
+		c.session.Close()
+		c.session = nil
+	}
+	// newSession, not lease.NewSession: the library never reads the
+	// hooks from a context, so only newSession turns the run's clock
+	// rate into the session's scaled clock.
+	sctx, cancel := context.WithTimeout(c.cfg.hooks(ctx), 2*time.Second+c.cfg.slack)
+	defer cancel()
+	s, err := newSession(sctx, c.sessionClient(), append(sopts, lease.WithTTL(c.cfg.ttl))...)
+	if err != nil {
+		return nil
+	}
+	c.session = s
+	return s
+}
+
+// closeSession closes the client's session, then its Keeper.
+func (c *chaosClient) closeSession() {
+	if c.session != nil {
+		c.session.Close()
+	}
+	if c.keeper != nil {
+		c.keeper.Close()
 	}
 }
 
@@ -587,6 +643,9 @@ func (c *chaosClient) acquire(ctx context.Context, s *lease.Session, name string
 	if errors.Is(err, lease.ErrLocked) {
 		rest(ctx, time.Duration(10+c.rng.IntN(40))*time.Millisecond)
 	}
+	if err != nil && lctx.Err() == nil {
+		c.keyDeleted(s, fmt.Sprintf("%s/%x", w.Name, w.Lease), 0, err) // lost while waiting
+	}
 	return l, err
 }
 
@@ -603,6 +662,15 @@ func (c *chaosClient) readNext(l *lease.Lock) bool {
 // other client behind that lock's key, for as long as the session lives
 // (a flapping run once stalled so).
 func (c *chaosClient) release(ctx context.Context, l *lease.Lock) {
+	if c.keep {
+		// The session stays for the end-of-run checks: let go even as
+		// the run ends, within a bound past its end, so that they find
+		// no holder.
+		var stop func()
+		ctx, stop = pastEnd(ctx, 5*time.Second+c.cfg.slack)
+		defer stop()
+	}
+	var errs []string
 	for ctx.Err() == nil && l.Err() == nil {
 		uctx, cancel := context.WithTimeout(ctx, time.Second+c.cfg.slack)
 		err := l.Unlock(uctx)
@@ -610,6 +678,30 @@ func (c *chaosClient) release(ctx context.Context, l *lease.Lock) {
 		if err == nil {
 			return
 		}
+		errs = append(errs, err.Error())
+	}
+	if c.ends != nil && len(errs) > 0 {
+		c.ends.note(l.Key(), fmt.Sprintf("client %d: Unlock of %s (token %d) failed %d times, the lock ending with %v: %s",
+			c.id, l.Key(), l.Token(), len(errs), l.Err(), strings.Join(errs, "; ")))
+	}
+}
+
+// pastEnd is a context with ctx's values that ends d after ctx does,
+// and a function that ends it at once.
+func pastEnd(ctx context.Context, d time.Duration) (context.Context, func()) {
+	out, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-out.Done():
+		}
+	})
+	return out, func() {
+		stop()
+		cancel()
 	}
 }
 
@@ -794,6 +886,9 @@ func answers(ctx context.Context, cli *clientv3.Client) error {
 // faults healed; and its end.
 func (r *runConfig) liveness(v *victimState, victimFound bool, end time.Time) Liveness {
 	p := Liveness{Bound: LivenessBound(r.slack), SessionSlack: r.ttl, End: end}
+	if r.fault == faultLost {
+		p.Bound += LostAnswersAllowance(r.slack, lossesInWindow)
+	}
 	if r.fault == faultSlowClock {
 		p.SessionSlack = 2 * r.ttl
 	}
@@ -883,50 +978,21 @@ func run(t testing.TB, cfg runConfig) runResult {
 		latency = time.Duration(rng.IntN(500)) * time.Millisecond
 	}
 	cfg.sizeForLatency(latency)
+	ends := &endLog{}
+	var closers []func() // in reverse at the end: each client's sessions first, then its etcd clients and proxies
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
 	clients := make([]*chaosClient, cfg.clients)
 	for i := range clients {
-		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i))), oracle: oracle}
-		if cfg.net != nil {
-			// Straight from the client's own host: the network is the fault.
-			c.host = cfg.net.clients[i]
-			cli, err := etcdtest.NewClientVia(cfg.endpoints, c.host.DialContext)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cli.Close()
-			c.cli = cli
-			clients[i] = c
-			continue
-		}
-		var urls []string
-		for _, ep := range cfg.endpoints {
-			p, url, err := etcdtest.NewProxy("", ep)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			if latency > 0 {
-				p.DelayTx(latency/2, latency/4)
-				p.DelayRx(latency/2, latency/4)
-			}
-			// The client reaches the proxy through a Breaker, which a
-			// partition's heal uses to break its connections. Closed
-			// first: the proxy's copy loops then end with them.
-			b, addr, err := etcdtest.NewBreaker(strings.TrimPrefix(url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
-			c.proxies = append(c.proxies, p)
-			c.breakers = append(c.breakers, b)
-			urls = append(urls, "http://"+addr)
-		}
-		cli, err := etcdtest.NewClient(urls)
-		if err != nil {
+		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i))), oracle: oracle,
+			tools: watchCli, ends: ends, keep: true}
+		if err := c.connect(latency, &closers); err != nil {
 			t.Fatal(err)
 		}
-		defer cli.Close()
-		c.cli = cli
+		closers = append(closers, c.closeSession)
 		clients[i] = c
 	}
 	var wg sync.WaitGroup
@@ -937,8 +1003,30 @@ func run(t testing.TB, cfg runConfig) runResult {
 			c.loop(ctx, v, watchCli)
 		}()
 	}
-	// Let the clients get going, then arm the fault: the next client to
-	// write under a lock becomes the victim.
+	awaitVictim(ctx, v)
+	victimFound := !v.armed.Load()
+	end := time.Now() // a call not returned by now was still waiting
+	cancel()
+	wg.Wait()
+	losses := stopLosses(clients) // every late write landed or failed
+
+	res := runResult{history: h, ops: len(h.Operations()),
+		staleAccepted: int(v.stale.Load()), lateWrites: int(v.late.Load()), oracle: oracle.Finish(ctx)}
+	res.liveness = oracle.Liveness(cfg.liveness(v, victimFound, end))
+	res.end = endChecks(clients, watchCli, ends, oracle)
+	res.end.losses = losses
+	if victimFound && v.heal.err != nil && res.liveness.Lost == nil {
+		res.liveness.Lost = v.heal.err // heal times unknown: nothing is proven
+	}
+	res.judge(cfg, v, victimFound)
+	return res
+}
+
+// awaitVictim lets the clients get going, then arms the fault (the next
+// client to write under a lock becomes the victim), and waits for the
+// victim's pause and a short tail, so that reads after its late writes
+// happen, or for ctx's end.
+func awaitVictim(ctx context.Context, v *victimState) {
 	select {
 	case <-time.After(150 * time.Millisecond):
 	case <-ctx.Done():
@@ -946,24 +1034,18 @@ func run(t testing.TB, cfg runConfig) runResult {
 	v.armed.Store(true)
 	select {
 	case <-v.done:
-		// A short tail, so that reads after the victim's writes happen.
 		select {
 		case <-time.After(200 * time.Millisecond):
 		case <-ctx.Done():
 		}
 	case <-ctx.Done():
 	}
-	victimFound := !v.armed.Load()
-	end := time.Now() // a call not returned by now was still waiting
-	cancel()
-	wg.Wait()
+}
 
-	res := runResult{history: h, ops: len(h.Operations()),
-		staleAccepted: int(v.stale.Load()), lateWrites: int(v.late.Load()), oracle: oracle.Finish(ctx)}
-	res.liveness = oracle.Liveness(cfg.liveness(v, victimFound, end))
-	if victimFound && v.heal.err != nil && res.liveness.Lost == nil {
-		res.liveness.Lost = v.heal.err // heal times unknown: nothing is proven
-	}
+// judge says whether the run proved anything, checks its history, and
+// counts its manifest operations.
+func (res *runResult) judge(cfg runConfig, v *victimState, victimFound bool) {
+	h := res.history
 	switch {
 	case !victimFound:
 		res.why = "no client became the victim"
@@ -976,7 +1058,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	}
 	res.check, res.info = h.Check(20 * time.Second)
 	if res.check == porcupine.Illegal {
-		res.illegal = illegalKinds(res.history, cfg.kinds())
+		res.illegal = illegalKinds(h, cfg.kinds())
 	}
 	if cfg.objects != nil {
 		res.manifest = countManifest(h)
@@ -985,7 +1067,58 @@ func run(t testing.TB, cfg runConfig) runResult {
 		res.manifest.lateAccepted = int(v.manifestAccepted.Load())
 		res.manifest.badReads = int(cfg.objects.badReads.Load())
 	}
-	return res
+}
+
+// connect gives c its etcd clients: straight from its own host for a
+// network run (the network is the fault), else through a proxy of its own
+// to each member, each behind a Breaker, with the run's latency; for a
+// lostanswers run its sessions get a client of their own on the same
+// links, whose writes' answers are lost or which sends them late
+// (lostanswers_test.go). What it opens goes on closers.
+func (c *chaosClient) connect(latency time.Duration, closers *[]func()) error {
+	cfg := c.cfg
+	if cfg.net != nil {
+		cli, err := etcdtest.NewClientVia(cfg.endpoints, cfg.net.clients[c.id].DialContext)
+		if err != nil {
+			return err
+		}
+		*closers = append(*closers, func() { cli.Close() })
+		c.host, c.cli, c.lockCli = cfg.net.clients[c.id], cli, cli
+		return nil
+	}
+	var urls []string
+	for _, ep := range cfg.endpoints {
+		p, url, err := etcdtest.NewProxy("", ep)
+		if err != nil {
+			return err
+		}
+		*closers = append(*closers, func() { p.Close() })
+		if latency > 0 {
+			p.DelayTx(latency/2, latency/4)
+			p.DelayRx(latency/2, latency/4)
+		}
+		// The client reaches the proxy through a Breaker, which a
+		// partition's heal uses to break its connections. Closed
+		// first: the proxy's copy loops then end with them.
+		b, addr, err := etcdtest.NewBreaker(strings.TrimPrefix(url, "http://"))
+		if err != nil {
+			return err
+		}
+		*closers = append(*closers, func() { b.Close() })
+		c.proxies = append(c.proxies, p)
+		c.breakers = append(c.breakers, b)
+		urls = append(urls, "http://"+addr)
+	}
+	cli, err := etcdtest.NewClient(urls)
+	if err != nil {
+		return err
+	}
+	*closers = append(*closers, func() { cli.Close() })
+	c.cli, c.lockCli = cli, cli
+	if cfg.fault == faultLost {
+		return c.lossy(urls, closers)
+	}
+	return nil
 }
 
 // illegalKinds checks the registers of each kind on their own: which of
@@ -1085,6 +1218,7 @@ type tally struct {
 	// registers of each kind alone.
 	manifest, controlManifest manifestCounts
 	kindViolations            map[string]int
+	end                       endTally // the end-of-run checks, over every run
 }
 
 func (s *tally) add(cfg runConfig, r runResult) {
@@ -1114,6 +1248,7 @@ func (s *tally) add(cfg runConfig, r runResult) {
 	if r.liveness.Lost != nil {
 		s.livenessInconclusive++
 	}
+	s.end.add(r.end, cfg.fault == faultLost)
 	if !r.valid {
 		s.invalid++
 		return
@@ -1147,9 +1282,9 @@ func (s *tally) line(tier string) string {
 	for _, k := range allKinds {
 		ks = append(ks, fmt.Sprintf("%s=%d", k, s.kindViolations[k]))
 	}
-	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d lock-delay-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d by-kind{%s} invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d waits-checked=%d stuck-waiters=%d liveness-inconclusive=%d closest-to-bound=%.0f%% fenced-%s control-%s",
+	return fmt.Sprintf("chaos %s tier: runs=%d faults{%s} keeper-runs=%d lock-delay-runs=%d ops=%d histories=%d stale-accepted=%d control-violations=%d/%d by-kind{%s} invalid=%d grants=%d invalid-grants=%d oracle-inconclusive=%d oracle-controls=%d/%d waits-checked=%d stuck-waiters=%d liveness-inconclusive=%d closest-to-bound=%.0f%% fenced-%s control-%s %s",
 		tier, s.runs, strings.Join(fs, " "), s.keeperRuns, s.delayRuns, s.ops, s.histories, s.staleAccepted, s.violations, s.controlRuns, strings.Join(ks, " "), s.invalid,
-		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged, s.waitsChecked, s.stuckWaiters, s.livenessInconclusive, 100*s.closest, s.manifest, s.controlManifest)
+		s.grants, s.invalidGrants, s.inconclusive, s.flagged, s.forged, s.waitsChecked, s.stuckWaiters, s.livenessInconclusive, 100*s.closest, s.manifest, s.controlManifest, &s.end)
 }
 
 // report fails the test for a fenced run whose history the checker did not

@@ -39,8 +39,14 @@
 //     successor has written (then for up to a second more, until successors
 //     have written each of the name's registers), then writes every register
 //     with its old token. Each run has one fault kind on top, cycling
-//     through all of them. Every history is checked with porcupine against
-//     a fenced-register model (Model); Unknown from the checker fails; a
+//     through all of them (LEASEFENCE_CHAOS_FAULTS picks some). One of
+//     them, lostanswers, loses the answers of a fraction of the writes
+//     each client's sessions send, after etcd applied them, or sends
+//     them 50 to 500 ms late, after the caller gave up: a gRPC
+//     interceptor in the sessions' etcd client (holdback.Losses), the
+//     one cut that can drop one answer and keep the connection. Every
+//     history is checked with porcupine against a fenced-register model
+//     (Model); Unknown from the checker fails; a
 //     run whose pause did not end in an expiry and a successor's write is
 //     counted invalid, not passed. A manifest commit is unknown only when
 //     objectfence says so (fence.ErrOutcomeUnknown); its other errors are
@@ -80,6 +86,18 @@
 //     call that cannot be placed in the history makes the run
 //     inconclusive, counted, never passed. Scenario 13 (a holder and
 //     three waiters queued behind it, handing on) catches DroppedWake.
+//   - The end-of-run checks (lostanswers_test.go), in every chaos run:
+//     once each client let go of its holdings and every late write
+//     landed, with each client's last session still open, no key under
+//     a run lock name may lie on a live lease (after waiting up to the
+//     TTL + 1 s for keys of ended sessions to go), every live session
+//     must take every name with TryLock (ErrKeyInUse, or a refusal with
+//     no holder, is a stranded name), and no lock may have ended with
+//     ErrKeyDeleted while etcd still knew its lease (a stray delete of
+//     its own session's, such as a withdrawal applied late). Each
+//     finding names its key, with the key's story from the oracle's
+//     history. The control: a key planted at a live session's own path,
+//     outside the library, must be reported as both.
 //   - TestMutantsAreCaught (build tag leasefence_mutants): deliberate bugs
 //     (fence comparison removed, lease ID or header revision as token,
 //     unguarded Unlock, ownership from Session.Done alone, requested TTL
@@ -111,11 +129,16 @@
 // and the runs it could not check in full, and the manifest operations
 // of the fenced and the control runs by outcome, with the victims' late
 // manifest writes and how many were refused and accepted (fenced: some
-// tried, none accepted). A failing run writes its history
+// tried, none accepted), and the end-of-run checks' findings: orphan
+// keys, stranded names, holdings deleted under a live lease (each must
+// be 0), the planted keys flagged of those planted (all, and above 0),
+// and what the lostanswers runs did (answers lost, writes sent late). A
+// failing run writes its history
 // (JSON) and porcupine's HTML visualization to a new folder under
 // LEASEFENCE_CHAOS_DIR (default: the system's temporary directory) and
 // prints the path.
 //
 // This package's non-test code is the model, the history recorder, the
-// lock oracle and the liveness oracle.
+// lock oracle (with each key's story, for reports) and the liveness
+// oracle.
 package chaos

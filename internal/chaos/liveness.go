@@ -154,6 +154,24 @@ func LivenessBound(rtt time.Duration) time.Duration {
 	return backoffCap + 2*catchUp + grantTrips*max(rtt, minTrip) + scheduling
 }
 
+// LostAnswersAllowance is what a run whose lock clients lose the answers
+// of their writes, or send them late (the lostanswers fault kind), adds
+// to B, for round trips of up to rtt (at least minTrip) and at most k
+// faults in a row on one client. The only writes between a waiter's turn
+// and its grant are the lock delay's "held" transaction and its retries
+// (delay.go: a loss is recorded before the turn, which the record's end
+// moves). Each fault costs the request lost (a round trip), a backoff
+// (10 ms, doubling) and the record read again (a round trip) before the
+// transaction is sent again:
+//
+//	2k × rtt + 10 ms × (2^k − 1)   (230 ms for k = 2, rtt = 50 ms)
+//
+// The calls themselves return at once on a fault (the library withdraws
+// an unanswered put, and the liveness oracle counts a return as an end).
+func LostAnswersAllowance(rtt time.Duration, k int) time.Duration {
+	return time.Duration(2*k)*max(rtt, minTrip) + 10*time.Millisecond*time.Duration(1<<k-1)
+}
+
 // LivenessResult is what the liveness check found in one run.
 type LivenessResult struct {
 	// Checked counts the waiters whose turn came and whose deadline the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -583,4 +584,53 @@ func (o *Oracle) sync(ctx context.Context) error {
 			return fmt.Errorf("the watch reached %d, not the sentinel's %d, within 15s", through, rev)
 		}
 	}
+}
+
+// Story tells what the history Finish completed holds of key, and the
+// calls Waited recorded on it, in time order: for a report that names a
+// key left behind. Times are from the first event of the history.
+func (o *Oracle) Story(key string) string {
+	o.mu.Lock()
+	h, waits := o.final, slices.Clone(o.waits)
+	o.mu.Unlock()
+	if h == nil {
+		return "no history"
+	}
+	var start time.Time
+	if len(h.Events) > 0 {
+		start = h.Events[0].At
+	}
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var lines []line
+	for _, ev := range h.Events {
+		switch {
+		case ev.Key != key:
+		case ev.Delete:
+			lines = append(lines, line{ev.At, fmt.Sprintf("rev %d deleted", ev.Rev)})
+		default:
+			lines = append(lines, line{ev.At, fmt.Sprintf("rev %d put (created %d, lease %x)", ev.Rev, ev.Create, ev.Lease)})
+		}
+	}
+	for _, w := range waits {
+		if w.Key() != key {
+			continue
+		}
+		out := fmt.Sprintf("token %d", w.Token)
+		if w.Err != "" {
+			out = fmt.Sprintf("error %q (revision after: %d)", w.Err, w.After)
+		}
+		lines = append(lines, line{w.Call, fmt.Sprintf("%s by client %d called", w.Op, w.Client)})
+		if !w.Return.IsZero() {
+			lines = append(lines, line{w.Return, fmt.Sprintf("%s by client %d returned %s", w.Op, w.Client, out)})
+		}
+	}
+	sort.SliceStable(lines, func(i, j int) bool { return lines[i].at.Before(lines[j].at) })
+	var b strings.Builder
+	for _, l := range lines {
+		fmt.Fprintf(&b, "\n\t\t%8.3fs %s", l.at.Sub(start).Seconds(), l.text)
+	}
+	return b.String()
 }

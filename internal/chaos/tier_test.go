@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,19 +46,13 @@ const envPools = "LEASEFENCE_CHAOS_POOLS"
 // one of the pool's each.
 func TestChaos(t *testing.T) {
 	runs, long := chaosRuns(t)
+	checkFaultsEnv(t)
 	tier := "long"
 	if !long {
 		tier, runs = "fast", len(runFaults())
 	}
 	controls := max(2, runs/10)
-	pools := 1
-	if v := os.Getenv(envPools); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 8 {
-			t.Fatalf("%s=%q: want 1 to 8", envPools, v)
-		}
-		pools = n
-	}
+	pools := chaosPools(t)
 	threes := make(chan *etcdtest.Cluster, pools)
 	nets := make(chan *chaosNet, pools)
 	rtts := make(chan *rttlab.Lab, pools)
@@ -80,19 +75,7 @@ func TestChaos(t *testing.T) {
 				fault:   runFaults()[i%len(runFaults())],
 				prefix:  name(t, "chaos", i),
 			}
-			// Two runs in three, each kind in turn, the clients use a
-			// Keeper, but not with a scaled clock (a Keeper's timer runs
-			// on the real one): half of all runs with the clock kinds.
-			cfg.keeper = (i+i/len(runFaults()))%3 != 0 && cfg.fault != faultSlowClock && cfg.fault != faultFastClock
-			// Two runs in four, in a rhythm apart from the Keeper's, the
-			// sessions wait out a lock delay after a loss: the delay's
-			// path and its meeting with the Keeper (where a waiter once
-			// hung) are checked by the liveness oracle too. Not with
-			// latency: its round trips on top of the delay outlast the
-			// victim's pause, and the run proves nothing.
-			if (i/2)%2 == 0 && cfg.fault != faultLatency {
-				cfg.lockDelay = time.Second
-			}
+			cfg.rhythm(i)
 			mode := "fenced"
 			if !cfg.fenced {
 				mode = "control"
@@ -119,18 +102,7 @@ func TestChaos(t *testing.T) {
 				cfg.objects = newObjects(t, versity, cfg.names)
 				r := run(t, cfg)
 				sum.add(cfg, r)
-				t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes; %s; illegal kinds %v",
-					r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites, r.manifest, slices.Sorted(maps.Keys(r.illegal)))
-				if cfg.fenced {
-					report(t, cfg, r)
-				}
-				// Control runs too: they leave out the fence, not the lock.
-				label := fmt.Sprintf("run seed=%d fault=%s keeper=%v lock-delay=%v", cfg.seed, cfg.fault, cfg.keeper, cfg.lockDelay)
-				reportOracle(t, label, r.oracle)
-				reportLiveness(t, label, r.liveness)
-				if r.check == porcupine.Unknown {
-					t.Errorf("the checker gave up (Unknown), which counts as a failure")
-				}
+				reportRun(t, cfg, r)
 			})
 		}
 	})
@@ -147,6 +119,80 @@ func TestChaos(t *testing.T) {
 	}
 	tierOracle(t, &sum)
 	tierLiveness(t, &sum)
+	tierEnd(t, &sum.end)
+}
+
+// chaosPools is LEASEFENCE_CHAOS_POOLS, 1 unless set.
+func chaosPools(t testing.TB) int {
+	t.Helper()
+	v := os.Getenv(envPools)
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 8 {
+		t.Fatalf("%s=%q: want 1 to 8", envPools, v)
+	}
+	return n
+}
+
+// reportRun logs what a run measured and fails the test for what it
+// found wrong: a fenced history the checker did not accept, an invalid
+// grant, a stuck waiter, an end-of-run finding (control runs too: they
+// leave out the fence, not the lock), or a checker that gave up.
+func reportRun(t testing.TB, cfg runConfig, r runResult) {
+	t.Helper()
+	t.Logf("valid=%v %s ops=%d check=%s stale-accepted=%d of %d late writes; %s; illegal kinds %v",
+		r.valid, r.why, r.ops, r.check, r.staleAccepted, r.lateWrites, r.manifest, slices.Sorted(maps.Keys(r.illegal)))
+	if cfg.fenced {
+		report(t, cfg, r)
+	}
+	label := fmt.Sprintf("run seed=%d fault=%s keeper=%v lock-delay=%v", cfg.seed, cfg.fault, cfg.keeper, cfg.lockDelay)
+	reportOracle(t, label, r.oracle)
+	reportLiveness(t, label, r.liveness)
+	reportEnd(t, label, r.end)
+	if r.check == porcupine.Unknown {
+		t.Errorf("the checker gave up (Unknown), which counts as a failure")
+	}
+}
+
+// rhythm sets run i's Keeper and lock delay.
+func (r *runConfig) rhythm(i int) {
+	// Two runs in three, each kind in turn, the clients use a
+	// Keeper, but not with a scaled clock (a Keeper's timer runs
+	// on the real one): half of all runs with the clock kinds.
+	r.keeper = (i+i/len(runFaults()))%3 != 0 && r.fault != faultSlowClock && r.fault != faultFastClock
+	if r.fault == faultLost {
+		// Every other run of the kind: half, whatever the kinds.
+		r.keeper = (i/len(runFaults()))%2 == 0
+	}
+	// Two runs in four, in a rhythm apart from the Keeper's, the
+	// sessions wait out a lock delay after a loss: the delay's
+	// path and its meeting with the Keeper (where a waiter once
+	// hung) are checked by the liveness oracle too. Not with
+	// latency: its round trips on top of the delay outlast the
+	// victim's pause, and the run proves nothing.
+	if (i/2)%2 == 0 && r.fault != faultLatency {
+		r.lockDelay = time.Second
+	}
+}
+
+// checkFaultsEnv refuses a LEASEFENCE_CHAOS_FAULTS that names a kind
+// that does not exist, or leaves none this build and machine can make.
+func checkFaultsEnv(t testing.TB) {
+	t.Helper()
+	v := os.Getenv(envFaults)
+	if v == "" {
+		return
+	}
+	for _, f := range strings.Split(v, ",") {
+		if !slices.Contains(allFaults, fault(f)) {
+			t.Fatalf("%s=%q: no fault kind %q (kinds: %v)", envFaults, v, f, allFaults)
+		}
+	}
+	if len(runFaults()) == 0 {
+		t.Fatalf("%s=%q: none of these kinds can run in this build or on this machine", envFaults, v)
+	}
 }
 
 // tierManifest holds the manifest register to account: it took part
