@@ -206,7 +206,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 		return nil, err
 	}
 	if err := l.queue(ctx, try); err != nil {
-		l.end(ErrUnlocked) // nothing of it is left in etcd: see create
+		l.end(ErrUnlocked) // its key was withdrawn or removed: see create
 		return nil, err
 	}
 	if err := l.await(ctx, try); err != nil {
@@ -398,7 +398,7 @@ const putTries = 3
 // that someone else's put moved off the session's lease, which is no lock.
 func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries int) error {
 	key, marker := readsOf(resp.Responses)
-	again, other, err := l.kw.notPut(key, marker)
+	again, other, err := l.kw.notPut(wctx, key, marker)
 	switch {
 	case err != nil:
 		return err
@@ -1059,9 +1059,10 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 			}
 			return
 		}
-		if rpcerr.Definite(err) {
-			// Refused outright: retrying changes nothing; the lease removes it.
-			l.s.lg.Error("lock key left for the lease to remove", zap.String("key", l.key), zap.Error(err))
+		if rpcerr.Definite(err) && !rpcerr.Overloaded(err) {
+			// Refused outright (no permission, say): retrying changes nothing.
+			l.s.lg.Error("lock key left until this session's next lock of the name or its end",
+				zap.String("key", l.key), zap.Error(err))
 			return
 		}
 		if retry.wait(l.s.ctx) != nil {

@@ -2,12 +2,14 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -23,20 +25,22 @@ import (
 //   - Every put of the lock key (an enqueue, TryLock's put) compares the
 //     marker's mod revision with what the session last knew of it, and
 //     writes the marker in the same transaction. A key at the lock's path
-//     whose creation revision is the marker's mod revision was therefore
-//     created by the session's latest put: no other client writes both.
-//   - A withdrawal (after an unanswered put) compares the marker too, and
-//     moves it: it deletes the key only if the key is the marker's put's,
-//     so a late copy of it fails once anything moved the marker, and never
-//     deletes a later holding's key or another client's key on the lease.
+//     on the session's lease created at a revision where the marker was
+//     written too was created by a put of the session's (ownPut): no
+//     other client writes both in one step. The marker as read, or etcd's
+//     history of it at the key's creation revision, tells.
+//   - A withdrawal (after an unanswered put) compares the marker and the
+//     key as it last found them, and moves the marker: it deletes the key
+//     only if it is the session's own put's, so a late copy of it fails
+//     once either moved, and never deletes a later holding's key or
+//     another client's key on the lease.
 //   - After an unanswered put the name's marker is kept for the session's
 //     life: the put may have compared the marker's absence, and would land
 //     if the marker went.
 //   - A session that finds the marker not as it knew it (someone deleted
 //     it, a restore brought it back older) takes it as found: the next put
-//     moves it on, so a late copy that compared an older state fails, and a
-//     key that such a copy left is the marker's put's, which the session
-//     removes.
+//     moves it on, so a late copy that compared an older state fails, and
+//     a key such a copy left is the session's own put's, which it removes.
 //
 // writes.go lists every write with its guard.
 
@@ -47,8 +51,9 @@ func markerKey(name string, id clientv3.LeaseID) string {
 }
 
 // markerBook is what a session knows of its markers, by lock name. The
-// locks of one name take turns (gate.go), so only one of them writes a
-// name's marker at a time; the book is shared by every name.
+// locks of one name take turns (gate.go); a lock that ended early may
+// still send its cleanup as the next one puts, which then finds the
+// marker not as the book says and takes it as found.
 type markerBook struct {
 	mu sync.Mutex
 	m  map[string]marker
@@ -181,38 +186,64 @@ func (w *keyWrites) settle(rev int64, resp *clientv3.TxnResponse, err error) {
 
 // notPut is what a put that did not apply left to do, from the key and
 // the marker its Else read: again reports whether to put again. A key the
-// session's own late put left (its creation revision is the marker's) is
-// removed; a key someone moved off the session's lease, at the lock's own
-// path, is removed by the caller (again false, other set); any other key
-// there is another client's on the session's lease, which no lock of the
-// session may take (ErrKeyInUse). With no key there, the marker was not as
-// the book said: it is taken as found.
-func (w *keyWrites) notPut(key, marker *mvccpb.KeyValue) (again bool, other *mvccpb.KeyValue, err error) {
+// session's own put left (ownPut) is removed; a key someone moved off the
+// session's lease, at the lock's own path, is removed by the caller
+// (again false, other set); any other key there is another client's on
+// the session's lease, which no lock of the session may take
+// (ErrKeyInUse). With no key there, the marker was not as the book said:
+// it is taken as found.
+func (w *keyWrites) notPut(ctx context.Context, key, marker *mvccpb.KeyValue) (again bool, other *mvccpb.KeyValue, err error) {
 	switch {
 	case key == nil && w.seam.adoptsOnlyHigher() && modRevision(marker) <= w.book.get(w.name).rev:
 		return false, nil, fmt.Errorf("%w: %s", ErrKeyInUse, w.key)
 	case key == nil:
 		w.book.set(w.name, modRevision(marker))
 		return true, nil, nil
-	case w.fromMarkerPut(key, marker):
-		w.lg.Warn("removing a lock key that a late put of this session left",
-			zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
-		w.withdraw(marker.ModRevision, key.CreateRevision)
-		return true, nil, nil
 	case key.Lease != int64(w.lease):
 		return false, key, nil
 	}
-	return false, nil, fmt.Errorf("%w: %s is another client's key on this session's lease", ErrKeyInUse, w.key)
+	mine, err := w.ownPut(ctx, key, marker)
+	switch {
+	case err != nil:
+		return false, nil, err
+	case !mine:
+		return false, nil, fmt.Errorf("%w: %s is another client's key on this session's lease", ErrKeyInUse, w.key)
+	}
+	w.lg.Warn("removing a lock key that a late put of this session left",
+		zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
+	w.withdraw(modRevision(marker), key.CreateRevision)
+	return true, nil, nil
 }
 
-// fromMarkerPut tells whether key, on the session's lease, was created by
-// the put that last wrote marker: only the session's puts write both in
-// one step.
-func (w *keyWrites) fromMarkerPut(key, marker *mvccpb.KeyValue) bool {
-	if w.seam.ownsAnyLeaseKey() {
-		return key != nil && key.Lease == int64(w.lease)
+// ownPut tells whether key, at the lock's path, was created by a put of
+// the session's: on its lease, with the marker written in the same
+// transaction, so at the key's creation revision. The marker as read says
+// so if it has not moved since; if it has (someone deleted it, or a
+// withdrawal gave up), etcd's history at that revision does. A history
+// etcd has compacted cannot tell: the key is then taken for another
+// client's, which is never deleted.
+func (w *keyWrites) ownPut(ctx context.Context, key, marker *mvccpb.KeyValue) (bool, error) {
+	switch {
+	case w.seam.ownsAnyLeaseKey():
+		return key != nil && key.Lease == int64(w.lease), nil
+	case key == nil || key.Lease != int64(w.lease):
+		return false, nil
+	case marker != nil && marker.ModRevision == key.CreateRevision:
+		return true, nil
+	case w.seam.markerOnlyAsRead():
+		return false, nil
 	}
-	return key != nil && marker != nil && key.Lease == int64(w.lease) && key.CreateRevision == marker.ModRevision
+	resp, err := w.kv.Get(ctx, w.marker, clientv3.WithRev(key.CreateRevision))
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		w.lg.Warn("lock key on the session's lease, with its history compacted: taken for another client's",
+			zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	m := firstKV(resp.Kvs)
+	return m != nil && m.ModRevision == key.CreateRevision, nil
 }
 
 func modRevision(kv *mvccpb.KeyValue) int64 {
@@ -222,30 +253,32 @@ func modRevision(kv *mvccpb.KeyValue) int64 {
 	return kv.ModRevision
 }
 
-// withdrawTries bounds the withdrawal's answered refusals: each means the
-// marker moved between its read and its write, which only late copies of
-// the session's own requests and other clients do, so a few suffice.
-const withdrawTries = 8
+// withdrawRefusals bounds the withdrawal's answered refusals: each means
+// the marker or the key moved between its read and its write, which only
+// late copies of the session's own requests and other clients do, so a
+// few suffice.
+const withdrawRefusals = 8
+
+// withdrawal is what a withdrawal compares and does: the marker at rev,
+// the key at keyRev (0: absent), deleted if del.
+type withdrawal struct {
+	rev, keyRev int64
+	del         bool
+}
 
 // withdraw moves the marker, which is at rev as far as the session knows,
 // so that no put that compared an earlier state of it can apply; and
-// deletes the key in the same step if del is the key's creation revision
-// (the key the marker's put created). If the marker is found elsewhere it
-// decides again from what it found. It retries an unanswered request
-// until etcd answers or again says stop; the session's end takes the key.
+// deletes the key in the same step if it is the session's own put's (del,
+// the key's creation revision; 0 for none known). Each try compares the
+// marker and the key as last found, so a late copy fails once either
+// moved; a refused try decides again from what it read. It retries an
+// unanswered request until etcd answers, refuses it outright, or again
+// says stop (the session ended, whose lease then takes the key).
 func (w *keyWrites) withdraw(rev, del int64) {
 	wait := w.retries()
-	for refused := 0; refused < withdrawTries; {
-		cmps := []clientv3.Cmp{w.markerCmp(rev)}
-		then := []clientv3.Op{clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease))}
-		if del != 0 {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.key), "=", del))
-			then = append([]clientv3.Op{clientv3.OpDelete(w.key)}, then...)
-		}
-		els := w.reads()
-		if w.seam.unguardedWithdraw() {
-			cmps, then, els = w.unguardedWithdraw()
-		}
+	next := withdrawal{rev: rev, keyRev: del, del: del != 0}
+	for refused := 0; refused < withdrawRefusals; {
+		cmps, then, els := w.withdrawTxn(next)
 		resp, err := w.kv.Txn(w.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 		switch {
 		case err == nil && (resp.Succeeded || w.seam.unguardedWithdraw()):
@@ -253,18 +286,49 @@ func (w *keyWrites) withdraw(rev, del int64) {
 			return
 		case err == nil:
 			refused++
-			key, marker := readsOf(resp.Responses)
-			rev, del = modRevision(marker), 0
-			if w.fromMarkerPut(key, marker) {
-				del = key.CreateRevision
+			d, rerr := w.nextWithdrawal(readsOf(resp.Responses))
+			if rerr == nil {
+				next = d
+				continue
 			}
-		case rpcerr.Definite(err) || !wait():
-			w.lg.Warn("lock key's withdrawal left undone; the lease's end takes the key",
+		case rpcerr.Definite(err) && !rpcerr.Overloaded(err):
+			w.lg.Error("lock key's withdrawal refused; the key stays until this session's next lock of the name or its end",
 				zap.String("key", w.key), zap.Error(err))
 			return
 		}
+		if !wait() {
+			return // the session ended: its lease takes the key
+		}
 	}
-	w.lg.Warn("lock key's marker kept moving; withdrawal given up", zap.String("key", w.key))
+	w.lg.Warn("lock key's marker kept moving; withdrawal left to this session's next lock of the name",
+		zap.String("key", w.key))
+}
+
+// withdrawTxn lays out one try of a withdrawal.
+func (w *keyWrites) withdrawTxn(d withdrawal) (cmps []clientv3.Cmp, then, els []clientv3.Op) {
+	if w.seam.unguardedWithdraw() {
+		return w.unguardedWithdraw()
+	}
+	cmps = []clientv3.Cmp{w.markerCmp(d.rev), clientv3.Compare(clientv3.CreateRevision(w.key), "=", d.keyRev)}
+	then = []clientv3.Op{clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease))}
+	if d.del {
+		then = append([]clientv3.Op{clientv3.OpDelete(w.key)}, then...)
+	}
+	return cmps, then, w.reads()
+}
+
+// nextWithdrawal decides a withdrawal's next try from the key and marker
+// a refused one read: delete the key if it is the session's own put's.
+func (w *keyWrites) nextWithdrawal(key, marker *mvccpb.KeyValue) (withdrawal, error) {
+	mine, err := w.ownPut(w.ctx, key, marker)
+	if err != nil {
+		return withdrawal{}, err
+	}
+	next := withdrawal{rev: modRevision(marker), keyRev: 0, del: mine}
+	if key != nil {
+		next.keyRev = key.CreateRevision
+	}
+	return next, nil
 }
 
 // releaseOps go with the delete of a holding's key (Unlock, cleanup): they

@@ -30,9 +30,13 @@ package lease
 //     marker is kept for the session's life and the put withdrawn.
 //   - TryLock's put: as the enqueue put, if nothing is under the name.
 //   - Withdrawal: the marker moved, and the key deleted if it is the
-//     marker's put's. Guard: the marker's mod revision as last found and,
-//     to delete, the key's creation revision equal to it. No answer:
-//     retried with the same guard until answered or the session ends.
+//     session's own put's (the marker, as read or in etcd's history at the
+//     key's creation revision, was written with it). Guard: the marker's
+//     mod revision and the key's creation revision as last found. No
+//     answer, or etcd overloaded: retried with the same guard until
+//     answered or the session ends. Refused outright (no permission) or
+//     refused 8 times (the marker kept moving): given up; the key, if
+//     any, stays until the session's next lock of the name or its end.
 //   - Removal of a key the session's own late put left (found by a put):
 //     the withdrawal's transaction, with its guard.
 //   - Removal of a key at the lock's path on another lease or none (no
@@ -41,7 +45,8 @@ package lease
 //   - Cleanup (a Lock that fails or is given up) and Unlock, Resign:
 //     delete of the key, with the marker unless kept, and the lock-delay
 //     record's release. Guard: the key's creation revision is the token.
-//     No answer: cleanup retries until the session ends; Unlock returns
+//     No answer, or etcd overloaded: cleanup retries until the session
+//     ends (refused outright, it gives up as the withdrawal does); Unlock returns
 //     the error and the lock stays held, perhaps, until the own-key watch
 //     sees the delete or Unlock is called again.
 //   - Proclaim: put of the key's value. Guard: the creation revision is

@@ -57,11 +57,18 @@ func (w *writeWorld) note(format string, args ...any) {
 
 func (w *writeWorld) ctx() context.Context { return etcdproc.Ctx(w.t, 10*time.Second) }
 
-// fates: a third of the session's key writes lose their answer or are
-// held back, while the schedule runs.
+// fates: while the schedule runs, a third of the session's key writes
+// lose their answer or are held back, and before one in eight the marker
+// is deleted, inside the call that sends it.
 func (w *writeWorld) decide(_ int, _ *heldTxn) fate {
 	if !w.lossy {
 		return pass
+	}
+	if w.rng.IntN(8) == 0 {
+		if _, err := w.cli.Delete(w.ctx(), lease.MarkerKey(w.s, w.name)); err != nil {
+			w.t.Error(err)
+		}
+		w.note("marker deleted inside a call")
 	}
 	switch r := w.rng.IntN(6); {
 	case r == 0:
@@ -121,16 +128,31 @@ func (w *writeWorld) act() error {
 	return nil
 }
 
-// lock takes the name through s, or TryLock, unless s holds it. A lost
-// answer fails the call; any other failure is the model's.
+// lock takes the name through s with TryLock, Lock, RLock or Campaign,
+// unless s holds it. A lost answer or a short ctx's end fails the call;
+// any other failure is the model's.
 func (w *writeWorld) lock() error {
 	if w.held != nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(w.ctx(), 300*time.Millisecond)
 	defer cancel()
-	l, err := w.s.TryLock(ctx, w.name)
-	w.note("TryLock: %v", err)
+	var l *lease.Lock
+	var err error
+	switch kind := w.rng.IntN(4); kind {
+	case 0:
+		l, err = w.s.Lock(ctx, w.name)
+	case 1:
+		l, err = w.s.RLock(ctx, w.name)
+	case 2:
+		var e *lease.Leadership
+		if e, err = w.s.Campaign(ctx, w.name, "v"); err == nil {
+			l = e.Lock()
+		}
+	default:
+		l, err = w.s.TryLock(ctx, w.name)
+	}
+	w.note("lock: %v", err)
 	switch {
 	case err == nil:
 		w.held = l
@@ -138,7 +160,7 @@ func (w *writeWorld) lock() error {
 	case errors.Is(err, lease.ErrKeyInUse) && w.mutex != nil:
 		// The Mutex on the session's lease holds the path: refused, as documented.
 	default:
-		return fmt.Errorf("TryLock: %w", err)
+		return fmt.Errorf("lock: %w", err)
 	}
 	return nil
 }
@@ -278,8 +300,18 @@ func (w *writeWorld) finish() error {
 func runWrites(t *testing.T, cli *clientv3.Client, seed uint64, steps int, mutate func(*lease.Session)) error {
 	w := &writeWorld{t: t, rng: rand.New(rand.NewPCG(seed, 46)), cli: cli, lossy: true,
 		name: etcdproc.Name(t, fmt.Sprintf("writes-%d", seed))}
+	// Half the schedules renew through a Keeper: the queue's copy path.
+	var opts []lease.Option
+	if seed%2 == 1 {
+		k, err := lease.NewKeeper(cli)
+		if err != nil {
+			return err
+		}
+		defer k.Close()
+		opts = append(opts, lease.WithKeeper(k))
+	}
 	var err error
-	if w.s, err = lease.NewSession(w.ctx(), cli); err != nil {
+	if w.s, err = lease.NewSession(w.ctx(), cli, opts...); err != nil {
 		return err
 	}
 	defer w.s.Close()

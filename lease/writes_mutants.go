@@ -23,11 +23,16 @@ const (
 	// OwnsAnyLeaseKey: any key at the lock's path on the session's lease
 	// counts as the session's own put's (defect 4).
 	OwnsAnyLeaseKey
+	// MarkerOnlyAsRead: a key counts as the session's own put's only if
+	// the marker as read says so, never from etcd's history (the review
+	// of the fix: a marker deleted between a put's apply and its
+	// withdrawal stranded the name).
+	MarkerOnlyAsRead
 )
 
 // WriteMutations lists them, for the model's test of each.
 func WriteMutations() []WriteMutation {
-	return []WriteMutation{UnguardedWithdraw, AdoptsOnlyHigher, OwnsAnyLeaseKey}
+	return []WriteMutation{UnguardedWithdraw, AdoptsOnlyHigher, OwnsAnyLeaseKey, MarkerOnlyAsRead}
 }
 
 func (m WriteMutation) String() string {
@@ -35,6 +40,7 @@ func (m WriteMutation) String() string {
 		UnguardedWithdraw: "withdrawal compares no marker",
 		AdoptsOnlyHigher:  "marker taken as found only if higher",
 		OwnsAnyLeaseKey:   "any key on the lease taken for the session's",
+		MarkerOnlyAsRead:  "the marker's history not asked",
 	}[m]
 }
 
@@ -44,6 +50,7 @@ func SetWriteMutation(s *Session, m WriteMutation) { s.writes.mutation = m }
 func (w writeSeam) unguardedWithdraw() bool { return w.mutation == UnguardedWithdraw }
 func (w writeSeam) adoptsOnlyHigher() bool  { return w.mutation == AdoptsOnlyHigher }
 func (w writeSeam) ownsAnyLeaseKey() bool   { return w.mutation == OwnsAnyLeaseKey }
+func (w writeSeam) markerOnlyAsRead() bool  { return w.mutation == MarkerOnlyAsRead }
 
 // unguardedWithdraw is the withdrawal before issue 46: it deleted a key on
 // the session's lease whatever the marker said.

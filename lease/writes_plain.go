@@ -10,6 +10,7 @@ type writeSeam struct{}
 
 func (writeSeam) unguardedWithdraw() bool { return false }
 func (writeSeam) adoptsOnlyHigher() bool  { return false }
+func (writeSeam) markerOnlyAsRead() bool  { return false }
 func (writeSeam) ownsAnyLeaseKey() bool   { return false }
 
 func (w *keyWrites) unguardedWithdraw() (cmps []clientv3.Cmp, then, els []clientv3.Op) {

@@ -67,44 +67,96 @@ func TestLateWithdrawalSparesNextHolding(t *testing.T) {
 
 // Someone deletes a session's marker (etcdctl del --prefix over the
 // library's keys, say): the session's next lock of the name is granted,
-// not refused with ErrKeyInUse (issue 46, defect 2). In the second case a
-// put held back before the deletion applies after it and leaves a key on
-// the session's lease: the session removes it and is granted.
+// not refused with ErrKeyInUse, and no key of its own is left blocking
+// other sessions (issue 46, defect 2, and the cases a review of the fix
+// found: a deletion between a put's apply and its withdrawal, and a held
+// put applied between two deletions).
 func TestDeletedMarkerStrandsNoName(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	for _, late := range []bool{false, true} {
-		s := newSession(t, cli)
-		name := etcdproc.Name(t, "deleted-marker")
-		first := loseAnswer
-		if late {
-			first = hold
-		}
-		kv := &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate { return map[int]fate{0: first}[n] }}
-		lease.SetKeys(s, kv)
-		if _, err := s.Lock(testCtx(t), name); err == nil {
-			t.Fatal("Lock whose put lost its answer: granted")
-		}
-		if len(keyGet(t, cli, lease.MarkerKey(s, name)).Kvs) != 1 {
-			t.Fatal("no marker after a withdrawal")
-		}
-		if _, err := cli.Delete(testCtx(t), lease.MarkerKey(s, name)); err != nil {
-			t.Fatal(err)
-		}
-		if late && kv.replay(t) != 1 {
-			t.Fatal("the held put, sent after the marker's deletion, did not apply")
-		}
-		l, err := s.TryLock(testCtx(t), name)
-		if err != nil {
-			t.Fatalf("late=%v: the session's lock of the name after its marker went: %v", late, err)
-		}
-		expectHeldKey(t, cli, l, "granted")
-		if keys := queueKeys(t, cli, name); len(keys) != 1 {
-			t.Fatalf("late=%v: keys under the name: %v, want the holding's alone", late, keys)
-		}
-		if err := l.Unlock(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
+	for _, c := range []struct {
+		name  string
+		first fate // the put's
+		// inside deletes the marker just before the withdrawal; before
+		// and after the held put's replay, deletes it then.
+		inside, before, after bool
+	}{
+		{name: "after a withdrawal", first: loseAnswer, before: true},
+		{name: "a held put applies after it", first: hold, before: true},
+		{name: "between the put's apply and its withdrawal", first: loseAnswer, inside: true},
+		{name: "a held put applies between two", first: hold, before: true, after: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, o := newSession(t, cli), newSession(t, cli)
+			name := etcdproc.Name(t, "deleted-marker")
+			del := func() {
+				if _, err := cli.Delete(testCtx(t), lease.MarkerKey(s, name)); err != nil {
+					t.Error(err)
+				}
+			}
+			kv := &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate {
+				if n == 1 && c.inside {
+					del()
+				}
+				return map[int]fate{0: c.first}[n]
+			}}
+			lease.SetKeys(s, kv)
+			if _, err := s.Lock(testCtx(t), name); err == nil {
+				t.Fatal("Lock whose put lost its answer: granted")
+			}
+			if c.before {
+				del()
+			}
+			if c.first == hold && kv.replay(t) != 1 {
+				t.Fatal("the held put, sent after the marker's deletion, did not apply")
+			}
+			if c.after {
+				del()
+			}
+			l, err := s.TryLock(testCtx(t), name)
+			if err != nil {
+				t.Fatalf("the session's lock of the name after its marker went: %v", err)
+			}
+			expectHeldKey(t, cli, l, "granted")
+			if keys := queueKeys(t, cli, name); len(keys) != 1 {
+				t.Fatalf("keys under the name: %v, want the holding's alone", keys)
+			}
+			if err := l.Unlock(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			other, err := o.TryLock(testCtx(t), name)
+			if err != nil {
+				t.Fatalf("another session's lock of the free name: %v", err)
+			}
+			if err := other.Unlock(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// A holding lost to someone's deletion of its key leaves its marker on
+// the lease, until the session's next lock of the name deletes it with
+// its Unlock (or the session ends): a key per name lost, not per lock.
+func TestLostHoldingsMarkerGoesWithNextUnlock(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	s := newSession(t, cli)
+	name := etcdproc.Name(t, "marker-after-loss")
+	l := mustLock(t, s, name)
+	if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+		t.Fatal(err)
+	}
+	expectDone(t, l.Done(), 5*time.Second, "lost holding")
+	if n := len(keyGet(t, cli, lease.MarkerKey(s, name)).Kvs); n != 1 {
+		t.Fatalf("%d markers after the loss, want the holding's", n)
+	}
+	l = mustLock(t, s, name)
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(keyGet(t, cli, lease.MarkerKey(s, name)).Kvs); n != 0 {
+		t.Errorf("the marker outlived the next Unlock of the name")
 	}
 }
 

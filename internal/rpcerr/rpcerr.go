@@ -51,6 +51,14 @@ func tooLargeAnswer(err error) bool {
 	return strings.Contains(status.Convert(err).Message(), "received message larger than max")
 }
 
+// Overloaded tells whether err is etcd's refusal of a request while it is
+// overloaded (too many requests, or its space quota): definite, yet the
+// same request may be accepted later, so a write that must happen (a
+// removal, a withdrawal) is sent again after a pause.
+func Overloaded(err error) bool {
+	return code(err) == codes.ResourceExhausted && !tooLargeAnswer(err)
+}
+
 // Transient tells whether a failed request may succeed if sent again while
 // ctx lasts: the connection dropped or the cluster had no leader for a
 // moment.
