@@ -60,9 +60,17 @@
 //   - A waiter whose turn has come (no key that blocks it is left ahead,
 //     and any lock-delay has passed) is granted, or its call returns,
 //     within a few round trips once etcd answers; the fault suite checks
-//     it against etcd's history. A put of a lock key that had no answer
-//     fails if etcd applies it after the lock gave up: it leaves no key
-//     that no lock owns.
+//     it against etcd's history.
+//   - A write that had no answer and that etcd applies later, after the
+//     caller gave up and even after the session's later writes, changes no
+//     key of another holding (the session's next one, another session's,
+//     another client's), and leaves no key that no lock owns past the
+//     session's next lock of the name. A session is never refused a name
+//     it does not hold (ErrKeyInUse) except for a key on its own lease
+//     that it did not put: keep other lock clients off Session.Lease.
+//   - The package's own keys (see OwnPrefixes) lie where no name's queue,
+//     ours or etcd's, can see them, for nested names too: etcd's Mutex,
+//     Election and etcdctl lock on a parent name never wait behind them.
 //   - Holding a lock sends nothing beyond the session's keep-alives, and a
 //     handoff sends a few messages, not one per waiter in the queue.
 //   - An Observer delivers leaders in the order etcd committed them, and
