@@ -65,9 +65,11 @@
 //     caller gave up and even after the session's later writes, changes no
 //     key of another holding (the session's next one, another session's,
 //     another client's), and leaves no key that no lock owns past the
-//     session's next lock of the name. A session is never refused a name
-//     it does not hold (ErrKeyInUse) except for a key on its own lease
-//     that it did not put: keep other lock clients off Session.Lease.
+//     session's next lock of the name. A session is refused a name it
+//     does not hold (ErrKeyInUse) only for a key on its own lease that
+//     it did not put (keep other lock clients off Session.Lease), or one
+//     whose creation etcd compacted away from its history before the
+//     session found it.
 //   - The package's own keys (see OwnPrefixes) lie where no name's queue,
 //     ours or etcd's, can see them, for nested names too: etcd's Mutex,
 //     Election and etcdctl lock on a parent name never wait behind them.
