@@ -14,3 +14,6 @@ func (clock) Now() time.Time { return time.Now() }
 
 // real is how long d on this clock lasts in real time.
 func (clock) real(d time.Duration) time.Duration { return d }
+
+// scale is how much of this clock's time d of real time is.
+func (clock) scale(d time.Duration) time.Duration { return d }

@@ -96,11 +96,14 @@
 // collection, swapping, SIGSTOP, a slow disk) past its lease; etcd then
 // gives the lock to the next waiter, and the paused holder wakes up
 // believing it still holds it. Lock.Done, Lock.Err, Lock.Context and
-// Session.Done are early warnings, computed conservatively, but a paused
-// process sees none of them until it runs again. Only a check made by the
-// protected resource, in the same atomic step as the write, makes the
-// write safe: pass Lock.Token to it (see package fence), and have a new
-// holder claim the resource before it reads.
+// Session.Done are early warnings, computed conservatively: a cut-off
+// session ends a twentieth of its TTL before etcd's earliest expiry, and
+// earlier still by as late as the process's timers have lately fired
+// (up to a quarter of the TTL). A process that stalls longer than that all
+// at once hears late, and a paused one sees nothing until it runs again.
+// Only a check made by the protected resource, in the same atomic step as
+// the write, makes the write safe: pass Lock.Token to it (see package
+// fence), and have a new holder claim the resource before it reads.
 //
 // A lock granted with nobody ahead learns of its key's deletion in its
 // first 50 ms only at their end. A put on the lock key made with the

@@ -87,3 +87,10 @@ func (c clock) real(d time.Duration) time.Duration {
 	}
 	return time.Duration(float64(d) / c.rate)
 }
+
+func (c clock) scale(d time.Duration) time.Duration {
+	if c.rate == 0 {
+		return d
+	}
+	return time.Duration(float64(d) * c.rate)
+}

@@ -14,6 +14,11 @@ import (
 // to its request's send time plus the TTL, less the loss margin (a lease's
 // answers come in request order). The loop only decides what is due; the stream's own
 // goroutines do the I/O, so that a blocked send holds up neither.
+//
+// A session ends at its deadline less how late renewers' timers have
+// lately fired (schedLag): on a machine that runs this process late, the
+// wake-up that ends a session is aimed early by as much, so that Done
+// still closes ahead of etcd's expiry.
 type renewer struct {
 	client   *clientv3.Client
 	clock    clock
@@ -160,12 +165,16 @@ func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient
 // wait sleeps until next, an answer on results (nil: none), a new session
 // or the end of ctx; failed if results was closed.
 func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse) (resp *pb.LeaseKeepAliveResponse, failed bool) {
-	t := time.NewTimer(r.clock.real(next.Sub(r.clock.Now())))
+	d := r.clock.real(next.Sub(r.clock.Now()))
+	due := time.Now().Add(d)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case resp, ok := <-results:
 		return resp, !ok
 	case <-t.C:
+		now := time.Now()
+		schedLag.observe(now, now.Sub(due))
 	case <-r.wake:
 	case <-r.ctx.Done():
 	}
@@ -174,9 +183,11 @@ func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse
 
 // tick queues the keep-alives due (none without a stream: ready nil),
 // taking their send time before they are sent, so that deadlines err
-// early; it ends sessions past their deadline and returns when next due.
+// early; it ends sessions past their deadline, less the lag, and returns
+// when next due. The next keep-alive is aimed early by the lag as well.
 func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 	next := now.Add(time.Second)
+	lag := r.clock.scale(schedLag.get(time.Now()))
 	var lost []*Session
 	r.mu.Lock()
 	for id, e := range r.sessions {
@@ -185,7 +196,8 @@ func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 			delete(r.sessions, id)
 			continue
 		}
-		deadline := s.Deadline()
+		early := min(lag, maxLag(s.ttl))
+		deadline := s.Deadline().Add(-early)
 		if !now.Before(deadline) {
 			delete(r.sessions, id)
 			lost = append(lost, s)
@@ -198,7 +210,7 @@ func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 		if !e.nextSend.After(now.Add(r.batch)) {
 			r.outbox = append(r.outbox, int64(id))
 			e.sent = append(e.sent, now)
-			e.nextSend = now.Add(s.ttl / 3)
+			e.nextSend = now.Add(s.ttl/3 - early) // as early as the deadline, to keep its time to be answered
 		}
 		next = minTime(next, e.nextSend)
 	}
@@ -235,6 +247,52 @@ func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
 	s.extend(localDeadline(at, s.renewedTTL(resp.TTL)))
 	s.checkRevision(resp.Header.GetRevision())
 }
+
+// schedLag is how late renewers' timers have fired lately, in real time.
+// It is the process's and the machine's lateness, not one loop's, so every
+// renewer adds to it and a new session has its measure at once.
+var schedLag lagMeter
+
+// lagMeter keeps the most a timer fired late in the current window of
+// lagWindow and in the one before, so that a lateness counts for one to
+// two windows. The zero value is ready.
+type lagMeter struct {
+	mu        sync.Mutex
+	start     time.Time // of the current window
+	cur, prev time.Duration
+}
+
+// lagWindow spans many renewals of a 2 s session (one every 667 ms).
+const lagWindow = 10 * time.Second
+
+func (m *lagMeter) observe(now time.Time, late time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.roll(now)
+	m.cur = max(m.cur, late)
+}
+
+func (m *lagMeter) get(now time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.roll(now)
+	return max(m.cur, m.prev)
+}
+
+func (m *lagMeter) roll(now time.Time) {
+	switch since := now.Sub(m.start); {
+	case since >= 2*lagWindow:
+		m.start, m.cur, m.prev = now, 0, 0
+	case since >= lagWindow:
+		m.start, m.cur, m.prev = m.start.Add(lagWindow), 0, m.cur
+	}
+}
+
+// maxLag caps how early, for the lag, a session of ttl is ended and its
+// keep-alives sent: by a quarter of the TTL, so that a session gives up at
+// most 30% of it early (with the loss margin) and renews at most every
+// twelfth of it, however late a stopped or starved process woke.
+func maxLag(ttl time.Duration) time.Duration { return ttl / 4 }
 
 // poke signals ch, of capacity 1, unless it is signalled already.
 func poke(ch chan<- struct{}) {

@@ -15,11 +15,15 @@ import (
 
 // Session is one etcd lease, kept alive until Close or its loss, under
 // which any number of locks are held. Its methods are safe for concurrent
-// use. Without renewal, Done closes at the session's Deadline (or sooner,
-// on Close, a revoke etcd reports, or a revision regression), which is
-// ahead of etcd's expiry by a margin (see Deadline): a process that runs
-// on time is told of a loss before etcd can hand its locks to anyone
-// else; a paused one sees nothing until it runs again: fence the writes.
+// use. Without renewal, Done closes at the session's Deadline, which is
+// ahead of etcd's expiry by a margin (see Deadline), or earlier by as late
+// as the process's renewal timers have fired in the last 10 to 20 s (at
+// most a quarter of the TTL), so that a loaded process still wakes in
+// time; or sooner, on Close, a revoke etcd reports, or a revision
+// regression. A process that runs no later than it did lately is told of
+// a loss before etcd can hand its locks to anyone else. One stalled past
+// that, or paused, learns late, and sees nothing until it runs again: Done
+// is an early warning; fence the writes.
 type Session struct {
 	client  *clientv3.Client
 	id      clientv3.LeaseID
@@ -154,7 +158,9 @@ func (s *Session) Err() error {
 // Deadline is when the session takes its lease to end unless renewed: the
 // send time of the last keep-alive etcd answered, plus the TTL it granted,
 // less a margin of a twentieth of the TTL (at most 1 s). If the clocks run
-// at the same rate, etcd's expiry is at least that margin later.
+// at the same rate, etcd's expiry is at least that margin later. The
+// session ends at Deadline less its renewal timers' recent lateness (see
+// Session), which is about a millisecond on an idle machine.
 func (s *Session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -267,15 +273,17 @@ func (s *Session) fail(why error) {
 // localDeadline is the deadline a keep-alive sent at sent earns when etcd
 // answers with ttl. etcd's expiry counts from when it received the
 // request, so sent plus ttl is already no later than it; the margin
-// absorbs this process's own delays (a timer that fires late on a loaded
-// machine, a short GC pause) so that Done still closes before etcd's
-// revocation, which can come at the very instant of expiry.
+// absorbs this process's own small delays (a timer a little late, a short
+// GC pause) so that Done still closes before etcd's revocation, which can
+// come at the very instant of expiry. Larger, lasting lateness on a loaded
+// machine is measured, and aimed off, by the renewer (schedLag).
 func localDeadline(sent time.Time, ttl time.Duration) time.Time {
 	return sent.Add(ttl - lossMargin(ttl))
 }
 
-// lossMargin is how far ahead of etcd's expiry a session ends: a twentieth
-// of the TTL (100 ms for etcd's shortest lease), at most 1 s.
+// lossMargin is how far ahead of etcd's expiry a session ends at least (the
+// renewer's lag comes on top): a twentieth of the TTL (100 ms for etcd's
+// shortest lease), at most 1 s.
 func lossMargin(ttl time.Duration) time.Duration {
 	return min(ttl/20, time.Second)
 }
