@@ -15,11 +15,15 @@ import (
 // answers come in request order). The loop only decides what is due; the stream's own
 // goroutines do the I/O, so that a blocked send holds up neither.
 //
-// A session ends at its deadline less how late renewers' timers have
-// lately fired (schedLag): on a machine that runs this process late, the
+// A session ends at its deadline less how late the renewer's timer has
+// lately fired (lag): on a machine that runs this process late, the
 // wake-up that ends a session is aimed early by as much, so that Done
 // still closes ahead of etcd's expiry.
 type renewer struct {
+	// lag is how late the loop's timer has fired lately, in real time:
+	// the process's and the machine's lateness, which the loop aims off.
+	lag lagMeter
+
 	client   *clientv3.Client
 	clock    clock
 	batch    time.Duration   // how early a keep-alive may go out, for renewals to share a wake-up
@@ -174,7 +178,7 @@ func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse
 		return resp, !ok
 	case <-t.C:
 		now := time.Now()
-		schedLag.observe(now, now.Sub(due))
+		r.lag.observe(now, now.Sub(due))
 	case <-r.wake:
 	case <-r.ctx.Done():
 	}
@@ -187,7 +191,7 @@ func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse
 // when next due. The next keep-alive is aimed early by the lag as well.
 func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 	next := now.Add(time.Second)
-	lag := r.clock.scale(schedLag.get(time.Now()))
+	lag := r.clock.scale(r.lag.get(time.Now()))
 	var lost []*Session
 	r.mu.Lock()
 	for id, e := range r.sessions {
@@ -247,11 +251,6 @@ func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
 	s.extend(localDeadline(at, s.renewedTTL(resp.TTL)))
 	s.checkRevision(resp.Header.GetRevision())
 }
-
-// schedLag is how late renewers' timers have fired lately, in real time.
-// It is the process's and the machine's lateness, not one loop's, so every
-// renewer adds to it and a new session has its measure at once.
-var schedLag lagMeter
 
 // lagMeter keeps the most a timer fired late in the current window of
 // lagWindow and in the one before, so that a lateness counts for one to

@@ -37,8 +37,6 @@ func TestLagMeterWindows(t *testing.T) {
 // A renewer ends a session its lag before the deadline, never more than
 // a quarter of the TTL before it.
 func TestTickAimsEarlyByLag(t *testing.T) {
-	ResetSchedLag()
-	defer ResetSchedLag()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r := &renewer{sessions: make(map[clientv3.LeaseID]*keptSession)}
@@ -49,7 +47,7 @@ func TestTickAimsEarlyByLag(t *testing.T) {
 		return s
 	}
 	near, far := add(1, 150*time.Millisecond), add(2, 600*time.Millisecond)
-	schedLag.observe(time.Now(), 200*time.Millisecond)
+	r.lag.observe(time.Now(), 200*time.Millisecond)
 	r.tick(nil, time.Now())
 	if near.Err() == nil {
 		t.Error("a session 150 ms from its deadline lives on with a lag of 200 ms")
@@ -57,7 +55,7 @@ func TestTickAimsEarlyByLag(t *testing.T) {
 	if far.Err() != nil {
 		t.Errorf("a session 600 ms from its deadline ended with a lag of 200 ms: %v", far.Err())
 	}
-	schedLag.observe(time.Now(), 10*time.Second)
+	r.lag.observe(time.Now(), 10*time.Second)
 	r.tick(nil, time.Now())
 	if far.Err() != nil {
 		t.Errorf("a session 600 ms from its deadline ended: the lag is capped at a quarter of the 2 s TTL: %v", far.Err())

@@ -276,7 +276,7 @@ func (s *Session) fail(why error) {
 // absorbs this process's own small delays (a timer a little late, a short
 // GC pause) so that Done still closes before etcd's revocation, which can
 // come at the very instant of expiry. Larger, lasting lateness on a loaded
-// machine is measured, and aimed off, by the renewer (schedLag).
+// machine is measured, and aimed off, by the renewer (renewer.lag).
 func localDeadline(sent time.Time, ttl time.Duration) time.Time {
 	return sent.Add(ttl - lossMargin(ttl))
 }
