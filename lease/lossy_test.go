@@ -32,6 +32,9 @@ type lossyKV struct {
 	mu   sync.Mutex
 	n    int
 	held []*heldTxn
+	// counts, for the write model's report: answers lost, requests held
+	// back, and of those replayed the ones whose Then applied.
+	lost, heldBack, lateApplied int
 }
 
 // heldTxn is one transaction as the session built it.
@@ -75,10 +78,14 @@ func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
 	switch k.decide(n, t) {
 	case loseAnswer:
 		t.send()
+		k.mu.Lock()
+		k.lost++
+		k.mu.Unlock()
 		return nil, errAnswerLost
 	case hold:
 		k.mu.Lock()
 		k.held = append(k.held, t)
+		k.heldBack++
 		k.mu.Unlock()
 		return nil, errAnswerLost
 	}
@@ -109,5 +116,8 @@ func (k *lossyKV) replay(tb testing.TB) (applied int) {
 			applied++
 		}
 	}
+	k.mu.Lock()
+	k.lateApplied += applied
+	k.mu.Unlock()
 	return applied
 }

@@ -295,9 +295,14 @@ func (w *writeWorld) finish() error {
 	return nil
 }
 
+// writeTally counts what the model's schedules did.
+type writeTally struct {
+	requests, lost, held, lateApplied, steps int
+}
+
 // runWrites runs one schedule of steps; mutate, if set, plants a bug in
-// the session's writes.
-func runWrites(t *testing.T, cli *clientv3.Client, seed uint64, steps int, mutate func(*lease.Session)) error {
+// the session's writes; tally, if set, adds up what it did.
+func runWrites(t *testing.T, cli *clientv3.Client, seed uint64, steps int, mutate func(*lease.Session), tally ...*writeTally) error {
 	w := &writeWorld{t: t, rng: rand.New(rand.NewPCG(seed, 46)), cli: cli, lossy: true,
 		name: etcdproc.Name(t, fmt.Sprintf("writes-%d", seed))}
 	// Half the schedules renew through a Keeper: the queue's copy path.
@@ -328,6 +333,14 @@ func runWrites(t *testing.T, cli *clientv3.Client, seed uint64, steps int, mutat
 	}
 	w.kv = &lossyKV{KV: cli, decide: w.decide}
 	lease.SetKeys(w.s, w.kv)
+	defer func() {
+		w.kv.mu.Lock()
+		defer w.kv.mu.Unlock()
+		for _, c := range tally {
+			c.requests, c.lost, c.held = c.requests+w.kv.n, c.lost+w.kv.lost, c.held+w.kv.heldBack
+			c.lateApplied, c.steps = c.lateApplied+w.kv.lateApplied, c.steps+steps
+		}
+	}()
 	for i := range steps {
 		if err := w.act(); err != nil {
 			return w.failed(seed, err)
@@ -352,9 +365,12 @@ const writeSchedules = 150
 func TestWriteModel(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
+	var tally writeTally
 	for seed := range uint64(writeSchedules) {
-		if err := runWrites(t, cli, seed, 14, nil); err != nil {
+		if err := runWrites(t, cli, seed, 14, nil, &tally); err != nil {
 			t.Fatal(err)
 		}
 	}
+	t.Logf("%d schedules, %d steps: %d key writes, %d answers lost, %d held back, %d of those applied late",
+		writeSchedules, tally.steps, tally.requests, tally.lost, tally.held, tally.lateApplied)
 }
