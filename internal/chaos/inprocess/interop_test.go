@@ -94,3 +94,39 @@ func TestInteropElectionRPC(t *testing.T) {
 	}
 	e.Resign(testCtx(t))
 }
+
+// The keys this library keeps for a nested name (its lock-delay record,
+// left in etcd after the holding) are in no queue of the parent: etcd's
+// Lock RPC (etcdctl lock's server side) and Election RPC on the parent
+// see none. Before issue 46 the record sat under the parent's prefix and
+// blocked them for good.
+func TestInteropOwnKeysOutsideParent(t *testing.T) {
+	etcdtest.LeakCheck(t)
+	cli := etcd.Client(t)
+	parent := etcdtest.Name(t, "rpc-parent")
+	s := newSession(t, cli, lease.WithLockDelay(time.Second))
+	l := mustLock(t, s, parent+"/child")
+	if err := l.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := cli.Get(testCtx(t), lease.DelayRecordKey(parent+"/child")); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("no lock-delay record of the child (%v): the test shows nothing", err)
+	}
+	g, err := cli.Grant(testCtx(t), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(context.Background(), g.ID)
+	short, cancel := context.WithTimeout(testCtx(t), 3*time.Second)
+	defer cancel()
+	locked, err := v3lockpb.NewLockClient(cli.ActiveConnection()).Lock(short, &v3lockpb.LockRequest{Name: []byte(parent), Lease: int64(g.ID)})
+	if err != nil {
+		t.Fatalf("etcd's Lock RPC on the parent: %v", err)
+	}
+	if _, err := v3lockpb.NewLockClient(cli.ActiveConnection()).Unlock(testCtx(t), &v3lockpb.UnlockRequest{Key: locked.Key}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v3electionpb.NewElectionClient(cli.ActiveConnection()).Leader(testCtx(t), &v3electionpb.LeaderRequest{Name: []byte(parent)}); err == nil {
+		t.Fatal("etcd's Election RPC names a leader of the parent")
+	}
+}
