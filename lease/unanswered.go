@@ -122,7 +122,7 @@ type keyWrites struct {
 	seam    writeSeam // the write model's mutants; empty in release builds
 }
 
-// markerCmps hold while the marker is at rev (absent for 0).
+// markerCmp holds while the marker is at rev (absent for 0).
 func (w *keyWrites) markerCmp(rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(w.marker), "=", rev)
 }
