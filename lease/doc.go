@@ -98,8 +98,8 @@
 // believing it still holds it. Lock.Done, Lock.Err, Lock.Context and
 // Session.Done are early warnings, computed conservatively: a cut-off
 // session ends a twentieth of its TTL before etcd's earliest expiry, and
-// earlier still by as late as the process's timers have lately fired
-// (up to a quarter of the TTL). A process that stalls longer than that all
+// earlier still by as late as its renewer's timer (its own, or its
+// Keeper's) has lately fired (up to a quarter of the TTL). A process that stalls longer than that all
 // at once hears late, and a paused one sees nothing until it runs again.
 // Only a check made by the protected resource, in the same atomic step as
 // the write, makes the write safe: pass Lock.Token to it (see package

@@ -492,8 +492,11 @@ func watchDelete(t *testing.T, cli *clientv3.Client, l *lease.Lock) <-chan time.
 func checkLossAhead(t *testing.T, s *lease.Session, lostAt time.Time, deleted <-chan time.Time) {
 	t.Helper()
 	deadline := s.Deadline()
-	if early := deadline.Sub(lostAt); early > s.TTL()/4 {
-		t.Errorf("loss reported %v before the deadline %v, want at most %v", early, deadline, s.TTL()/4)
+	// The renewer ends a session early by its timer's recent lateness, at
+	// most a quarter of the TTL; a little slack for a lateness measured
+	// since.
+	if early, most := deadline.Sub(lostAt), min(lease.SchedLag(s)+50*time.Millisecond, s.TTL()/4); early > most {
+		t.Errorf("loss reported %v before the deadline %v, want at most %v (the renewer's lag, capped)", early, deadline, most)
 	}
 	// A bound for a loaded machine: it catches a renewer that checks
 	// deadlines on a tick of a second, not one a little late.

@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(exampleenv.ChildEnv) == delayChildRole {
 		os.Exit(runDelayChild())
 	}
+	if os.Getenv(exampleenv.ChildEnv) == pauseChildRole {
+		os.Exit(runPauseChild())
+	}
 	os.Exit(etcd.Main(m, etcdproc.Config{}))
 }
 

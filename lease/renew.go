@@ -18,11 +18,16 @@ import (
 // A session ends at its deadline less how late the renewer's timer has
 // lately fired (lag): on a machine that runs this process late, the
 // wake-up that ends a session is aimed early by as much, so that Done
-// still closes ahead of etcd's expiry.
+// still closes ahead of etcd's expiry if the process runs no later than
+// it lately has.
 type renewer struct {
 	// lag is how late the loop's timer has fired lately, in real time:
 	// the process's and the machine's lateness, which the loop aims off.
+	// aim is lag as it stood when the loop last went to sleep: the check
+	// on waking uses it, so that a wake-up's own lateness (the process was
+	// stopped, say) never ends a session that a keep-alive can still save.
 	lag lagMeter
+	aim time.Duration
 
 	client   *clientv3.Client
 	clock    clock
@@ -171,6 +176,7 @@ func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient
 func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse) (resp *pb.LeaseKeepAliveResponse, failed bool) {
 	d := r.clock.real(next.Sub(r.clock.Now()))
 	due := time.Now().Add(d)
+	r.aimFromLag(time.Now())
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -191,7 +197,7 @@ func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse
 // when next due. The next keep-alive is aimed early by the lag as well.
 func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 	next := now.Add(time.Second)
-	lag := r.clock.scale(r.lag.get(time.Now()))
+	lag := r.clock.scale(r.aim)
 	var lost []*Session
 	r.mu.Lock()
 	for id, e := range r.sessions {
@@ -286,6 +292,10 @@ func (m *lagMeter) roll(now time.Time) {
 		m.start, m.cur, m.prev = m.start.Add(lagWindow), 0, m.cur
 	}
 }
+
+// aimFromLag sets the aim of the next check from the lateness measured
+// up to now.
+func (r *renewer) aimFromLag(now time.Time) { r.aim = r.lag.get(now) }
 
 // maxLag caps how early, for the lag, a session of ttl is ended and its
 // keep-alives sent: by a quarter of the TTL, so that a session gives up at

@@ -48,6 +48,7 @@ func TestTickAimsEarlyByLag(t *testing.T) {
 	}
 	near, far := add(1, 150*time.Millisecond), add(2, 600*time.Millisecond)
 	r.lag.observe(time.Now(), 200*time.Millisecond)
+	r.aimFromLag(time.Now())
 	r.tick(nil, time.Now())
 	if near.Err() == nil {
 		t.Error("a session 150 ms from its deadline lives on with a lag of 200 ms")
@@ -56,6 +57,7 @@ func TestTickAimsEarlyByLag(t *testing.T) {
 		t.Errorf("a session 600 ms from its deadline ended with a lag of 200 ms: %v", far.Err())
 	}
 	r.lag.observe(time.Now(), 10*time.Second)
+	r.aimFromLag(time.Now())
 	r.tick(nil, time.Now())
 	if far.Err() != nil {
 		t.Errorf("a session 600 ms from its deadline ended: the lag is capped at a quarter of the 2 s TTL: %v", far.Err())

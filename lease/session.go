@@ -17,9 +17,9 @@ import (
 // which any number of locks are held. Its methods are safe for concurrent
 // use. Without renewal, Done closes at the session's Deadline, which is
 // ahead of etcd's expiry by a margin (see Deadline), or earlier by as late
-// as the process's renewal timers have fired in the last 10 to 20 s (at
-// most a quarter of the TTL), so that a loaded process still wakes in
-// time; or sooner, on Close, a revoke etcd reports, or a revision
+// as its renewer's timer (its own, or its Keeper's) has fired in the
+// last 10 to 20 s (at most a quarter of the TTL), so that a loaded
+// process still wakes in time; or sooner, on Close, a revoke etcd reports, or a revision
 // regression. A process that runs no later than it did lately is told of
 // a loss before etcd can hand its locks to anyone else. One stalled past
 // that, or paused, learns late, and sees nothing until it runs again: Done
