@@ -26,8 +26,13 @@ type call struct {
 
 	mu       sync.Mutex
 	queuedAt time.Time
-	release  trace.Span // the open span of an Unlock or Resign of the holding
+	release  *releaseSpan // the open span of an Unlock or Resign of the holding
 }
+
+// releaseSpan is an Unlock's or Resign's span, held by pointer: spans
+// are interfaces whose dynamic types need not be comparable (an
+// unsampled remote parent's is not), so they are never compared.
+type releaseSpan struct{ trace.Span }
 
 // call is lease.Hooks.Call: a span for the call, a child of ctx's.
 func (t *Telemetry) call(ctx context.Context, c lease.Call) (context.Context, *lease.CallHooks) {
@@ -78,12 +83,13 @@ func (c *call) done(token int64, err error) {
 func (c *call) startRelease(ctx context.Context, op string) (context.Context, *lease.CallHooks) {
 	ctx, span := c.t.tracer.Start(ctx, "lease."+op, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(c.attrs...), trace.WithLinks(trace.Link{SpanContext: c.span.SpanContext()}))
+	rel := &releaseSpan{span}
 	c.mu.Lock()
-	c.release = span
+	c.release = rel
 	c.mu.Unlock()
 	return ctx, &lease.CallHooks{Done: func(token int64, err error) {
 		c.mu.Lock()
-		if c.release == span {
+		if c.release == rel {
 			c.release = nil
 		}
 		c.mu.Unlock()
