@@ -20,10 +20,11 @@ const idleWatch = time.Second
 // keyWatch is one long-lived watch, of the session's own key for a name,
 // of the queue under the name, or of one key ahead, serving the session's
 // locks of that name in turn (or a Keeper's sessions). Usually up before
-// a lock's key is put, it then misses no deletion after the put. Watches
-// of keys ahead carry deletions only; the own-key and queue watches carry
-// puts too, so someone else's put on the own key comes in order with the
-// deletions the lock waits for. Those two pause after restAfter locks in
+// a lock's key is put, it then misses no deletion after the put. Every
+// watch carries puts as well as deletions: the own-key and queue watches
+// need them, so that someone else's put on the own key comes in order
+// with the deletions the lock waits for; a watch of a key ahead delivers
+// the puts on that key too, which a waiter ignores. Those two pause after restAfter locks in
 // a row that did not need them.
 //
 //   - The own-key watch starts paused: a waiter opens it before relying on

@@ -71,13 +71,17 @@
 //   - A write whose outcome is unknown (no answer, a timeout, a 5xx) gives
 //     an error wrapping fence.ErrOutcomeUnknown and is never retried, by
 //     the Fence or, through NewS3Store, by the S3 client's own retryer
-//     (turned off on each of the Fence's requests, whatever options the
-//     *s3.Client was made with): claim again before going on. A Commit
+//     (turned off on each of the Fence's conditional puts, whatever
+//     options the *s3.Client was made with; its reads and deletes keep
+//     the client's retries, which are safe for them): claim again before
+//     going on. A Commit
 //     that finds its own payload landed after all returns it as success.
 //   - Bad input (a nil store, an empty key, bucket or lock name, a token
 //     below 1, a Commit on a Manifest that Claim or Commit did not return
-//     for this manifest and lock name) is refused with an error wrapping
-//     fence.ErrInvalidArgument before anything is sent.
+//     for this manifest key and lock name) is refused with an error
+//     wrapping fence.ErrInvalidArgument before anything is sent. The check
+//     compares the key and the lock name only: a Manifest of the same key
+//     and lock name from another store is not told apart.
 //
 // # Not guaranteed
 //
