@@ -6,6 +6,7 @@
 package s3test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -58,7 +59,27 @@ func (s *Server) Bucket(ctx context.Context) (string, error) {
 }
 
 // Signal sends sig to the server's process (SIGSTOP pauses it).
-func (s *Server) Signal(sig os.Signal) { _ = s.cmd.Process.Signal(sig) }
+//
+// A SIGSTOP returns once the kernel shows the process stopped (up to a
+// second): the signal is delivered asynchronously, and a request sent
+// just after it could otherwise still be served.
+func (s *Server) Signal(sig os.Signal) {
+	_ = s.cmd.Process.Signal(sig)
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return // not Linux, or gone
+		}
+		// The state follows the command name in parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+	}
+}
 
 // Stop ends the server, paused or not, and waits for it.
 func (s *Server) Stop() {
