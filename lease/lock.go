@@ -1050,7 +1050,7 @@ func (l *Lock) abandon() {
 // session's end takes it.
 func (l *Lock) cleanup(ops ...clientv3.Op) {
 	retry := newBackoff(20*time.Millisecond, time.Second)
-	then := append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), ops...)
+	then := l.removeOps(ops...)
 	for {
 		resp, err := l.s.keys.Txn(l.s.ctx).If(l.tokenCmp()).Then(then...).Commit()
 		if err == nil {
@@ -1059,7 +1059,7 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 			}
 			return
 		}
-		if rpcerr.Definite(err) && !rpcerr.Overloaded(err) {
+		if rpcerr.Refused(err) {
 			// Refused outright (no permission, say): retrying changes nothing.
 			l.s.lg.Error("lock key left until this session's next lock of the name or its end",
 				zap.String("key", l.key), zap.Error(err))
@@ -1070,6 +1070,13 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 			return
 		}
 	}
+}
+
+// removeOps delete the holding's key, and its marker unless it is kept
+// (keyWrites.releaseOps), then do ops: cleanup's and Unlock's Then, under
+// tokenCmp. Once they applied, keyWrites.released records it.
+func (l *Lock) removeOps(ops ...clientv3.Op) []clientv3.Op {
+	return append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), ops...)
 }
 
 // tokenCmp holds while the key is this holding's: a later holding of the
@@ -1107,7 +1114,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 	rested := l.restOwn()
 	resp, err := l.s.keys.Txn(ctx).
 		If(l.tokenCmp()).
-		Then(append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), l.releaseOps()...)...).
+		Then(l.removeOps(l.releaseOps()...)...).
 		Commit()
 	if err == nil && resp.Succeeded {
 		l.kw.released()

@@ -106,20 +106,10 @@ func (b *markerBook) keep(name string) {
 // answered and sends it; the write model (writes_model_test.go) drives it
 // against a store that loses, delays and replays requests.
 type keyWrites struct {
-	kv     clientv3.KV
-	lg     *zap.Logger
-	book   *markerBook
+	s      *Session // its KV (keys), lease, book of markers, end and log
 	name   string
 	key    string
 	marker string
-	lease  clientv3.LeaseID
-	// ctx is the withdrawal's: it ends with the session, whose end takes
-	// the key anyway.
-	ctx context.Context
-	// retries gives a withdrawal its wait before it sends a request again
-	// after no answer: false once it should not (the session ended).
-	retries func() (wait func() bool)
-	seam    writeSeam // the write model's mutants; empty in release builds
 }
 
 // markerCmp holds while the marker is at rev (absent for 0).
@@ -130,8 +120,8 @@ func (w *keyWrites) markerCmp(rev int64) clientv3.Cmp {
 // putOps put the key with value and move the marker, in one transaction.
 func (w *keyWrites) putOps(value string) []clientv3.Op {
 	return []clientv3.Op{
-		clientv3.OpPut(w.key, value, clientv3.WithLease(w.lease)),
-		clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease)),
+		clientv3.OpPut(w.key, value, clientv3.WithLease(w.s.id)),
+		clientv3.OpPut(w.marker, "", clientv3.WithLease(w.s.id)),
 	}
 }
 
@@ -149,8 +139,8 @@ func readsOf(resps []*pb.ResponseOp) (key, marker *mvccpb.KeyValue) {
 // and the marker at what the book says, and with reads in its Then. On
 // no definite answer it withdraws the put before it returns etcd's error.
 func (w *keyWrites) put(ctx context.Context, value string, reads ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	rev := w.book.get(w.name).rev
-	resp, err := w.kv.Txn(ctx).
+	rev := w.s.markers.get(w.name).rev
+	resp, err := w.s.keys.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(w.key), "=", 0), w.markerCmp(rev)).
 		Then(append(w.putOps(value), reads...)...).
 		Else(w.reads()...).
@@ -161,8 +151,8 @@ func (w *keyWrites) put(ctx context.Context, value string, reads ...clientv3.Op)
 
 // tryPut is put for TryLock: only if no key at all is under the name.
 func (w *keyWrites) tryPut(ctx context.Context, value string, els clientv3.Op) (*clientv3.TxnResponse, error) {
-	rev := w.book.get(w.name).rev
-	resp, err := w.kv.Txn(ctx).
+	rev := w.s.markers.get(w.name).rev
+	resp, err := w.s.keys.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(w.name+"/"), "=", 0).WithPrefix(), w.markerCmp(rev)).
 		Then(w.putOps(value)...).
 		Else(els).
@@ -177,9 +167,9 @@ func (w *keyWrites) tryPut(ctx context.Context, value string, els clientv3.Op) (
 func (w *keyWrites) settle(rev int64, resp *clientv3.TxnResponse, err error) {
 	switch {
 	case err == nil && resp.Succeeded:
-		w.book.set(w.name, resp.Header.Revision)
+		w.s.markers.set(w.name, resp.Header.Revision)
 	case err != nil && !rpcerr.Definite(err):
-		w.book.keep(w.name)
+		w.s.markers.keep(w.name)
 		w.withdraw(rev, 0)
 	}
 }
@@ -194,12 +184,12 @@ func (w *keyWrites) settle(rev int64, resp *clientv3.TxnResponse, err error) {
 // it is taken as found.
 func (w *keyWrites) notPut(ctx context.Context, key, marker *mvccpb.KeyValue) (again bool, other *mvccpb.KeyValue, err error) {
 	switch {
-	case key == nil && w.seam.adoptsOnlyHigher() && modRevision(marker) <= w.book.get(w.name).rev:
+	case key == nil && w.s.writes.adoptsOnlyHigher() && modRevision(marker) <= w.s.markers.get(w.name).rev:
 		return false, nil, fmt.Errorf("%w: %s", ErrKeyInUse, w.key)
 	case key == nil:
-		w.book.set(w.name, modRevision(marker))
+		w.s.markers.set(w.name, modRevision(marker))
 		return true, nil, nil
-	case key.Lease != int64(w.lease):
+	case key.Lease != int64(w.s.id):
 		return false, key, nil
 	}
 	mine, err := w.ownPut(ctx, key, marker)
@@ -209,7 +199,7 @@ func (w *keyWrites) notPut(ctx context.Context, key, marker *mvccpb.KeyValue) (a
 	case !mine:
 		return false, nil, fmt.Errorf("%w: %s is another client's key on this session's lease", ErrKeyInUse, w.key)
 	}
-	w.lg.Warn("removing a lock key that a late put of this session left",
+	w.s.lg.Warn("removing a lock key that a late put of this session left",
 		zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
 	w.withdraw(modRevision(marker), key.CreateRevision)
 	return true, nil, nil
@@ -224,18 +214,18 @@ func (w *keyWrites) notPut(ctx context.Context, key, marker *mvccpb.KeyValue) (a
 // client's, which is never deleted.
 func (w *keyWrites) ownPut(ctx context.Context, key, marker *mvccpb.KeyValue) (bool, error) {
 	switch {
-	case w.seam.ownsAnyLeaseKey():
-		return key != nil && key.Lease == int64(w.lease), nil
-	case key == nil || key.Lease != int64(w.lease):
+	case w.s.writes.ownsAnyLeaseKey():
+		return key != nil && key.Lease == int64(w.s.id), nil
+	case key == nil || key.Lease != int64(w.s.id):
 		return false, nil
 	case marker != nil && marker.ModRevision == key.CreateRevision:
 		return true, nil
-	case w.seam.markerOnlyAsRead():
+	case w.s.writes.markerOnlyAsRead():
 		return false, nil
 	}
-	resp, err := w.kv.Get(ctx, w.marker, clientv3.WithRev(key.CreateRevision))
+	resp, err := w.s.keys.Get(ctx, w.marker, clientv3.WithRev(key.CreateRevision))
 	if errors.Is(err, rpctypes.ErrCompacted) {
-		w.lg.Warn("lock key on the session's lease, with its history compacted: taken for another client's",
+		w.s.lg.Warn("lock key on the session's lease, with its history compacted: taken for another client's",
 			zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
 		return false, nil
 	}
@@ -275,14 +265,14 @@ type withdrawal struct {
 // unanswered request until etcd answers, refuses it outright, or again
 // says stop (the session ended, whose lease then takes the key).
 func (w *keyWrites) withdraw(rev, del int64) {
-	wait := w.retries()
+	wait := w.s.withdrawRetries()
 	next := withdrawal{rev: rev, keyRev: del, del: del != 0}
 	for refused := 0; refused < withdrawRefusals; {
 		cmps, then, els := w.withdrawTxn(next)
-		resp, err := w.kv.Txn(w.ctx).If(cmps...).Then(then...).Else(els...).Commit()
+		resp, err := w.s.keys.Txn(w.s.ctx).If(cmps...).Then(then...).Else(els...).Commit()
 		switch {
-		case err == nil && (resp.Succeeded || w.seam.unguardedWithdraw()):
-			w.book.set(w.name, resp.Header.Revision)
+		case err == nil && (resp.Succeeded || w.s.writes.unguardedWithdraw()):
+			w.s.markers.set(w.name, resp.Header.Revision)
 			return
 		case err == nil:
 			refused++
@@ -291,8 +281,8 @@ func (w *keyWrites) withdraw(rev, del int64) {
 				next = d
 				continue
 			}
-		case rpcerr.Definite(err) && !rpcerr.Overloaded(err):
-			w.lg.Error("lock key's withdrawal refused; the key stays until this session's next lock of the name or its end",
+		case rpcerr.Refused(err):
+			w.s.lg.Error("lock key's withdrawal refused; the key stays until this session's next lock of the name or its end",
 				zap.String("key", w.key), zap.Error(err))
 			return
 		}
@@ -300,17 +290,17 @@ func (w *keyWrites) withdraw(rev, del int64) {
 			return // the session ended: its lease takes the key
 		}
 	}
-	w.lg.Warn("lock key's marker kept moving; withdrawal left to this session's next lock of the name",
+	w.s.lg.Warn("lock key's marker kept moving; withdrawal left to this session's next lock of the name",
 		zap.String("key", w.key))
 }
 
 // withdrawTxn lays out one try of a withdrawal.
 func (w *keyWrites) withdrawTxn(d withdrawal) (cmps []clientv3.Cmp, then, els []clientv3.Op) {
-	if w.seam.unguardedWithdraw() {
+	if w.s.writes.unguardedWithdraw() {
 		return w.unguardedWithdraw()
 	}
 	cmps = []clientv3.Cmp{w.markerCmp(d.rev), clientv3.Compare(clientv3.CreateRevision(w.key), "=", d.keyRev)}
-	then = []clientv3.Op{clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease))}
+	then = []clientv3.Op{clientv3.OpPut(w.marker, "", clientv3.WithLease(w.s.id))}
 	if d.del {
 		then = append([]clientv3.Op{clientv3.OpDelete(w.key)}, then...)
 	}
@@ -320,7 +310,7 @@ func (w *keyWrites) withdrawTxn(d withdrawal) (cmps []clientv3.Cmp, then, els []
 // nextWithdrawal decides a withdrawal's next try from the key and marker
 // a refused one read: delete the key if it is the session's own put's.
 func (w *keyWrites) nextWithdrawal(key, marker *mvccpb.KeyValue) (withdrawal, error) {
-	mine, err := w.ownPut(w.ctx, key, marker)
+	mine, err := w.ownPut(w.s.ctx, key, marker)
 	if err != nil {
 		return withdrawal{}, err
 	}
@@ -335,7 +325,7 @@ func (w *keyWrites) nextWithdrawal(key, marker *mvccpb.KeyValue) (withdrawal, er
 // delete the marker too, unless it is kept. released records that they
 // applied.
 func (w *keyWrites) releaseOps() []clientv3.Op {
-	if w.book.get(w.name).kept {
+	if w.s.markers.get(w.name).kept {
 		return nil
 	}
 	return []clientv3.Op{clientv3.OpDelete(w.marker)}
@@ -343,8 +333,8 @@ func (w *keyWrites) releaseOps() []clientv3.Op {
 
 // released records that a holding's key was deleted with releaseOps.
 func (w *keyWrites) released() {
-	if !w.book.get(w.name).kept {
-		w.book.set(w.name, 0)
+	if !w.s.markers.get(w.name).kept {
+		w.s.markers.set(w.name, 0)
 	}
 }
 
@@ -364,11 +354,7 @@ func (s *Session) removeLeftover(wctx context.Context, kv *mvccpb.KeyValue) erro
 
 // keyWrites are the marker-guarded writes of the session's key for name.
 func (s *Session) keyWrites(name, key string) keyWrites {
-	return keyWrites{
-		kv: s.keys, lg: s.lg, book: &s.markers, name: name, key: key,
-		marker: markerKey(name, s.id), lease: s.id, ctx: s.ctx, retries: s.withdrawRetries,
-		seam: s.writes,
-	}
+	return keyWrites{s: s, name: name, key: key, marker: markerKey(name, s.id)}
 }
 
 // withdrawRetries waits out a doubling backoff before each retry of a

@@ -12,7 +12,7 @@ func PutCmps(s *Session, name string) []clientv3.Cmp {
 // had no definite answer (test-only).
 func Withdraw(s *Session, name string) {
 	w := s.keyWrites(name, lockKey(name, s.id))
-	w.book.keep(name)
+	s.markers.keep(name)
 	w.withdraw(s.markers.get(name).rev, 0)
 }
 

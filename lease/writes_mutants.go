@@ -55,7 +55,7 @@ func (w writeSeam) markerOnlyAsRead() bool  { return w.mutation == MarkerOnlyAsR
 // unguardedWithdraw is the withdrawal before issue 46: it deleted a key on
 // the session's lease whatever the marker said.
 func (w *keyWrites) unguardedWithdraw() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
-	move := clientv3.OpPut(w.marker, "", clientv3.WithLease(w.lease))
-	return []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(w.key), "=", int64(w.lease))},
+	move := clientv3.OpPut(w.marker, "", clientv3.WithLease(w.s.id))
+	return []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(w.key), "=", int64(w.s.id))},
 		[]clientv3.Op{clientv3.OpDelete(w.key), move}, []clientv3.Op{move}
 }

@@ -51,12 +51,13 @@ func tooLargeAnswer(err error) bool {
 	return strings.Contains(status.Convert(err).Message(), "received message larger than max")
 }
 
-// Overloaded tells whether err is etcd's refusal of a request while it is
-// overloaded (too many requests, or its space quota): definite, yet the
-// same request may be accepted later, so a write that must happen (a
-// removal, a withdrawal) is sent again after a pause.
-func Overloaded(err error) bool {
-	return code(err) == codes.ResourceExhausted && !tooLargeAnswer(err)
+// Refused tells whether err is a refusal that sending the request again
+// will not change (no permission, bad input): definite, but not etcd's
+// refusal while overloaded (too many requests, its space quota), after
+// which the same request may be accepted. A write that must happen (a
+// removal, a withdrawal) gives up only on these.
+func Refused(err error) bool {
+	return Definite(err) && code(err) != codes.ResourceExhausted
 }
 
 // Transient tells whether a failed request may succeed if sent again while
