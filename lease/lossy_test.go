@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,11 +19,13 @@ const (
 	pass       fate = iota // sent, answered
 	loseAnswer             // sent and applied; the caller hears Unavailable
 	hold                   // the caller hears Unavailable; sent when replayed
+	overloaded             // refused unsent, as etcd refuses "too many requests"
 )
 
 // lossyKV sends a session's writes of its lock keys (lease.SetKeys) to a
-// real etcd, losing answers of applied transactions and holding others
-// back to apply them later, as a proposal a follower forwarded late is:
+// real etcd, losing answers of applied transactions, holding others back
+// to apply them later, as a proposal a follower forwarded late is, or
+// refusing them as an overloaded etcd does:
 // the faults the marker rules are for. decide picks each transaction's
 // fate, in the order they are committed, and may write to etcd first.
 type lossyKV struct {
@@ -46,6 +49,13 @@ type heldTxn struct {
 }
 
 func (k *lossyKV) Txn(context.Context) clientv3.Txn { return &heldTxn{kv: k} }
+
+// commits is how many transactions have been committed through k.
+func (k *lossyKV) commits() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.n
+}
 
 func (t *heldTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
 	t.cmps = append(t.cmps, cs...)
@@ -88,6 +98,8 @@ func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
 		k.heldBack++
 		k.mu.Unlock()
 		return nil, errAnswerLost
+	case overloaded:
+		return nil, rpctypes.ErrGRPCRequestTooManyRequests
 	}
 	return t.send()
 }

@@ -40,10 +40,16 @@ func runPauseChild() int {
 	}
 	defer s.Close()
 	fmt.Printf("LEASE %d\n", int64(s.Lease()))
-	time.Sleep(time.Second) // a few renewals first
-	d0 := s.Deadline()
-	for s.Deadline().Equal(d0) {
-		time.Sleep(time.Millisecond)
+	// A few renewals first, so the renewer has measured its lateness;
+	// the third answer's deadline is the fresh one. No hook reports an
+	// answer: the deadline is polled, for at most 10 s.
+	for renewals, until := 0, time.Now().Add(10*time.Second); renewals < 3; renewals++ {
+		for d0 := s.Deadline(); s.Deadline().Equal(d0); time.Sleep(time.Millisecond) {
+			if time.Now().After(until) {
+				fmt.Fprintln(os.Stderr, "no keep-alive answer in 10 s")
+				return 1
+			}
+		}
 	}
 	fmt.Printf("FRESH %d\n", s.Deadline().UnixNano())
 	select {

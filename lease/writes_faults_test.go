@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -30,18 +27,18 @@ func TestCleanupRetriesWhenOverloaded(t *testing.T) {
 	p := newSession(t, cli)
 	name := etcdproc.Name(t, "cleanup-overloaded")
 	held := mustLock(t, o, name)
-	var calls atomic.Int32
-	lease.SetKeys(s, &refusingKV{KV: cli, refuse: func(n int) error {
-		calls.Add(1)
-		if n == 1 { // the cleanup, after the enqueue put
-			return rpctypes.ErrGRPCRequestTooManyRequests
-		}
-		return nil
-	}})
+	// The second key write is the cleanup, after the enqueue put.
+	kv := &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate { return map[int]fate{1: overloaded}[n] }}
+	lease.SetKeys(s, kv)
 	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
 	_, err := s.Lock(ctx, name)
 	cancel()
-	t.Logf("waiter's Lock: %v (%d key writes)", err, calls.Load())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the waiter's Lock: %v, want its ctx's end", err)
+	}
+	if n := kv.commits(); n < 3 {
+		t.Fatalf("%d key writes: the refused cleanup was not sent again", n)
+	}
 	if err := held.Unlock(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -63,12 +60,8 @@ func TestWithdrawalRetriesWhenOverloaded(t *testing.T) {
 	s := newSession(t, cli)
 	p := newSession(t, cli)
 	name := etcdproc.Name(t, "withdraw-overloaded")
-	lossy := &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate { return map[int]fate{0: loseAnswer}[n] }}
-	lease.SetKeys(s, &refusingKV{KV: lossy, refuse: func(n int) error {
-		if n == 1 {
-			return rpctypes.ErrGRPCRequestTooManyRequests
-		}
-		return nil
+	lease.SetKeys(s, &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate {
+		return map[int]fate{0: loseAnswer, 1: overloaded}[n]
 	}})
 	if _, err := s.Lock(testCtx(t), name); err == nil {
 		t.Fatal("granted")
@@ -194,30 +187,3 @@ func TestConcurrentSameNameLossy(t *testing.T) {
 		}
 	}
 }
-
-// refusingKV answers the requests refuse picks with err without sending
-// them, and the rest through kv.
-type refusingKV struct {
-	clientv3.KV
-	mu     sync.Mutex
-	n      int
-	refuse func(n int) error
-}
-
-func (k *refusingKV) Txn(ctx context.Context) clientv3.Txn {
-	k.mu.Lock()
-	n := k.n
-	k.n++
-	k.mu.Unlock()
-	if err := k.refuse(n); err != nil {
-		return refusedTxn{err}
-	}
-	return k.KV.Txn(ctx)
-}
-
-type refusedTxn struct{ err error }
-
-func (t refusedTxn) If(...clientv3.Cmp) clientv3.Txn        { return t }
-func (t refusedTxn) Then(...clientv3.Op) clientv3.Txn       { return t }
-func (t refusedTxn) Else(...clientv3.Op) clientv3.Txn       { return t }
-func (t refusedTxn) Commit() (*clientv3.TxnResponse, error) { return nil, t.err }
