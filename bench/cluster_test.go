@@ -8,7 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // BenchmarkCluster runs the handoff (4 contenders on one shared client) and
@@ -25,7 +25,7 @@ func BenchmarkCluster(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("member=%s/op=put/impl=plain", member), func(b *testing.B) {
 			cli := newClient(b, clusterEndpoint(b, member), &requests{})
-			key := etcdtest.Name(b, "cluster-put")
+			key := etcdproc.Name(b, "cluster-put")
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, err := cli.Put(context.Background(), key, "v"); err != nil {
@@ -36,7 +36,7 @@ func BenchmarkCluster(b *testing.B) {
 		b.Run(fmt.Sprintf("member=%s/op=put/impl=recorder", member), func(b *testing.B) {
 			cli := newClient(b, clusterEndpoint(b, member), &requests{})
 			ctx := context.Background()
-			name := etcdtest.Name(b, "cluster-put")
+			name := etcdproc.Name(b, "cluster-put")
 			l := heldLock(b, cli, name)
 			r := fence.NewRecorder(name + "-fence")
 			b.ResetTimer()

@@ -7,7 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -22,7 +22,7 @@ func BenchmarkGuardedPut(b *testing.B) {
 		b.Run("fsync="+fs.name, func(b *testing.B) {
 			cli := newClient(b, cluster(b, 1, fs.off).Endpoints()[0], &requests{})
 			ctx := context.Background()
-			name := etcdtest.Name(b, "put")
+			name := etcdproc.Name(b, "put")
 			l := heldLock(b, cli, name)
 			rec := fence.NewRecorder(name + "-recorder")
 			guarded := func(data string, guard fence.Guard) func() error {

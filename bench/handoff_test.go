@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -113,7 +113,7 @@ func BenchmarkCommitBound(b *testing.B) {
 		b.Run("fsync="+fs.name, func(b *testing.B) {
 			c := cluster(b, 1, fs.off)
 			cli := newClient(b, c.Endpoints()[0], &requests{})
-			key := etcdtest.Name(b, "bound")
+			key := etcdproc.Name(b, "bound")
 			b.ResetTimer()
 			var bound float64
 			for i := 0; i < b.N; i++ {
@@ -152,7 +152,7 @@ func BenchmarkHandoff(b *testing.B) {
 
 func handoffBench(b *testing.B, im impl, shape string, n int, endpoint string) {
 	var r requests
-	name := etcdtest.Name(b, "handoff")
+	name := etcdproc.Name(b, "handoff")
 	lockers := contenders(b, im, shape, n, endpoint, name, &r)
 	measureHandoffs(b, lockers, &r, endpoint, name)
 }
@@ -223,7 +223,7 @@ func BenchmarkAfterContention(b *testing.B) {
 				b.Run(fmt.Sprintf("fsync=%s/shape=%s/impl=%s", fs.name, shape, im.name), func(b *testing.B) {
 					c := cluster(b, 1, fs.off)
 					var r requests
-					name := etcdtest.Name(b, "after")
+					name := etcdproc.Name(b, "after")
 					lockers := contenders(b, im, shape, 4, c.Endpoints()[0], name, &r)
 					contend(b, lockers)
 					measureHandoffs(b, lockers[:1], &r, c.Endpoints()[0], name)
@@ -261,7 +261,7 @@ func BenchmarkAfterContentionTurns(b *testing.B) {
 			}
 			var turns []turn
 			for _, tc := range cases {
-				name := etcdtest.Name(b, "after-"+tc.turn)
+				name := etcdproc.Name(b, "after-"+tc.turn)
 				lockers := contenders(b, tc.im, tc.shape, 4, c.Endpoints()[0], name, &requests{})
 				contend(b, lockers)
 				lk := lockers[0]
@@ -312,7 +312,7 @@ func uncontendedTurns(b *testing.B, fsyncOff, put bool) {
 	names := []string{"mutex", "leasefence", "mutex-guarded-unlock"}
 	for i, im := range []impl{impls[1], impls[0], guardedUnlockMutex} {
 		cli := newClient(b, c.Endpoints()[0], &requests{})
-		name := etcdtest.Name(b, "uncontended")
+		name := etcdproc.Name(b, "uncontended")
 		lk := im.make(b, cli, name)
 		turns = append(turns, turn{names[i], func() error {
 			key, token, unlock, err := lk.lock(ctx)

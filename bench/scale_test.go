@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -24,7 +24,7 @@ func BenchmarkManyLocks(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		prefix := etcdtest.Name(b, "many")
+		prefix := etcdproc.Name(b, "many")
 		before := memory()
 		start := time.Now()
 		locks := make([]*lease.Lock, n)

@@ -7,7 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // BenchmarkTxnShapes measures, in turns, the transaction shapes a fence
@@ -20,14 +20,14 @@ import (
 // or the first of ETCD_ENDPOINTS (to measure another version).
 func BenchmarkTxnShapes(b *testing.B) {
 	var endpoint string
-	if eps, ok := etcdtest.External(); ok {
+	if eps, ok := etcdproc.External(); ok {
 		endpoint = eps[0]
 	} else {
 		endpoint = cluster(b, 1, true).Endpoints()[0]
 	}
 	cli := newClient(b, endpoint, &requests{})
 	ctx := context.Background()
-	name := etcdtest.Name(b, "shapes")
+	name := etcdproc.Name(b, "shapes")
 	l := heldLock(b, cli, name)
 	rec, enc := name+"-record", fence.EncodeToken(l.Token())
 	if _, err := cli.Put(ctx, rec, enc); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/objectfence"
 	"github.com/leasefence/leasefence/fence/sqlfence"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/holdback"
 	"github.com/leasefence/leasefence/internal/netlab"
@@ -841,7 +842,7 @@ func (r *runConfig) newClient() func([]string) (*clientv3.Client, error) {
 	if r.net != nil {
 		return r.net.lc.clientFromObs
 	}
-	return etcdtest.NewClient
+	return etcdproc.NewClient
 }
 
 // whole waits until every member of endpoints answers a linearizable
@@ -929,7 +930,7 @@ func (r *runConfig) environment(ctx context.Context, seed uint64) func() {
 	case faultRTT:
 		rttChurn(ctx, r.rtt, seed, r.churn, &wg)
 	case faultCompact:
-		cli, err := etcdtest.NewClient(r.endpoints)
+		cli, err := etcdproc.NewClient(r.endpoints)
 		if err == nil {
 			wg.Add(1)
 			go func() {
@@ -962,7 +963,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	v := &victimState{done: make(chan struct{})}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	newClient := etcdtest.NewClient
+	newClient := etcdproc.NewClient
 	if cfg.net != nil {
 		newClient = cfg.net.lc.clientFromObs
 	}
@@ -1078,7 +1079,7 @@ func (res *runResult) judge(cfg runConfig, v *victimState, victimFound bool) {
 func (c *chaosClient) connect(latency time.Duration, closers *[]func()) error {
 	cfg := c.cfg
 	if cfg.net != nil {
-		cli, err := etcdtest.NewClientVia(cfg.endpoints, cfg.net.clients[c.id].DialContext)
+		cli, err := etcdproc.NewClientVia(cfg.endpoints, cfg.net.clients[c.id].DialContext)
 		if err != nil {
 			return err
 		}
@@ -1109,7 +1110,7 @@ func (c *chaosClient) connect(latency time.Duration, closers *[]func()) error {
 		c.breakers = append(c.breakers, b)
 		urls = append(urls, "http://"+addr)
 	}
-	cli, err := etcdtest.NewClient(urls)
+	cli, err := etcdproc.NewClient(urls)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
@@ -56,7 +56,7 @@ func child(role string, in io.Reader, out io.Writer) error {
 	if m, err := strconv.Atoi(os.Getenv(envMutant)); err == nil {
 		ctx = seam.With(ctx, &seam.Hooks{Mutant: seam.Mutant(m)})
 	}
-	cli, err := etcdtest.NewClient(strings.Split(os.Getenv(envEndpoints), ","))
+	cli, err := etcdproc.NewClient(strings.Split(os.Getenv(envEndpoints), ","))
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/internal/seam"
@@ -43,7 +44,7 @@ func scenarioLeaderStop(t testing.TB, ctx context.Context, c *etcdtest.Cluster) 
 // which returns how to bring it back.
 func scenarioLeaderGone(t testing.TB, ctx context.Context, newClient func() *clientv3.Client, stop func() (restart func())) error {
 	cli := newClient()
-	name, reg := etcdtest.Name(t, "failover"), etcdtest.Name(t, "failover-reg")
+	name, reg := etcdproc.Name(t, "failover"), etcdproc.Name(t, "failover-reg")
 	hs := session(t, ctx, cli, 5*time.Second)
 	holder := lock(t, ctx, hs, name)
 	cs := session(t, ctx, newClient(), 5*time.Second)
@@ -85,7 +86,7 @@ func scenarioLeaderGone(t testing.TB, ctx context.Context, newClient func() *cli
 // queued contender is granted.
 func scenarioTakeover(t testing.TB, ctx context.Context) (time.Duration, error) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "takeover")
+	name := etcdproc.Name(t, "takeover")
 	c, err := exampleenv.StartChild(ctx, "holder", "holder",
 		envEndpoints+"="+strings.Join(etcd.Endpoints(), ","), envLock+"="+name, envTTL+"="+ttl.String())
 	if err != nil {
@@ -143,17 +144,17 @@ func scenarioMinorityPartition(t testing.TB, ctx context.Context, c *etcdtest.Cl
 		}
 		majority = append(majority, m.ClientURL)
 	}
-	onMinority, err := etcdtest.NewClient([]string{minority.ClientURL})
+	onMinority, err := etcdproc.NewClient([]string{minority.ClientURL})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer onMinority.Close()
-	onMajority, err := etcdtest.NewClient(majority)
+	onMajority, err := etcdproc.NewClient(majority)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer onMajority.Close()
-	name, reg := etcdtest.Name(t, "partition"), etcdtest.Name(t, "partition-reg")
+	name, reg := etcdproc.Name(t, "partition"), etcdproc.Name(t, "partition-reg")
 	la := lock(t, ctx, session(t, ctx, onMinority, ttl), name)
 	if err := resourceWrite(ctx, onMinority, reg, la.Token(), "A1"); err != nil {
 		return fmt.Errorf("holder's write before the cut: %w", err)

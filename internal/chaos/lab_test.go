@@ -15,7 +15,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
-	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/internal/netlab"
 )
@@ -85,13 +84,13 @@ func (lc *labCluster) host(t *testing.T, ctx context.Context, name string) *netl
 
 // clientFromObs is a client whose connections start on the observer host.
 func (lc *labCluster) clientFromObs(endpoints []string) (*clientv3.Client, error) {
-	return etcdtest.NewClientVia(endpoints, lc.obs.DialContext)
+	return etcdproc.NewClientVia(endpoints, lc.obs.DialContext)
 }
 
 // client is a client on host h: its connections start there.
 func (lc *labCluster) client(t *testing.T, h *netlab.Host, members ...*netlab.Host) *clientv3.Client {
 	t.Helper()
-	cli, err := etcdtest.NewClientVia(endpoints(members...), h.DialContext)
+	cli, err := etcdproc.NewClientVia(endpoints(members...), h.DialContext)
 	if err != nil {
 		t.Fatal(err)
 	}

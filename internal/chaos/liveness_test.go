@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -183,7 +183,7 @@ func TestCheckWaitsPlacesCalls(t *testing.T) {
 func scenarioLivenessHandoff(t testing.TB, ctx context.Context) error {
 	const waiters = 3
 	cli := etcd.Client(t)
-	prefix := etcdtest.Name(t, "liveness") + "/"
+	prefix := etcdproc.Name(t, "liveness") + "/"
 	o, err := StartOracle(ctx, cli, prefix)
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/holdback"
 	"github.com/leasefence/leasefence/internal/rpcerr"
 	"github.com/leasefence/leasefence/lease"
@@ -446,7 +446,7 @@ func TestLostAnswers(t *testing.T) {
 	l := holdback.NewLosses(holdback.LossConfig{Seed: 1, Rate: 1, MaxInWindow: 1000, Window: time.Nanosecond,
 		MinDelay: 200 * time.Millisecond, MaxDelay: 300 * time.Millisecond})
 	cli, tools := lossyClient(t, l), etcd.Client(t)
-	pfx := etcdtest.Name(t, "lost") + "/"
+	pfx := etcdproc.Name(t, "lost") + "/"
 	present := 0
 	for i := range 20 {
 		key := fmt.Sprint(pfx, i)
@@ -481,7 +481,7 @@ func TestLostAnswersCapAndAbort(t *testing.T) {
 	l := holdback.NewLosses(holdback.LossConfig{Seed: 2, Rate: 1, MaxInWindow: 2, Window: time.Minute,
 		MinDelay: time.Minute, MaxDelay: time.Minute})
 	cli, tools := lossyClient(t, l), etcd.Client(t)
-	pfx := etcdtest.Name(t, "lostcap") + "/"
+	pfx := etcdproc.Name(t, "lostcap") + "/"
 	failed := 0
 	for i := range 6 {
 		if _, err := cli.Put(ctx, fmt.Sprint(pfx, i), "v"); err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -50,8 +51,8 @@ func repeat(t testing.TB, fast, long int) int {
 	return fast
 }
 
-func testCtx(t testing.TB, d time.Duration) context.Context { return etcdtest.Ctx(t, d) }
+func testCtx(t testing.TB, d time.Duration) context.Context { return etcdproc.Ctx(t, d) }
 
 func name(t testing.TB, base string, i int) string {
-	return fmt.Sprintf("%s/%d", etcdtest.Name(t, base), i)
+	return fmt.Sprintf("%s/%d", etcdproc.Name(t, base), i)
 }

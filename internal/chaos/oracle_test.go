@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -119,7 +119,7 @@ func TestOracleResultForgesWaitedGrants(t *testing.T) {
 func TestOracleLive(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	cli := etcd.Client(t)
-	prefix := etcdtest.Name(t, "oracle") + "/"
+	prefix := etcdproc.Name(t, "oracle") + "/"
 	o, err := StartOracle(ctx, cli, prefix)
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +183,7 @@ func TestOracleLive(t *testing.T) {
 // granted: TestMutantsAreCaught needs the oracle to say so.
 func scenarioOracleKeyDeleted(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	prefix := etcdtest.Name(t, "oracle-waiter") + "/"
+	prefix := etcdproc.Name(t, "oracle-waiter") + "/"
 	o, err := StartOracle(ctx, cli, prefix)
 	if err != nil {
 		t.Fatal(err)

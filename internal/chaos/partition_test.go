@@ -17,7 +17,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/netlab"
 )
 
@@ -121,7 +121,7 @@ type twoInQueue struct {
 // until it is queued.
 func (lc *labCluster) queueTwo(t *testing.T, ctx context.Context, sessionTTL time.Duration, holderMembers, waiterMembers []*netlab.Host) twoInQueue {
 	t.Helper()
-	q := twoInQueue{name: etcdtest.Name(t, "netlock"), reg: etcdtest.Name(t, "netreg"), obs: lc.client(t, lc.obs, waiterMembers...),
+	q := twoInQueue{name: etcdproc.Name(t, "netlock"), reg: etcdproc.Name(t, "netreg"), obs: lc.client(t, lc.obs, waiterMembers...),
 		holderHost: lc.host(t, ctx, "c0"), waiterHost: lc.host(t, ctx, "c1")}
 	lc.watchLocks(t, ctx, q.name)
 	q.holder = lc.startChild(t, ctx, q.holderHost, "writer", q.name, q.reg, sessionTTL, holderMembers...)
@@ -294,7 +294,7 @@ func TestPartitionLeaderIsolated(t *testing.T) {
 	ctx := testCtx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
 	leader, followers := lc.leader(t, ctx)
-	name, reg := etcdtest.Name(t, "netlock"), etcdtest.Name(t, "netreg")
+	name, reg := etcdproc.Name(t, "netlock"), etcdproc.Name(t, "netreg")
 	obs := lc.client(t, lc.obs, followers...)
 	lc.watchLocks(t, ctx, name)
 	all := append([]*netlab.Host{leader}, followers...) // the leader first
@@ -424,7 +424,7 @@ func lastAcked(children ...*labChild) (token, n int64) {
 func TestPartitionFlapping(t *testing.T) {
 	ctx := testCtx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
-	cfg := runConfig{seed: 1, clients: 4, names: 1, fenced: true, fault: faultFlap, prefix: etcdtest.Name(t, "flap")}
+	cfg := runConfig{seed: 1, clients: 4, names: 1, fenced: true, fault: faultFlap, prefix: etcdproc.Name(t, "flap")}
 	cfg.sizeForLatency(0)
 	cfg.db, cfg.sqlf = newSQL(t)
 	h, ev := NewHistory(), newEvents()

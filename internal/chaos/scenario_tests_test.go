@@ -155,7 +155,7 @@ func TestScenario8LeaderKilled(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	newClient := func() *clientv3.Client {
-		cli, err := etcdtest.NewClient(c.Endpoints())
+		cli, err := etcdproc.NewClient(c.Endpoints())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/internal/seam"
@@ -85,7 +86,7 @@ func resourceWrite(ctx context.Context, cli *clientv3.Client, reg string, token 
 // lock was contended.
 func scenarioTokens(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "tokens")
+	name := etcdproc.Name(t, "tokens")
 	var sessions []*lease.Session
 	for i := 0; i < 3; i++ {
 		sessions = append(sessions, session(t, ctx, cli, 5*time.Second))
@@ -164,7 +165,7 @@ func waitQueuedKeys(ctx context.Context, cli *clientv3.Client, name string, n in
 // meanwhile, every write the holder starts after SIGCONT is refused.
 func scenarioProcessPause(t testing.TB, ctx context.Context, pause time.Duration) (successor bool, err error) {
 	cli := etcd.Client(t)
-	name, reg := etcdtest.Name(t, "sigstop"), etcdtest.Name(t, "sigstop-reg")
+	name, reg := etcdproc.Name(t, "sigstop"), etcdproc.Name(t, "sigstop-reg")
 	c, err := exampleenv.StartChild(ctx, "holder", "writer",
 		envEndpoints+"="+strings.Join(etcd.Endpoints(), ","), envLock+"="+name, envRegister+"="+reg, envTTL+"="+ttl.String(),
 		fmt.Sprintf("%s=%d", envMutant, seam.From(ctx).On()))
@@ -240,7 +241,7 @@ func scenarioProcessPause(t testing.TB, ctx context.Context, pause time.Duration
 func scenarioHeldInFlight(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
-	name, reg := etcdtest.Name(t, "inflight"), etcdtest.Name(t, "inflight-reg")
+	name, reg := etcdproc.Name(t, "inflight"), etcdproc.Name(t, "inflight-reg")
 	la := lock(t, ctx, session(t, ctx, viaProxy, ttl), name)
 	p.PauseTx()
 	result := make(chan error, 1)
@@ -272,7 +273,7 @@ func scenarioHeldInFlight(t testing.TB, ctx context.Context) error {
 // new token; a goroutine still holding the old token writes: refused.
 func scenarioTokenReuse(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	name, reg := etcdtest.Name(t, "reuse"), etcdtest.Name(t, "reuse-reg")
+	name, reg := etcdproc.Name(t, "reuse"), etcdproc.Name(t, "reuse-reg")
 	s1 := session(t, ctx, cli, ttl)
 	old := lock(t, ctx, s1, name)
 	if _, err := cli.Revoke(ctx, s1.Lease()); err != nil { // the lease ends under A
@@ -303,7 +304,7 @@ func scenarioTokenReuse(t testing.TB, ctx context.Context) error {
 // successor's next guarded write succeeds.
 func scenarioUnlockAfterLoss(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	name, reg := etcdtest.Name(t, "unlock-loss"), etcdtest.Name(t, "unlock-loss-reg")
+	name, reg := etcdproc.Name(t, "unlock-loss"), etcdproc.Name(t, "unlock-loss-reg")
 	s := session(t, ctx, cli, 5*time.Second)
 	first := lock(t, ctx, s, name)
 	if _, err := cli.Delete(ctx, first.Key()); err != nil { // an operator removes the key
@@ -356,7 +357,7 @@ func scenarioLossBeforeExpiry(t testing.TB, ctx context.Context, cli *clientv3.C
 	if granted := time.Duration(ttlResp.GrantedTTL) * time.Second; s.TTL() != granted {
 		return 0, fmt.Errorf("session TTL %v, etcd granted %v", s.TTL(), granted)
 	}
-	name := etcdtest.Name(t, "loss")
+	name := etcdproc.Name(t, "loss")
 	probe, perr := cli.Put(ctx, name+"-probe", "", clientv3.WithLease(s.Lease()))
 	if perr != nil {
 		t.Fatal(perr)
@@ -408,7 +409,7 @@ func scenarioLossBeforeExpiry(t testing.TB, ctx context.Context, cli *clientv3.C
 func scenarioAmbiguous(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
 	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
-	name, reg := etcdtest.Name(t, "ambiguous"), etcdtest.Name(t, "ambiguous-reg")
+	name, reg := etcdproc.Name(t, "ambiguous"), etcdproc.Name(t, "ambiguous-reg")
 	l := lock(t, ctx, session(t, ctx, cli, 5*time.Second), name)
 	defer l.Unlock(ctx)
 	h := NewHistory()
@@ -437,7 +438,7 @@ func scenarioAmbiguous(t testing.TB, ctx context.Context) error {
 // leaves no key behind after 2 TTLs.
 func scenarioWaiterEnds(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "waiter")
+	name := etcdproc.Name(t, "waiter")
 	holder := lock(t, ctx, session(t, ctx, cli, 5*time.Second), name)
 
 	// Session expires while queued.

@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // EnvEndpoints names the environment variable that points tests at an
@@ -95,11 +96,29 @@ func (c *Cluster) Close() {
 // NewClient opens a quiet client to endpoints, with a short dial timeout so
 // that an unreachable cluster is an error, never a hang.
 func NewClient(endpoints []string) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{
+	return NewClientVia(endpoints, nil)
+}
+
+// NewClientVia is NewClient with connections opened by dial (nil: the
+// default dialer): a lab host's DialContext reaches members inside
+// network namespaces. Such clients also ping their connections (gRPC
+// keep-alive), as a client on a real network should: a
+// connection whose packets were dropped for a while can sit in TCP's
+// retransmission backoff for tens of seconds after the network heals,
+// and only a failed ping replaces it.
+func NewClientVia(endpoints []string, dial func(ctx context.Context, addr string) (net.Conn, error)) (*clientv3.Client, error) {
+	cfg := clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if dial != nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(dial)}
+		// Not more often than etcd allows (--grpc-keepalive-min-time, 5 s
+		// by default): more frequent pings get the connection closed.
+		cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout = 5*time.Second, 2*time.Second
+	}
+	return clientv3.New(cfg)
 }
 
 // FreePorts finds n loopback ports free now. Another process may take one

@@ -252,5 +252,5 @@ func ProxyAt(tb testing.TB, addr, target string) *Proxy {
 func ProxiedClient(tb testing.TB, target string) (*Proxy, *clientv3.Client, string) {
 	tb.Helper()
 	p, u := ProxyT(tb, target)
-	return p, client(tb, []string{u}), u
+	return p, Client(tb, []string{u}), u
 }

@@ -21,7 +21,7 @@ import (
 func New(tb testing.TB) *clientv3.Client {
 	tb.Helper()
 	if eps, ok := External(); ok {
-		return client(tb, eps)
+		return Client(tb, eps)
 	}
 	return StartT(tb, Config{}).ClientT(tb)
 }
@@ -46,10 +46,11 @@ const startTimeout = 10 * time.Minute
 // ClientT opens a client to the cluster, closed when the test ends.
 func (c *Cluster) ClientT(tb testing.TB) *clientv3.Client {
 	tb.Helper()
-	return client(tb, c.Endpoints())
+	return Client(tb, c.Endpoints())
 }
 
-func client(tb testing.TB, eps []string) *clientv3.Client {
+// Client opens a client to eps (NewClient), closed when the test ends.
+func Client(tb testing.TB, eps []string) *clientv3.Client {
 	tb.Helper()
 	cli, err := NewClient(eps)
 	if err != nil {
@@ -70,37 +71,55 @@ func Name(tb testing.TB, base string) string {
 }
 
 // Env is the etcd a test package shares: set up once by Main, used by every
-// test through Client. Sharing one member keeps a package's tests fast.
+// test through Client. Sharing one member keeps a package's tests fast;
+// tests that stop or restart members start a cluster of their own.
 type Env struct {
 	endpoints []string
 }
 
-// Main starts the package's etcd (or takes ETCD_ENDPOINTS), runs the tests,
-// stops the etcd and then fails the run if any goroutine outlived it. Use it
-// from TestMain: os.Exit(env.Main(m, etcdproc.Config{})).
+// Main starts the package's etcd as a process (or takes ETCD_ENDPOINTS),
+// runs the tests, stops the etcd and then fails the run if any goroutine
+// outlived it. Use it from TestMain: os.Exit(env.Main(m, etcdproc.Config{})).
 func (e *Env) Main(m *testing.M, cfg Config) int {
+	return e.MainWith(m, func(ctx context.Context) ([]string, func(), error) {
+		c, err := Start(ctx, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.Endpoints(), c.Close, nil
+	})
+}
+
+// StartFunc starts a test package's etcd, within ctx, and returns its
+// client URLs and a function that stops it.
+type StartFunc func(ctx context.Context) (endpoints []string, stop func(), err error)
+
+// MainWith is Main for an etcd that start starts (package etcdtest's
+// embedded members, say). Goroutines that ignore matches are not counted
+// as leaked: an embedded server's own, which it leaves behind when closed.
+func (e *Env) MainWith(m *testing.M, start StartFunc, ignore ...goleak.Option) int {
 	if eps, ok := External(); ok {
 		e.endpoints = eps
-		return withLeakCheck(m.Run())
+		return withLeakCheck(m.Run(), ignore)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	c, err := Start(ctx, cfg)
+	eps, stop, err := start(ctx)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start etcd:", err)
 		return 1
 	}
-	e.endpoints = c.Endpoints()
+	e.endpoints = eps
 	code := m.Run()
-	c.Close()
-	return withLeakCheck(code)
+	stop()
+	return withLeakCheck(code, ignore)
 }
 
-func withLeakCheck(code int) int {
+func withLeakCheck(code int, ignore []goleak.Option) int {
 	if code != 0 {
 		return code
 	}
-	if err := goleak.Find(clientLeaks()...); err != nil {
+	if err := goleak.Find(append(clientLeaks(), ignore...)...); err != nil {
 		fmt.Fprintln(os.Stderr, "goroutines leaked:", err)
 		return 1
 	}
@@ -116,7 +135,7 @@ func (e *Env) Client(tb testing.TB) *clientv3.Client {
 	if len(e.endpoints) == 0 {
 		tb.Fatal("etcdproc: Env used outside Env.Main")
 	}
-	return client(tb, e.endpoints)
+	return Client(tb, e.endpoints)
 }
 
 // clientLeaks lists goroutines of etcd's client that outlive its Close by a
@@ -130,11 +149,13 @@ func clientLeaks() []goleak.Option {
 }
 
 // LeakCheck makes the test fail if, once its cleanups have run, a
-// goroutine is left that did not exist when LeakCheck was called. Call it
-// first in the test, so that its check runs after every other cleanup.
-func LeakCheck(tb testing.TB) {
+// goroutine is left that did not exist when LeakCheck was called, other
+// than etcd's client's and those ignore matches. Call it first in the
+// test, so that its check runs after every other cleanup.
+func LeakCheck(tb testing.TB, ignore ...goleak.Option) {
 	tb.Helper()
-	opts := append(clientLeaks(), goleak.IgnoreCurrent())
+	opts := append(clientLeaks(), ignore...)
+	opts = append(opts, goleak.IgnoreCurrent())
 	tb.Cleanup(func() {
 		if err := goleak.Find(opts...); err != nil {
 			tb.Errorf("goroutines leaked: %v", err)

@@ -11,25 +11,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 )
-
-// EnvEndpoints names the environment variable that points tests at an
-// existing etcd cluster instead of an embedded one.
-const EnvEndpoints = etcdproc.EnvEndpoints
 
 // Config says what to start. The zero value is one member with etcd's
 // default timing.
@@ -84,9 +76,6 @@ type Cluster struct {
 	tmpDir    string
 }
 
-// External reports the endpoints from ETCD_ENDPOINTS, if it is set.
-func External() ([]string, bool) { return etcdproc.External() }
-
 // Start starts an embedded cluster and waits until every member serves
 // requests, or ctx ends.
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
@@ -126,7 +115,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 
 func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir string, attempt int) error {
 	c.Members = nil
-	ports, err := freePorts(3 * n)
+	ports, err := etcdproc.FreePorts(3 * n)
 	if err != nil {
 		return err
 	}
@@ -266,39 +255,6 @@ func (m *Member) Server() *embed.Etcd {
 // Endpoints lists the client URLs of every member.
 func (c *Cluster) Endpoints() []string { return append([]string(nil), c.endpoints...) }
 
-// Client opens a client to every member. The caller closes it.
-func (c *Cluster) Client() (*clientv3.Client, error) {
-	return NewClient(c.endpoints)
-}
-
-// NewClient opens a quiet client to endpoints, with a short dial timeout so
-// that an unreachable cluster is an error, never a hang.
-func NewClient(endpoints []string) (*clientv3.Client, error) {
-	return NewClientVia(endpoints, nil)
-}
-
-// NewClientVia is NewClient with connections opened by dial (nil: the
-// default dialer): a lab host's DialContext reaches members inside
-// network namespaces. Such clients also ping their connections (gRPC
-// keep-alive), as a client on a real network should: a
-// connection whose packets were dropped for a while can sit in TCP's
-// retransmission backoff for tens of seconds after the network heals,
-// and only a failed ping replaces it.
-func NewClientVia(endpoints []string, dial func(ctx context.Context, addr string) (net.Conn, error)) (*clientv3.Client, error) {
-	cfg := clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-	}
-	if dial != nil {
-		cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(dial)}
-		// Not more often than etcd allows (--grpc-keepalive-min-time, 5 s
-		// by default): more frequent pings get the connection closed.
-		cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout = 5*time.Second, 2*time.Second
-	}
-	return clientv3.New(cfg)
-}
-
 func (c *Cluster) stopMembers() {
 	for _, m := range c.Members {
 		m.Stop()
@@ -327,8 +283,6 @@ func (c *Cluster) Close() {
 		c.tmpDir = ""
 	}
 }
-
-func freePorts(n int) ([]int, error) { return etcdproc.FreePorts(n) }
 
 // Leader returns the running member that is the raft leader, or nil if no
 // running member says it leads.

@@ -11,12 +11,7 @@ import (
 // A stopped member of a three-member cluster leaves its peers' raft HTTP
 // connections to time out on their own; they are etcd's, not ours.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, append(etcdServerLeaks(),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-	)...)
+	goleak.VerifyTestMain(m, append(serverLeaks(), stoppedMemberLeaks()...)...)
 }
 
 func TestSingleMemberReadyFast(t *testing.T) {

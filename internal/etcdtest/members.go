@@ -3,9 +3,6 @@ package etcdtest
 import (
 	"errors"
 	"sync"
-	"testing"
-
-	"go.uber.org/goleak"
 )
 
 // HoldApply keeps the member from applying committed entries to its store
@@ -35,33 +32,4 @@ func (m *Member) HoldApply() (release func(), err error) {
 	tx := e.Server.Backend().BatchTx()
 	tx.Lock()
 	return sync.OnceFunc(tx.Unlock), nil
-}
-
-// LeakCheckStoppedMembers is LeakCheck for a test that starts a cluster of
-// its own with more than one member: the peer connections its members
-// leave behind once stopped (see Env.IgnoreStoppedMembers) are etcd's and
-// are not counted. Its package's Env sets IgnoreStoppedMembers too, for
-// the check at the end of the run.
-func LeakCheckStoppedMembers(tb testing.TB) {
-	tb.Helper()
-	opts := append(etcdServerLeaks(), stoppedMemberLeaks()...)
-	opts = append(opts, goleak.IgnoreCurrent())
-	tb.Cleanup(func() {
-		if err := goleak.Find(opts...); err != nil {
-			tb.Errorf("goroutines leaked: %v", err)
-		}
-	})
-}
-
-// stoppedMemberLeaks are the goroutines of the HTTP connections between
-// embedded members' peer ports that stay open once the members have
-// stopped: etcd closes neither the client ends in its transports nor the
-// server ends it accepted, and both are in this process.
-func stoppedMemberLeaks() []goleak.Option {
-	return []goleak.Option{
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-	}
 }

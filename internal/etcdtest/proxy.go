@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.uber.org/zap"
@@ -56,7 +57,7 @@ func NewProxy(addr, target string) (proxy.Server, string, error) {
 	// A port found free can be taken by another test before the proxy
 	// binds it (runs go in parallel): try another one.
 	for attempt := 0; ; attempt++ {
-		ports, err := freePorts(1)
+		ports, err := etcdproc.FreePorts(1)
 		if err != nil {
 			return nil, "", err
 		}
@@ -92,5 +93,5 @@ func startProxy(addr, host string) (proxy.Server, string, error) {
 func ProxiedClient(tb testing.TB, target string) (proxy.Server, *clientv3.Client, string) {
 	tb.Helper()
 	p, url := Proxy(tb, target)
-	return p, client(tb, []string{url}), url
+	return p, etcdproc.Client(tb, []string{url}), url
 }

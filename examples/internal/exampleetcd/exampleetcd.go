@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -27,7 +28,7 @@ func Connect(ctx context.Context, endpoints string, out io.Writer) (*clientv3.Cl
 		}
 	}
 	if len(eps) == 0 {
-		eps, _ = etcdtest.External()
+		eps, _ = etcdproc.External()
 	}
 	stop := func() {}
 	if len(eps) == 0 {
@@ -37,12 +38,12 @@ func Connect(ctx context.Context, endpoints string, out io.Writer) (*clientv3.Cl
 			return nil, nil, err
 		}
 		fmt.Fprintf(out, "no -endpoints or %s given: started an embedded etcd at %s in %v\n",
-			etcdtest.EnvEndpoints, c.Endpoints()[0], time.Since(start).Round(time.Millisecond))
+			etcdproc.EnvEndpoints, c.Endpoints()[0], time.Since(start).Round(time.Millisecond))
 		eps, stop = c.Endpoints(), c.Close
 	} else {
 		fmt.Fprintf(out, "using etcd at %s\n", strings.Join(eps, ","))
 	}
-	cli, err := etcdtest.NewClient(eps)
+	cli, err := etcdproc.NewClient(eps)
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -58,7 +59,7 @@ func ProxiedClient(target string) (p proxy.Server, cli *clientv3.Client, close f
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cli, err = etcdtest.NewClient([]string{url})
+	cli, err = etcdproc.NewClient([]string{url})
 	if err != nil {
 		p.Close()
 		return nil, nil, nil, err

@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -18,7 +19,7 @@ import (
 func TestInteropLockRPC(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rpc")
+	name := etcdproc.Name(t, "rpc")
 	ours := newSession(t, cli)
 	rpc := v3lockpb.NewLockClient(cli.ActiveConnection())
 	grant, err := cli.Grant(testCtx(t), 5)
@@ -59,7 +60,7 @@ func TestInteropLockRPC(t *testing.T) {
 func TestInteropElectionRPC(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "rpc-elect")
+	name := etcdproc.Name(t, "rpc-elect")
 	rpc := v3electionpb.NewElectionClient(cli.ActiveConnection())
 	g, err := cli.Grant(testCtx(t), 5)
 	if err != nil {
@@ -103,7 +104,7 @@ func TestInteropElectionRPC(t *testing.T) {
 func TestInteropOwnKeysOutsideParent(t *testing.T) {
 	etcdtest.LeakCheck(t)
 	cli := etcd.Client(t)
-	parent := etcdtest.Name(t, "rpc-parent")
+	parent := etcdproc.Name(t, "rpc-parent")
 	s := newSession(t, cli, lease.WithLockDelay(time.Second))
 	l := mustLock(t, s, parent+"/child")
 	if err := l.Unlock(testCtx(t)); err != nil {

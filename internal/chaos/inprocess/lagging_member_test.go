@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/holdback"
 	"github.com/leasefence/leasefence/lease"
@@ -75,7 +76,7 @@ func servingAndLagging(t *testing.T, c *etcdtest.Cluster) (serving, lagging *etc
 func laggingRound(t *testing.T, serving, lagging *etcdtest.Member) {
 	const grantBound = 5 * time.Second
 	ctx := testCtx(t)
-	name := etcdtest.Name(t, "lagging")
+	name := etcdproc.Name(t, "lagging")
 	onServing := memberClient(t, serving)
 	onLagging := memberClient(t, lagging)
 	// The waiter's Lock call, and the gate that holds it, end with wctx.
@@ -149,7 +150,7 @@ func laggingRound(t *testing.T, serving, lagging *etcdtest.Member) {
 // memberClient opens a client of one member, closed when the test ends.
 func memberClient(t *testing.T, m *etcdtest.Member) *clientv3.Client {
 	t.Helper()
-	cli, err := etcdtest.NewClient([]string{m.ClientURL})
+	cli, err := etcdproc.NewClient([]string{m.ClientURL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -25,7 +26,7 @@ var etcd = etcdtest.Env{IgnoreStoppedMembers: true}
 
 func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
 
-func testCtx(t *testing.T) context.Context { return etcdtest.Ctx(t, 30*time.Second) }
+func testCtx(t *testing.T) context.Context { return etcdproc.Ctx(t, 30*time.Second) }
 
 func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
 	t.Helper()
