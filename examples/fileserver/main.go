@@ -34,7 +34,6 @@ import (
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/fence/fencehttp"
 	"github.com/leasefence/leasefence/fence/fencestore"
-	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -189,7 +188,7 @@ func (sc *scene) startServer() error {
 // startA connects A through its proxies, takes the lock and writes
 // version 1.
 func (sc *scene) startA(res *outcome) error {
-	httpProxy, httpURL, err := etcdtest.NewProxy("", sc.base)
+	httpProxy, httpURL, err := exampleetcd.NewProxy(sc.base)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/pkg/v3/proxy"
 	_ "modernc.org/sqlite"
 
 	"github.com/leasefence/leasefence/fence"
@@ -245,9 +244,9 @@ type chaosClient struct {
 	h       *History
 	ev      *events
 	host    *netlab.Host // the client's host, for faultNet
-	proxies []proxy.Server
+	proxies []*etcdproc.Proxy
 	// breakers are in front of the proxies, one each: see pause.
-	breakers []*etcdtest.Breaker
+	breakers []*Breaker
 	cli      *clientv3.Client
 	rng      *rand.Rand
 	seq      int
@@ -786,7 +785,7 @@ func (c *chaosClient) pause(ctx context.Context, v *victimState, watchCli *clien
 			// a real network's timeouts break them) before the blackholes
 			// lift: no byte crosses a connection that lost some, and the
 			// client dials again and resumes each watch from its last
-			// revision. See etcdtest.Breaker.
+			// revision. See Breaker.
 			c.breakers[i].Break(func() {
 				p.UnblackholeTx()
 				p.UnblackholeRx()
@@ -990,7 +989,7 @@ func run(t testing.TB, cfg runConfig) runResult {
 	for i := range clients {
 		c := &chaosClient{id: i, cfg: &cfg, h: h, ev: ev, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i))), oracle: oracle,
 			tools: watchCli, ends: ends, keep: true}
-		if err := c.connect(latency, &closers); err != nil {
+		if err := c.connect(t, latency, &closers); err != nil {
 			t.Fatal(err)
 		}
 		closers = append(closers, c.closeSession)
@@ -1072,11 +1071,11 @@ func (res *runResult) judge(cfg runConfig, v *victimState, victimFound bool) {
 
 // connect gives c its etcd clients: straight from its own host for a
 // network run (the network is the fault), else through a proxy of its own
-// to each member, each behind a Breaker, with the run's latency; for a
-// lostanswers run its sessions get a client of their own on the same
-// links, whose writes' answers are lost or which sends them late
-// (lostanswers_test.go). What it opens goes on closers.
-func (c *chaosClient) connect(latency time.Duration, closers *[]func()) error {
+// to each member (a proxy's failures fail t), each behind a Breaker, with
+// the run's latency; for a lostanswers run its sessions get a client of
+// their own on the same links, whose writes' answers are lost or which
+// sends them late (lostanswers_test.go). What it opens goes on closers.
+func (c *chaosClient) connect(t testing.TB, latency time.Duration, closers *[]func()) error {
 	cfg := c.cfg
 	if cfg.net != nil {
 		cli, err := etcdproc.NewClientVia(cfg.endpoints, cfg.net.clients[c.id].DialContext)
@@ -1089,19 +1088,18 @@ func (c *chaosClient) connect(latency time.Duration, closers *[]func()) error {
 	}
 	var urls []string
 	for _, ep := range cfg.endpoints {
-		p, url, err := etcdtest.NewProxy("", ep)
+		p, url, err := etcdproc.NewProxy(t, "", ep)
 		if err != nil {
 			return err
 		}
-		*closers = append(*closers, func() { p.Close() })
+		*closers = append(*closers, p.Close)
 		if latency > 0 {
 			p.DelayTx(latency/2, latency/4)
 			p.DelayRx(latency/2, latency/4)
 		}
 		// The client reaches the proxy through a Breaker, which a
-		// partition's heal uses to break its connections. Closed
-		// first: the proxy's copy loops then end with them.
-		b, addr, err := etcdtest.NewBreaker(strings.TrimPrefix(url, "http://"))
+		// partition's heal uses to break its connections.
+		b, addr, err := NewBreaker(strings.TrimPrefix(url, "http://"))
 		if err != nil {
 			return err
 		}

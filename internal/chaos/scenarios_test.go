@@ -15,7 +15,6 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdproc"
-	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/exampleenv"
 	"github.com/leasefence/leasefence/internal/seam"
 	"github.com/leasefence/leasefence/lease"
@@ -240,7 +239,7 @@ func scenarioProcessPause(t testing.TB, ctx context.Context, pause time.Duration
 // when it applies the transaction.
 func scenarioHeldInFlight(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	name, reg := etcdproc.Name(t, "inflight"), etcdproc.Name(t, "inflight-reg")
 	la := lock(t, ctx, session(t, ctx, viaProxy, ttl), name)
 	p.PauseTx()
@@ -344,7 +343,7 @@ func scenarioUnlockAfterLoss(t testing.TB, ctx context.Context) error {
 // comparison holds however the loss comes: the network cut, or the latency
 // alone when keep-alives queue behind each other in the proxy.
 func scenarioLossBeforeExpiry(t testing.TB, ctx context.Context, cli *clientv3.Client, target string, latency time.Duration) (margin time.Duration, err error) {
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, target)
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, target)
 	if latency > 0 {
 		p.DelayTx(latency/2, 0)
 		p.DelayRx(latency/2, 0)
@@ -408,7 +407,7 @@ func scenarioLossBeforeExpiry(t testing.TB, ctx context.Context, cli *clientv3.C
 // history checks whichever way it went.
 func scenarioAmbiguous(t testing.TB, ctx context.Context) error {
 	cli := etcd.Client(t)
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	name, reg := etcdproc.Name(t, "ambiguous"), etcdproc.Name(t, "ambiguous-reg")
 	l := lock(t, ctx, session(t, ctx, cli, 5*time.Second), name)
 	defer l.Unlock(ctx)
@@ -442,7 +441,7 @@ func scenarioWaiterEnds(t testing.TB, ctx context.Context) error {
 	holder := lock(t, ctx, session(t, ctx, cli, 5*time.Second), name)
 
 	// Session expires while queued.
-	p, viaProxy, _ := etcdtest.ProxiedClient(t, etcd.Endpoints()[0])
+	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	ws := session(t, ctx, viaProxy, ttl)
 	got := make(chan error, 1)
 	go func() {

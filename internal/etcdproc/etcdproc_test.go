@@ -9,8 +9,8 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-// The member serves, and the proxy in front of it cuts and restores the
-// link on command.
+// The member serves, and the proxy in front of it delays, cuts and
+// restores the link on command.
 func TestMemberAndProxy(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	c := etcdproc.StartT(t, etcdproc.Config{NoFsync: true})
@@ -28,6 +28,15 @@ func TestMemberAndProxy(t *testing.T) {
 	if err := get(10 * time.Second); err != nil {
 		t.Fatalf("through the proxy: %v", err)
 	}
+	p.DelayRx(300*time.Millisecond, 0)
+	start := time.Now()
+	if err := get(10 * time.Second); err != nil {
+		t.Fatalf("delayed: %v", err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("answer after %v with 300ms of delay", d)
+	}
+	p.UndelayRx()
 	p.BlackholeTx()
 	p.BlackholeRx()
 	if err := get(time.Second); !errors.Is(err, context.DeadlineExceeded) {

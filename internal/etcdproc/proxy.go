@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/pkg/v3/proxy"
@@ -55,26 +56,48 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println("ready")
-	cmds := map[string]func(){
+	plain := map[string]func(){
 		"blackhole-tx": p.BlackholeTx, "unblackhole-tx": p.UnblackholeTx,
 		"blackhole-rx": p.BlackholeRx, "unblackhole-rx": p.UnblackholeRx,
 		"pause-tx": p.PauseTx, "unpause-tx": p.UnpauseTx,
 		"pause-rx": p.PauseRx, "unpause-rx": p.UnpauseRx,
+		"undelay-tx": p.UndelayTx, "undelay-rx": p.UndelayRx,
 	}
+	delays := map[string]func(latency, rv time.Duration){"delay-tx": p.DelayTx, "delay-rx": p.DelayRx}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		f, ok := cmds[in.Text()]
-		if !ok {
-			fmt.Println("error: unknown command", in.Text())
+		if err := apply(strings.Fields(in.Text()), plain, delays); err != nil {
+			fmt.Println("error:", err)
 			continue
 		}
-		f()
 		fmt.Println("ok")
 	}
 	// Standard input closed: exit without the proxy's Close, which waits
 	// for copy loops that an idle connection keeps blocked. The kernel
 	// closes every connection.
 	os.Exit(0)
+}
+
+// apply runs one command: a name alone, or a delay's name, latency and
+// random variable ("delay-tx 10ms 2ms").
+func apply(cmd []string, plain map[string]func(), delays map[string]func(latency, rv time.Duration)) error {
+	if len(cmd) == 1 && plain[cmd[0]] != nil {
+		plain[cmd[0]]()
+		return nil
+	}
+	if len(cmd) != 3 || delays[cmd[0]] == nil {
+		return fmt.Errorf("unknown command %q", cmd)
+	}
+	latency, err := time.ParseDuration(cmd[1])
+	if err != nil {
+		return err
+	}
+	rv, err := time.ParseDuration(cmd[2])
+	if err != nil {
+		return err
+	}
+	delays[cmd[0]](latency, rv)
+	return nil
 }
 `
 
@@ -91,8 +114,12 @@ func proxyBinary(ctx context.Context) (string, error) {
 }
 
 // Proxy is etcd's fault-injecting TCP proxy, running as a child process in
-// front of one member. Its methods are those of etcd's proxy.Server that
-// the tests use; a failure to apply one fails the test.
+// front of one member (or any TCP server). Its methods are those of etcd's
+// proxy.Server that the tests use; a failure to apply one fails the test.
+//
+// It is the one proxy of the project's tests: the library's module cannot
+// link etcd's proxy package, and the other modules' tests use this one too
+// rather than a second, in-process copy.
 type Proxy struct {
 	tb     testing.TB
 	cmd    *exec.Cmd
@@ -128,20 +155,43 @@ func (p *Proxy) PauseRx() { p.do("pause-rx") }
 // UnpauseRx ends PauseRx.
 func (p *Proxy) UnpauseRx() { p.do("unpause-rx") }
 
+// DelayTx delays what its clients send by latency, give or take up to rv
+// (a random variable, per read), until UndelayTx.
+func (p *Proxy) DelayTx(latency, rv time.Duration) { p.do(fmt.Sprintf("delay-tx %v %v", latency, rv)) }
+
+// UndelayTx ends DelayTx.
+func (p *Proxy) UndelayTx() { p.do("undelay-tx") }
+
+// DelayRx delays what etcd answers by latency, give or take up to rv,
+// until UndelayRx.
+func (p *Proxy) DelayRx(latency, rv time.Duration) { p.do(fmt.Sprintf("delay-rx %v %v", latency, rv)) }
+
+// UndelayRx ends DelayRx.
+func (p *Proxy) UndelayRx() { p.do("undelay-rx") }
+
 func (p *Proxy) do(cmd string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		p.tb.Errorf("etcdproc: proxy %s after Close", cmd)
+		p.fail("etcdproc: proxy %s after Close", cmd)
 		return
 	}
 	if _, err := fmt.Fprintln(p.in, cmd); err != nil {
-		p.tb.Errorf("etcdproc: proxy %s: %v", cmd, err)
+		p.fail("etcdproc: proxy %s: %v", cmd, err)
 		return
 	}
 	if !p.out.Scan() || p.out.Text() != "ok" {
-		p.tb.Errorf("etcdproc: proxy %s: answered %q (%v)", cmd, p.out.Text(), p.out.Err())
+		p.fail("etcdproc: proxy %s: answered %q (%v)", cmd, p.out.Text(), p.out.Err())
 	}
+}
+
+// fail reports a command that was not applied: to the test, or, for a
+// proxy started without one, by a panic.
+func (p *Proxy) fail(format string, args ...any) {
+	if p.tb == nil {
+		panic(fmt.Sprintf(format, args...))
+	}
+	p.tb.Errorf(format, args...)
 }
 
 // Close stops the proxy: the process ends, and with it every connection it
@@ -164,7 +214,8 @@ func (p *Proxy) Close() {
 
 // NewProxy starts the proxy on addr (a free loopback port if empty) in
 // front of target, a client URL or host:port, and returns it ready, with
-// its URL. tb receives the failures of its methods; the caller closes it.
+// its URL. tb receives the failures of its methods (nil: they panic); the
+// caller closes it.
 func NewProxy(tb testing.TB, addr, target string) (*Proxy, string, error) {
 	if !strings.Contains(target, "://") { // ETCD_ENDPOINTS may give host:port
 		target = "http://" + target

@@ -15,10 +15,10 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"testing"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
-	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -41,9 +41,10 @@ type Config struct {
 	// with these files; with ClientCertAuth set, a client must present a
 	// certificate signed by TrustedCAFile. See GenerateCerts.
 	ClientTLS *transport.TLSInfo
-	// PeerProxies puts etcd's fault proxy in front of each member's peer
-	// port (the members reach each other only through them), so that a
-	// member can be cut off from the others with Member.PeerProxy.
+	// PeerProxies puts etcd's fault proxy (etcdproc.Proxy) in front of
+	// each member's peer port (the members reach each other only through
+	// them), so that a member can be cut off from the others with
+	// Member.PeerProxy.
 	PeerProxies bool
 	// NoFsync turns off etcd's fsync of its log and database
 	// (--unsafe-no-fsync): what benchmarks use to measure the protocol's
@@ -59,15 +60,15 @@ type Member struct {
 
 	cfg       *embed.Config
 	mu        sync.Mutex
-	etc       *embed.Etcd  // nil while stopped
-	peerProxy proxy.Server // nil unless Config.PeerProxies
+	etc       *embed.Etcd     // nil while stopped
+	peerProxy *etcdproc.Proxy // nil unless Config.PeerProxies
 }
 
 // PeerProxy is the proxy in front of the member's peer port, or nil if the
 // cluster was started without PeerProxies. Blackholing it cuts the member
 // off: others' messages to it and its answers over their connections are
 // dropped.
-func (m *Member) PeerProxy() proxy.Server { return m.peerProxy }
+func (m *Member) PeerProxy() *etcdproc.Proxy { return m.peerProxy }
 
 // Cluster is a running etcd cluster: embedded members, or external endpoints.
 type Cluster struct {
@@ -79,6 +80,12 @@ type Cluster struct {
 // Start starts an embedded cluster and waits until every member serves
 // requests, or ctx ends.
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	return start(ctx, cfg, nil)
+}
+
+// start is Start, with tb (if not nil) to receive the failures of the
+// peer proxies' methods; without one they panic.
+func start(ctx context.Context, cfg Config, tb testing.TB) (*Cluster, error) {
 	n := cfg.Members
 	if n == 0 {
 		n = 1
@@ -99,7 +106,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	// may take one in between, so a failed start is retried with new ports.
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		if err := c.startMembers(ctx, cfg, n, dir, attempt); err != nil {
+		if err := c.startMembers(ctx, cfg, tb, n, dir, attempt); err != nil {
 			lastErr = err
 			c.stopMembers()
 			if ctx.Err() != nil {
@@ -113,7 +120,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	return nil, fmt.Errorf("etcdtest: start: %w", lastErr)
 }
 
-func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir string, attempt int) error {
+func (c *Cluster) startMembers(ctx context.Context, cfg Config, tb testing.TB, n int, dir string, attempt int) error {
 	c.Members = nil
 	ports, err := etcdproc.FreePorts(3 * n)
 	if err != nil {
@@ -133,7 +140,7 @@ func (c *Cluster) startMembers(ctx context.Context, cfg Config, n int, dir strin
 		c.Members = append(c.Members, m)
 		advertised := m.PeerURL
 		if cfg.PeerProxies {
-			p, u, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", ports[2*n+i]), m.PeerURL)
+			p, u, err := etcdproc.NewProxy(tb, fmt.Sprintf("127.0.0.1:%d", ports[2*n+i]), m.PeerURL)
 			if err != nil {
 				return err
 			}

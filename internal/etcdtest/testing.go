@@ -16,12 +16,13 @@ import (
 
 // StartT starts an embedded cluster for a test and stops it when the test
 // ends. Tests that need control over members call it directly; it ignores
-// ETCD_ENDPOINTS.
+// ETCD_ENDPOINTS. The failures of its peer proxies' methods, if any, fail
+// the test.
 func StartT(tb testing.TB, cfg Config) *Cluster {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := Start(ctx, cfg)
+	c, err := start(ctx, cfg, tb)
 	if err != nil {
 		tb.Fatalf("start etcd: %v", err)
 	}

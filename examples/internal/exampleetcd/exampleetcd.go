@@ -5,13 +5,17 @@ package exampleetcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
+	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
@@ -55,7 +59,7 @@ func Connect(ctx context.Context, endpoints string, out io.Writer) (*clientv3.Cl
 // client that reaches etcd only through it, so that the example can cut
 // that client's network. close closes both.
 func ProxiedClient(target string) (p proxy.Server, cli *clientv3.Client, close func(), err error) {
-	p, url, err := etcdtest.NewProxy("", target)
+	p, url, err := NewProxy(target)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -65,4 +69,45 @@ func ProxiedClient(target string) (p proxy.Server, cli *clientv3.Client, close f
 		return nil, nil, nil, err
 	}
 	return p, cli, func() { cli.Close(); p.Close() }, nil
+}
+
+// NewProxy starts etcd's fault-injecting TCP proxy, in this process, on a
+// free loopback port in front of target (a URL or host:port: an etcd
+// member, or the example's own server) and returns it ready, with its
+// URL. The caller closes it. (The tests' proxy is etcdproc.Proxy, a
+// process of its own: an example is a program, which should not build one
+// when it runs.)
+func NewProxy(target string) (proxy.Server, string, error) {
+	if !strings.Contains(target, "://") {
+		target = "http://" + target
+	}
+	to, err := url.Parse(target)
+	if err != nil {
+		return nil, "", fmt.Errorf("proxy target %q: %w", target, err)
+	}
+	// A port found free can be taken by another process before the proxy
+	// binds it: try another one.
+	for attempt := 0; ; attempt++ {
+		ports, err := etcdproc.FreePorts(1)
+		if err != nil {
+			return nil, "", err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+		p := proxy.NewServer(proxy.ServerConfig{
+			Logger: zap.NewNop(),
+			From:   url.URL{Scheme: "tcp", Host: addr},
+			To:     url.URL{Scheme: "tcp", Host: to.Host},
+		})
+		select {
+		case <-p.Ready():
+			return p, "http://" + addr, nil
+		case err = <-p.Error():
+		case <-time.After(10 * time.Second):
+			err = fmt.Errorf("proxy on %s not ready after 10s", addr)
+		}
+		p.Close()
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 4 {
+			return nil, "", fmt.Errorf("proxy: %w", err)
+		}
+	}
 }
