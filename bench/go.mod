@@ -9,6 +9,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.115.0
 	github.com/leasefence/leasefence v0.0.0-00010101000000-000000000000
 	github.com/leasefence/leasefence/fence/objectfence v0.0.0-00010101000000-000000000000
+	github.com/leasefence/leasefence/internal/chaos v0.0.0-00010101000000-000000000000
 	github.com/leasefence/leasefence/internal/etcdtest v0.0.0-00010101000000-000000000000
 	github.com/leasefence/leasefence/internal/s3test v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/client/v3 v3.7.3
@@ -95,6 +96,8 @@ require (
 )
 
 replace github.com/leasefence/leasefence => ..
+
+replace github.com/leasefence/leasefence/internal/chaos => ../internal/chaos
 
 replace github.com/leasefence/leasefence/internal/etcdtest => ../internal/etcdtest
 

@@ -12,7 +12,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/rttlab"
+	"github.com/leasefence/leasefence/internal/chaos/rttlab"
 	"github.com/leasefence/leasefence/lease"
 )
 

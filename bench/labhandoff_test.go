@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/leasefence/leasefence/internal/rttlab"
+	"github.com/leasefence/leasefence/internal/chaos/rttlab"
 	"github.com/leasefence/leasefence/lease"
 )
 

@@ -12,10 +12,10 @@
 // SIGCONT and SIGKILL of child processes (this test binary run again),
 // stopped and killed members, a blackholed peer port, members behind
 // links that delay every byte as a wire does, cut and slowed mid-run
-// (internal/rttlab), compaction with defragmentation, and the library's
-// local clock run at half or double
-// speed (lease.WithClockRate, which exists only under the build tag
-// leasefence_mutants; without the tag the clock fault kinds are left out).
+// (internal/chaos/rttlab), compaction with defragmentation, and the
+// library's local clock run at half or double speed (lease.WithClockRate,
+// which exists only under the build tag leasefence_mutants; without the
+// tag the clock fault kinds are left out).
 // Every loop is bounded.
 //
 // # What runs

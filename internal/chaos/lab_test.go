@@ -14,9 +14,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/internal/chaos/netlab"
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/exampleenv"
-	"github.com/leasefence/leasefence/internal/netlab"
 )
 
 // labCluster is three etcd members, each a real process on a host of its

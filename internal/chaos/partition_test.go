@@ -17,8 +17,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/internal/chaos/netlab"
 	"github.com/leasefence/leasefence/internal/etcdproc"
-	"github.com/leasefence/leasefence/internal/netlab"
 )
 
 // cutFigures are what one cut of a lock holder measured.

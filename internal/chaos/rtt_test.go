@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/internal/rttlab"
+	"github.com/leasefence/leasefence/internal/chaos/rttlab"
 )
 
 // The rtt-lab fault: three etcd processes behind links that delay every
-// byte as a wire does (internal/rttlab), at round trips a deployment has.
-// During the victim's pause the links change under the run: every link's
+// byte as a wire does (internal/chaos/rttlab), at round trips a deployment
+// has. During the victim's pause the links change under the run: every link's
 // delay is set anew, one member's peer link is cut (every connection to
 // its peer port, the leader's or another's: the others hear nothing it
 // sends and it misses their pipelined messages), or one member's client

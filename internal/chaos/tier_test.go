@@ -12,8 +12,8 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/leasefence/leasefence/internal/chaos/rttlab"
 	"github.com/leasefence/leasefence/internal/etcdtest"
-	"github.com/leasefence/leasefence/internal/rttlab"
 )
 
 // envSummary names a file that each tier's summary line is also appended
