@@ -24,6 +24,8 @@ import (
 // the proxy instead would end the link for good. Breaking the connections
 // here, while the blackholes are still on, ends them all, including idle
 // ones, and no byte crosses a connection after bytes were dropped on it.
+// (rttlab.Link resets its connections on Heal by itself, but cannot pause
+// a connection as the proxy does.)
 type Breaker struct {
 	ln     net.Listener
 	target string

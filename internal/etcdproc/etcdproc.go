@@ -1,6 +1,9 @@
 // Package etcdproc runs real etcd servers as child processes for the tests
 // of the library's own module, or points them at the cluster named in
-// ETCD_ENDPOINTS.
+// ETCD_ENDPOINTS. It is also the one place, for every module's tests, of
+// what does not depend on how the server runs: the shared Env and its
+// run, LeakCheck, Name, Ctx, the clients, and the fault Proxy. Package
+// etcdtest adds only what an embedded server needs.
 //
 // The library's module must not require etcd's server module: a module's
 // requirements, its tests' included, are in the graph of every module that

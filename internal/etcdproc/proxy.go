@@ -119,7 +119,11 @@ func proxyBinary(ctx context.Context) (string, error) {
 //
 // It is the one proxy of the project's tests: the library's module cannot
 // link etcd's proxy package, and the other modules' tests use this one too
-// rather than a second, in-process copy.
+// rather than a second, in-process copy. It is for faults on one client's
+// connection (pause, delay, blackhole); for chosen messages held back use
+// internal/holdback, for round trips precise enough to measure
+// internal/chaos/rttlab, and for partitions between hosts
+// internal/chaos/netlab.
 type Proxy struct {
 	tb     testing.TB
 	cmd    *exec.Cmd

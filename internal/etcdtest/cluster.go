@@ -1,6 +1,10 @@
 // Package etcdtest starts real etcd servers for tests and examples: one or
 // three embedded members on free loopback ports, or the cluster named in the
-// ETCD_ENDPOINTS environment variable.
+// ETCD_ENDPOINTS environment variable. It holds only what needs the
+// embedded server (members stopped, restarted, held mid-apply or restored
+// from a snapshot, and the leak ignores that server's goroutines need);
+// the rest of the harness (Name, Ctx, clients, Env's run, the fault
+// proxy) is package etcdproc's.
 //
 // Nothing here is mocked: the servers are etcd's own server package, run in
 // process, with fsync on (unless Config.NoFsync). Every server this package

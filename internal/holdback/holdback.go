@@ -1,6 +1,12 @@
 // Package holdback holds back a client's etcd traffic through its gRPC
 // interceptors, for tests that need an order etcd allows but seldom shows:
 // the client cannot tell that from a slow network or member.
+//
+// It is for holding back or losing chosen messages of one client (a watch
+// response, a write's answer) in an order the test picks; for faults on a
+// whole connection (pause, delay, blackhole) use etcdproc.Proxy, for
+// round trips precise enough to measure internal/chaos/rttlab, and for
+// partitions between hosts internal/chaos/netlab.
 package holdback
 
 import (

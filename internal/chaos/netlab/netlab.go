@@ -14,6 +14,11 @@
 //
 // It needs root, iproute2's ip and nftables' nft; Available says why not.
 // tc netem is not used: the kernels this runs on may lack sch_netem.
+//
+// It is for partitions and loss between hosts, which every process on a
+// host sees alike (members, lock holders); for faults on one client's
+// connection to etcd use etcdproc.Proxy, for latency precise enough to
+// measure rttlab, and for chosen messages held back internal/holdback.
 package netlab
 
 import (

@@ -13,4 +13,9 @@
 // through a link pays the configured round trip within tens of
 // microseconds; on a loaded one the scheduler adds its own delay, as it
 // would to any real process.
+//
+// It is for figures that round trips decide, and for cutting a member's
+// links; for pausing or blackholing one client's connection use
+// etcdproc.Proxy, for partitions between hosts netlab, and for chosen
+// messages held back internal/holdback.
 package rttlab
