@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -79,7 +80,7 @@ func reviewStep(t *testing.T, cli *clientv3.Client, r *rand.Rand, recorders map[
 	switch r.IntN(6) {
 	case 0, 1:
 		op.kind, op.value = "resource", value
-		resp, op.err = fence.NewTxn(testCtx(t), cli, fence.Resource(rec, tok)).Then(clientv3.OpPut(data, value)).Commit()
+		resp, op.err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, tok)).Then(clientv3.OpPut(data, value)).Commit()
 	case 2:
 		op.kind, op.value = "recorder", value
 		rc := recorders[tok]
@@ -87,10 +88,10 @@ func reviewStep(t *testing.T, cli *clientv3.Client, r *rand.Rand, recorders map[
 			rc = fence.NewRecorder(rec)
 			recorders[tok] = rc
 		}
-		resp, op.err = fence.NewTxn(testCtx(t), cli, rc.Guard(tok)).Then(clientv3.OpPut(data, value)).Commit()
+		resp, op.err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, rc.Guard(tok)).Then(clientv3.OpPut(data, value)).Commit()
 	case 3, 4:
 		op.kind = "claim"
-		resp, op.err = fence.NewTxn(testCtx(t), cli, fence.Claim(rec, tok)).Then(clientv3.OpGet(data)).Commit()
+		resp, op.err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Claim(rec, tok)).Then(clientv3.OpGet(data)).Commit()
 		if op.err == nil {
 			kvs := resp.Responses[0].GetResponseRange().Kvs
 			if len(kvs) > 0 {
@@ -103,12 +104,12 @@ func reviewStep(t *testing.T, cli *clientv3.Client, r *rand.Rand, recorders map[
 			// writes take the full shape. Tokens start over then, so
 			// the history is cut here.
 			op.kind = "delete"
-			d, err := cli.Delete(testCtx(t), rec)
+			d, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), rec)
 			op.err, op.rev = err, d.Header.Revision
 			return op
 		}
 		op.kind = "check"
-		resp, op.err = fence.NewTxn(testCtx(t), cli, fence.Resource(rec, tok)).Commit()
+		resp, op.err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, tok)).Commit()
 	}
 	if op.err == nil {
 		op.rev = resp.Header.Revision
@@ -166,7 +167,7 @@ func checkReviewHistory(t *testing.T, cli *clientv3.Client, data string, start i
 	if len(put) == 0 {
 		t.Fatal("no write succeeded")
 	}
-	wch := cli.Watch(testCtx(t), data, clientv3.WithRev(start+1))
+	wch := cli.Watch(etcdproc.Ctx(t, 30*time.Second), data, clientv3.WithRev(start+1))
 	var revs []int64
 	for len(revs) == 0 || revs[len(revs)-1] < final {
 		wr, ok := <-wch
@@ -217,10 +218,10 @@ func TestReviewRefusedClaimChangesNothing(t *testing.T) {
 	h, _ := lockPut(t, cli, base+"/lock")
 	held := fence.Held(h)
 	low, high, leased, missing := base+"/low", base+"/high", base+"/leased", base+"/missing"
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(low, 3)).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(low, 3)).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(high, 50)).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(high, 50)).Commit(); err != nil {
 		t.Fatal(err)
 	}
 	leasedPut(t, cli, leased)
@@ -239,7 +240,7 @@ func TestReviewRefusedClaimChangesNothing(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			before := revision(t, cli)
-			resp, err := fence.NewTxn(testCtx(t), cli, tc.guards...).Then(clientv3.OpGet(base + "/data")).Commit()
+			resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, tc.guards...).Then(clientv3.OpGet(base + "/data")).Commit()
 			if !errors.Is(err, tc.want) || resp != nil {
 				t.Fatalf("Commit: %v %v, want %v", resp, err, tc.want)
 			}
@@ -262,16 +263,16 @@ func TestReviewHeldForeignLease(t *testing.T) {
 	cli := etcd.Client(t)
 	h, _ := lockPut(t, cli, etcdproc.Name(t, "review-held")+"/lock")
 	lock := h.key
-	g, err := cli.Grant(testCtx(t), 60)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cli.Revoke(testCtx(t), g.ID)
+	defer cli.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
 	refused := func(how string) {
 		t.Helper()
 		for _, guards := range [][]fence.Guard{{fence.Held(h)}, {fence.Held(h), fence.Claim(lock+"-fence", 3)}} {
 			before := revision(t, cli)
-			_, err := fence.NewTxn(testCtx(t), cli, guards...).Then(clientv3.OpPut(lock+"-data", "y")).Commit()
+			_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, guards...).Then(clientv3.OpPut(lock+"-data", "y")).Commit()
 			var nh *fence.NotHeldError
 			if !errors.As(err, &nh) || !nh.Detached || nh.Current != h.tok {
 				t.Fatalf("Held on a key moved onto %s (%v): %v, want a Detached NotHeldError", how, guards, err)
@@ -281,11 +282,11 @@ func TestReviewHeldForeignLease(t *testing.T) {
 			}
 		}
 	}
-	if _, err := cli.Put(testCtx(t), lock, "", clientv3.WithLease(g.ID)); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lock, "", clientv3.WithLease(g.ID)); err != nil {
 		t.Fatal(err)
 	}
 	refused("another lease")
-	if _, err := cli.Put(testCtx(t), lock, ""); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lock, ""); err != nil {
 		t.Fatal(err)
 	}
 	refused("no lease")

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -46,7 +47,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 
 			// A's holding ends (its key goes, as when its lease expires
 			// while it is paused); B takes the lock with a larger token.
-			if _, err := cli.Delete(testCtx(t), a.Key()); err != nil {
+			if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), a.Key()); err != nil {
 				t.Fatal(err)
 			}
 			<-a.Done()
@@ -57,7 +58,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 			if got := tc.resume(t, cli, rec, data, b.Token()); got != "10" {
 				t.Fatalf("B resumed from %q, want 10", got)
 			}
-			_, lateErr := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, a.Token())).
+			_, lateErr := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, a.Token())).
 				Then(clientv3.OpPut(data, "20")).Commit()
 			tc.late(t, lateErr)
 			write(t, cli, rec, data, b.Token(), "11")
@@ -70,7 +71,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 
 func write(t *testing.T, cli *clientv3.Client, rec, data string, token int64, v string) {
 	t.Helper()
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, token)).Then(clientv3.OpPut(data, v)).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, token)).Then(clientv3.OpPut(data, v)).Commit(); err != nil {
 		t.Fatalf("fenced write of %s with token %d: %v", v, token, err)
 	}
 }
@@ -86,14 +87,14 @@ func plainRead(t *testing.T, cli *clientv3.Client, _, data string, _ int64) stri
 func claimRead(t *testing.T, cli *clientv3.Client, rec, data string, token int64) string {
 	t.Helper()
 	kv := &countingKV{KV: cli}
-	resp, err := fence.NewTxn(testCtx(t), kv, fence.Claim(rec, token)).Then(clientv3.OpGet(data)).Commit()
+	resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, fence.Claim(rec, token)).Then(clientv3.OpGet(data)).Commit()
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
 	if kv.sent != 1 {
 		t.Errorf("a claim over a lower record took %d transactions, want 1", kv.sent)
 	}
-	if highest, err := fence.ReadRecord(testCtx(t), cli, rec); err != nil || highest != token {
+	if highest, err := fence.ReadRecord(etcdproc.Ctx(t, 30*time.Second), cli, rec); err != nil || highest != token {
 		t.Fatalf("record after the claim: %d %v, want %d", highest, err, token)
 	}
 	return string(resp.Responses[0].GetResponseRange().Kvs[0].Value)
@@ -104,17 +105,17 @@ func TestClaim(t *testing.T) {
 	cli := etcd.Client(t)
 	rec := etcdproc.Name(t, "claim") + "/fence"
 	data := rec + "-data"
-	if _, err := cli.Put(testCtx(t), data, "v"); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), data, "v"); err != nil {
 		t.Fatal(err)
 	}
 	read := func(token int64) (*clientv3.TxnResponse, error) {
-		return fence.NewTxn(testCtx(t), cli, fence.Claim(rec, token)).Then(clientv3.OpGet(data)).Commit()
+		return fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Claim(rec, token)).Then(clientv3.OpGet(data)).Commit()
 	}
 	// A missing record is created by the claim.
 	if _, err := read(5); err != nil {
 		t.Fatalf("claim of a missing record: %v", err)
 	}
-	if h, _ := fence.ReadRecord(testCtx(t), cli, rec); h != 5 {
+	if h, _ := fence.ReadRecord(etcdproc.Ctx(t, 30*time.Second), cli, rec); h != 5 {
 		t.Fatalf("record %d after the first claim, want 5", h)
 	}
 	// An equal token passes and the record stays.
@@ -149,15 +150,15 @@ func TestLeasedRecordRefused(t *testing.T) {
 		name string
 		txn  *fence.Txn
 	}{
-		{"resource with a write", fence.NewTxn(testCtx(t), cli, fence.Resource(l.Key(), l.Token())).Then(clientv3.OpPut(name+"-data", "x"))},
-		{"resource alone", fence.NewTxn(testCtx(t), cli, fence.Resource(l.Key(), l.Token()))},
-		{"claim", fence.NewTxn(testCtx(t), cli, fence.Claim(l.Key(), l.Token())).Then(clientv3.OpGet(name + "-data"))},
-		{"recorder", fence.NewTxn(testCtx(t), cli, rec.Guard(l.Token())).Then(clientv3.OpPut(name+"-data", "x"))},
-		{"beside held", fence.NewTxn(testCtx(t), cli, fence.Held(other), fence.Resource(name+"-fence", l.Token()), fence.Resource(l.Key(), l.Token())).Then(clientv3.OpPut(name+"-data", "x"))},
+		{"resource with a write", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(l.Key(), l.Token())).Then(clientv3.OpPut(name+"-data", "x"))},
+		{"resource alone", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(l.Key(), l.Token()))},
+		{"claim", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Claim(l.Key(), l.Token())).Then(clientv3.OpGet(name + "-data"))},
+		{"recorder", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, rec.Guard(l.Token())).Then(clientv3.OpPut(name+"-data", "x"))},
+		{"beside held", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(other), fence.Resource(name+"-fence", l.Token()), fence.Resource(l.Key(), l.Token())).Then(clientv3.OpPut(name+"-data", "x"))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			before, err := cli.Get(testCtx(t), l.Key())
+			before, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), l.Key())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,7 +167,7 @@ func TestLeasedRecordRefused(t *testing.T) {
 			if !errors.Is(err, fence.ErrBadRecord) {
 				t.Fatalf("Commit: %v, want ErrBadRecord", err)
 			}
-			after, err := cli.Get(testCtx(t), l.Key())
+			after, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), l.Key())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -28,7 +28,7 @@ func TestHeldCmpsRefuseKeyOffItsLease(t *testing.T) {
 
 	commit := func(h fence.Holder, cmps []clientv3.Cmp, value string) bool {
 		t.Helper()
-		resp, err := cli.Txn(testCtx(t)).If(cmps...).Then(clientv3.OpPut(data, value)).Commit()
+		resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).If(cmps...).Then(clientv3.OpPut(data, value)).Commit()
 		if err != nil {
 			t.Fatalf("txn for %s@%d: %v", h.Key(), h.Token(), err)
 		}
@@ -40,10 +40,10 @@ func TestHeldCmpsRefuseKeyOffItsLease(t *testing.T) {
 
 	// Another client's put with no lease: the key stays, with its creation
 	// revision, off the holder's lease.
-	if _, err := other.Put(testCtx(t), moved.Key(), "intruder"); err != nil {
+	if _, err := other.Put(etcdproc.Ctx(t, 30*time.Second), moved.Key(), "intruder"); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Get(testCtx(t), moved.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), moved.Key())
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != moved.Token() || resp.Kvs[0].Lease != 0 {
 		t.Fatalf("moved key: %v %v, want creation revision %d and no lease", resp.Kvs, err, moved.Token())
 	}
@@ -60,7 +60,7 @@ func TestHeldCmpsRefuseKeyOffItsLease(t *testing.T) {
 		t.Fatalf("data = %q after the refused write, want unchanged", v)
 	}
 	// Held refuses the same key: one verdict for both.
-	_, err = fence.NewTxn(testCtx(t), cli, fence.Held(bare)).Then(clientv3.OpPut(data, "held")).Commit()
+	_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(bare)).Then(clientv3.OpPut(data, "held")).Commit()
 	var nh *fence.NotHeldError
 	if !errors.As(err, &nh) || !nh.Detached {
 		t.Fatalf("Held on the moved key: %v, want a Detached NotHeldError", err)
@@ -77,7 +77,7 @@ func TestHeldCmpsRefuseZeroToken(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "heldcmps-zero")
 	h := token{name + "/1a2b", 0}
-	resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
+	resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
 	if err != nil || resp.Succeeded {
 		t.Fatalf("HeldCmps with token 0 on a missing key: succeeded=%v err=%v", resp != nil && resp.Succeeded, err)
 	}
@@ -99,12 +99,12 @@ func TestHeldRefusesKeyOnAnotherLease(t *testing.T) {
 	old := token{first.Key(), first.Token()}
 	heldWrite := func(h fence.Holder, value string) error {
 		t.Helper()
-		_, err := fence.NewTxn(testCtx(t), cli, fence.Held(h)).Then(clientv3.OpPut(data, value)).Commit()
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(h)).Then(clientv3.OpPut(data, value)).Commit()
 		return err
 	}
 	cmpsWrite := func(h fence.Holder, value string) bool {
 		t.Helper()
-		resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(data, value)).Commit()
+		resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(data, value)).Commit()
 		if err != nil {
 			t.Fatalf("txn for %s@%d: %v", h.Key(), h.Token(), err)
 		}
@@ -117,7 +117,7 @@ func TestHeldRefusesKeyOnAnotherLease(t *testing.T) {
 		t.Fatal("control: HeldCmps before the move failed")
 	}
 
-	s2, err := lease.NewSession(testCtx(t), other)
+	s2, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), other)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,19 +135,19 @@ func TestHeldRefusesKeyOnAnotherLease(t *testing.T) {
 	}()
 
 	// Someone's put moves the holder's key onto another live lease.
-	g, err := other.Grant(testCtx(t), 60)
+	g, err := other.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Revoke(testCtx(t), g.ID)
-	if _, err := other.Put(testCtx(t), old.Key(), "intruder", clientv3.WithLease(g.ID)); err != nil {
+	defer other.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
+	if _, err := other.Put(etcdproc.Ctx(t, 30*time.Second), old.Key(), "intruder", clientv3.WithLease(g.ID)); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Get(testCtx(t), old.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), old.Key())
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != old.Token() || resp.Kvs[0].Lease != int64(g.ID) {
 		t.Fatalf("moved key: %v %v, want creation revision %d on lease %x", resp.Kvs, err, old.Token(), int64(g.ID))
 	}
-	ttl, err := cli.TimeToLive(testCtx(t), g.ID)
+	ttl, err := cli.TimeToLive(etcdproc.Ctx(t, 30*time.Second), g.ID)
 	if err != nil || ttl.TTL <= 0 {
 		t.Fatalf("the other lease is not live: %v %v", ttl, err)
 	}
@@ -178,7 +178,7 @@ func TestHeldRefusesKeyOnAnotherLease(t *testing.T) {
 	if !cmpsWrite(next, "new cmps") {
 		t.Fatal("HeldCmps refused the new holder")
 	}
-	if err := next.Unlock(testCtx(t)); err != nil {
+	if err := next.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -191,11 +191,11 @@ func TestHeldRefusesKeyWithNoLease(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "held-nolease")
-	g, err := cli.Grant(testCtx(t), 60)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cli.Revoke(testCtx(t), g.ID)
+	defer cli.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
 	hex := fmt.Sprintf("%x", int64(g.ID))
 	keys := []string{
 		strings.ReplaceAll(name, "/", "-") + hex, // no "/"
@@ -213,25 +213,25 @@ func TestHeldRefusesKeyWithNoLease(t *testing.T) {
 	}
 	for _, key := range keys {
 		t.Run(key[len(name):], func(t *testing.T) {
-			p, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID))
+			p, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), key, "", clientv3.WithLease(g.ID))
 			if err != nil {
 				t.Fatal(err)
 			}
 			h := token{key, p.Header.Revision}
 			kv := &countingKV{KV: cli}
 			before := revision(t, cli)
-			_, err = fence.NewTxn(testCtx(t), kv, fence.Held(h)).Then(clientv3.OpPut(name+"-data", "x")).Commit()
+			_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, fence.Held(h)).Then(clientv3.OpPut(name+"-data", "x")).Commit()
 			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("Held on %q: %v, want ErrInvalidArgument", key, err)
 			}
 			if kv.sent != 0 || revision(t, cli) != before {
 				t.Fatalf("Held on %q sent %d transactions", key, kv.sent)
 			}
-			resp, err := cli.Txn(testCtx(t)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
+			resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).If(fence.HeldCmps(h)...).Then(clientv3.OpPut(name+"-data", "x")).Commit()
 			if err != nil || resp.Succeeded {
 				t.Fatalf("HeldCmps on %q: succeeded=%v err=%v, want a failed comparison", key, resp != nil && resp.Succeeded, err)
 			}
-			if _, err := cli.Delete(testCtx(t), key); err != nil {
+			if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), key); err != nil {
 				t.Fatal(err)
 			}
 		})

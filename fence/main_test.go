@@ -18,16 +18,14 @@ var etcd etcdproc.Env
 
 func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
 
-func testCtx(t testing.TB) context.Context { return etcdproc.Ctx(t, 30*time.Second) }
-
 func newLock(t testing.TB, cli *clientv3.Client, name string) (*lease.Session, *lease.Lock) {
 	t.Helper()
-	s, err := lease.NewSession(testCtx(t), cli)
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	l, err := s.Lock(testCtx(t), name)
+	l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +34,7 @@ func newLock(t testing.TB, cli *clientv3.Client, name string) (*lease.Session, *
 
 func get(t testing.TB, cli *clientv3.Client, key string) (string, bool) {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), key)
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +46,7 @@ func get(t testing.TB, cli *clientv3.Client, key string) (string, bool) {
 
 func revision(t testing.TB, cli *clientv3.Client) int64 {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), "any")
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +64,7 @@ func (h token) Key() string  { return h.key }
 func (h token) Token() int64 { return h.tok }
 
 func testCtxWithTimeout(t testing.TB, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(testCtx(t), d)
+	return context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), d)
 }
 
 // lockPut makes a lock key as a session does: a lease of its own, and
@@ -75,12 +73,12 @@ func testCtxWithTimeout(t testing.TB, d time.Duration) (context.Context, context
 // its token, and the lease.
 func lockPut(t testing.TB, cli *clientv3.Client, name string) (token, clientv3.LeaseID) {
 	t.Helper()
-	g, err := cli.Grant(testCtx(t), 60)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := fmt.Sprintf("%s/%x", name, int64(g.ID))
-	resp, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID))
+	resp, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), key, "", clientv3.WithLease(g.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,11 +89,11 @@ func lockPut(t testing.TB, cli *clientv3.Client, name string) (token, clientv3.L
 // takes only a key named after its lease (lockPut).
 func leasedPut(t testing.TB, cli *clientv3.Client, key string) *clientv3.PutResponse {
 	t.Helper()
-	g, err := cli.Grant(testCtx(t), 60)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID))
+	resp, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), key, "", clientv3.WithLease(g.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -45,18 +46,18 @@ func TestResourceOneLevel(t *testing.T) {
 			h, _ := lockPut(t, cli, base+"/lock")
 			lock := h.key
 			if tc.record != "" {
-				if _, err := cli.Put(testCtx(t), rec, tc.record); err != nil {
+				if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), rec, tc.record); err != nil {
 					t.Fatal(err)
 				}
 			}
 			if tc.lockGone {
-				if _, err := cli.Delete(testCtx(t), lock); err != nil {
+				if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), lock); err != nil {
 					t.Fatal(err)
 				}
 			}
 			before := revision(t, cli)
 			kv := &countingKV{KV: cli}
-			resp, err := fence.NewTxn(testCtx(t), kv, fence.Held(h), fence.Resource(rec, writer)).
+			resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, fence.Held(h), fence.Resource(rec, writer)).
 				Then(clientv3.OpPut(data, "v"), clientv3.OpGet(lock)).
 				Commit()
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
@@ -94,7 +95,7 @@ func TestResourceCheckAlone(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	rec := etcdproc.Name(t, "check") + "/fence"
-	if _, err := cli.Put(testCtx(t), rec, fence.EncodeToken(5)); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), rec, fence.EncodeToken(5)); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -117,7 +118,7 @@ func TestResourceCheckAlone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := revision(t, cli)
 			kv := &countingKV{KV: cli}
-			_, err := fence.NewTxn(testCtx(t), kv, fence.Resource(rec, tc.token)).Then(tc.then...).Commit()
+			_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, fence.Resource(rec, tc.token)).Then(tc.then...).Commit()
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
 				t.Fatalf("check: %v, want %v", err, tc.wantErr)
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -29,14 +30,14 @@ func TestReviewClaimAnswerTooLarge(t *testing.T) {
 	defer small.Close()
 	base := etcdproc.Name(t, "review-big")
 	rec, data := base+"/fence", base+"/data"
-	if _, err := cli.Put(testCtx(t), data, strings.Repeat("x", 200<<10)); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), data, strings.Repeat("x", 200<<10)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = fence.NewTxn(testCtx(t), small, fence.Claim(rec, 10)).Then(clientv3.OpGet(data)).Commit()
-	highest, rerr := fence.ReadRecord(testCtx(t), cli, rec)
+	_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), small, fence.Claim(rec, 10)).Then(clientv3.OpGet(data)).Commit()
+	highest, rerr := fence.ReadRecord(etcdproc.Ctx(t, 30*time.Second), cli, rec)
 	if rerr != nil {
 		t.Fatal(rerr)
 	}
@@ -55,17 +56,17 @@ func TestReviewClaimAnswerTooLarge(t *testing.T) {
 func TestReviewLeasedRecordCompareOnly(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	g, err := cli.Grant(testCtx(t), 60)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cli.Revoke(testCtx(t), g.ID)
+	defer cli.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
 	t.Run("check alone", func(t *testing.T) {
 		rec := etcdproc.Name(t, "review-leased") + "/fence"
-		if _, err := cli.Put(testCtx(t), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
+		if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
 			t.Fatal(err)
 		}
-		_, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 7)).Commit()
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 7)).Commit()
 		if !errors.Is(err, fence.ErrBadRecord) {
 			t.Fatalf("check alone on a leased record: %v, want ErrBadRecord", err)
 		}
@@ -74,14 +75,14 @@ func TestReviewLeasedRecordCompareOnly(t *testing.T) {
 		base := etcdproc.Name(t, "review-leased")
 		rec, data := base+"/fence", base+"/data"
 		r := fence.NewRecorder(rec)
-		if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(7)).Then(clientv3.OpPut(data, "1")).Commit(); err != nil {
+		if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(7)).Then(clientv3.OpPut(data, "1")).Commit(); err != nil {
 			t.Fatal(err)
 		}
 		// Someone else's put attaches the record to a lease, same value.
-		if _, err := cli.Put(testCtx(t), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
+		if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
 			t.Fatal(err)
 		}
-		_, err := fence.NewTxn(testCtx(t), cli, r.Guard(7)).Then(clientv3.OpPut(data, "2")).Commit()
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(7)).Then(clientv3.OpPut(data, "2")).Commit()
 		if v, _ := get(t, cli, data); !errors.Is(err, fence.ErrBadRecord) || v != "1" {
 			t.Fatalf("steady write through a leased record: %v, data %q; want ErrBadRecord and data unchanged", err, v)
 		}

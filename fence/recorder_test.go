@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -31,12 +32,12 @@ func TestRecorder(t *testing.T) {
 		{"steady: same token again", func(*testing.T, string) {}, 10, 1, 0, 10},
 		{"a new holder's first write", func(*testing.T, string) {}, 20, 1, 0, 20},
 		{"record raised by someone newer", func(t *testing.T, rec string) {
-			if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 30)).Commit(); err != nil {
+			if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 30)).Commit(); err != nil {
 				t.Fatal(err)
 			}
 		}, 10, 1, 30, 30},
 		{"record deleted behind its back", func(t *testing.T, rec string) {
-			if _, err := cli.Delete(testCtx(t), rec); err != nil {
+			if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), rec); err != nil {
 				t.Fatal(err)
 			}
 		}, 10, 2, 0, 10},
@@ -46,12 +47,12 @@ func TestRecorder(t *testing.T) {
 			base := etcdproc.Name(t, "recorder")
 			rec, data := base+"/fence", base+"/data"
 			r := fence.NewRecorder(rec)
-			if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(10)).Then(clientv3.OpPut(data, "first")).Commit(); err != nil {
+			if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(10)).Then(clientv3.OpPut(data, "first")).Commit(); err != nil {
 				t.Fatal(err)
 			}
 			tc.before(t, rec)
 			kv := &countingKV{KV: cli}
-			_, err := fence.NewTxn(testCtx(t), kv, r.Guard(tc.token)).Then(clientv3.OpPut(data, "second")).Commit()
+			_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, r.Guard(tc.token)).Then(clientv3.OpPut(data, "second")).Commit()
 			var stale *fence.StaleError
 			switch {
 			case tc.wantStale == 0 && err != nil:
@@ -62,7 +63,7 @@ func TestRecorder(t *testing.T) {
 			if kv.sent != tc.wantTrips {
 				t.Errorf("%d round trips, want %d", kv.sent, tc.wantTrips)
 			}
-			if got, err := fence.ReadRecord(testCtx(t), cli, rec); err != nil || got != tc.wantRec {
+			if got, err := fence.ReadRecord(etcdproc.Ctx(t, 30*time.Second), cli, rec); err != nil || got != tc.wantRec {
 				t.Errorf("record %d (%v), want %d", got, err, tc.wantRec)
 			}
 			want := "second"
@@ -85,7 +86,7 @@ func TestRecorderSteadyWithHeldAndCallerTxn(t *testing.T) {
 	r := fence.NewRecorder(name + "-fence")
 	data := name + "-data"
 	put := func(v string) error {
-		_, err := fence.NewTxn(testCtx(t), cli, fence.Held(l), r.Guard(l.Token())).Then(clientv3.OpPut(data, v)).Commit()
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(l), r.Guard(l.Token())).Then(clientv3.OpPut(data, v)).Commit()
 		return err
 	}
 	if err := put("1"); err != nil {
@@ -94,14 +95,14 @@ func TestRecorderSteadyWithHeldAndCallerTxn(t *testing.T) {
 	if err := put("2"); err != nil { // steady
 		t.Fatal(err)
 	}
-	resp, err := fence.NewTxn(testCtx(t), cli, r.Guard(l.Token())).
+	resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(l.Token())).
 		If(clientv3.Compare(clientv3.Value(data), "=", "nope")).
 		Then(clientv3.OpPut(data, "then")).
 		Else(clientv3.OpGet(data)).Commit()
 	if err != nil || resp.Succeeded || string(resp.Responses[0].GetResponseRange().Kvs[0].Value) != "2" {
 		t.Fatalf("caller's Else through the steady shape: %v %v", resp, err)
 	}
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if err := put("3"); !errors.Is(err, fence.ErrNotHeld) {
@@ -122,7 +123,7 @@ func TestRecorderSteadyBeforeFullShape(t *testing.T) {
 	base := etcdproc.Name(t, "recorder-size")
 	rec := base + "/fence"
 	r := fence.NewRecorder(rec)
-	if _, err := fence.NewTxn(testCtx(t), cli, r.Guard(10)).Then(clientv3.OpPut(base+"/first", "x")).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(10)).Then(clientv3.OpPut(base+"/first", "x")).Commit(); err != nil {
 		t.Fatal(err)
 	}
 	// One record's full shape leaves MaxTxnOps - 3 operations to the
@@ -132,15 +133,15 @@ func TestRecorderSteadyBeforeFullShape(t *testing.T) {
 		puts[i] = clientv3.OpPut(fmt.Sprintf("%s/data/%03d", base, i), "v")
 	}
 	kv := &countingKV{KV: cli}
-	if _, err := fence.NewTxn(testCtx(t), kv, r.Guard(10)).Then(puts...).Commit(); err != nil || kv.sent != 1 {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, r.Guard(10)).Then(puts...).Commit(); err != nil || kv.sent != 1 {
 		t.Fatalf("steady write of %d puts: %v, %d round trips; want it applied in 1", len(puts), err, kv.sent)
 	}
-	if _, err := cli.Delete(testCtx(t), rec); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), rec); err != nil {
 		t.Fatal(err)
 	}
 	before := revision(t, cli)
 	kv = &countingKV{KV: cli}
-	_, err := fence.NewTxn(testCtx(t), kv, r.Guard(10)).Then(puts...).Commit()
+	_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, r.Guard(10)).Then(puts...).Commit()
 	if !errors.Is(err, fence.ErrInvalidArgument) || kv.sent != 1 {
 		t.Fatalf("write after the record went: %v, %d round trips; want ErrInvalidArgument after the one steady attempt", err, kv.sent)
 	}

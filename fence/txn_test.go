@@ -20,20 +20,20 @@ func TestHeldGuard(t *testing.T) {
 	data := name + "-data"
 	s, l := newLock(t, cli, name)
 
-	resp, err := fence.NewTxn(testCtx(t), cli, fence.Held(l)).Then(clientv3.OpPut(data, "a")).Commit()
+	resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(l)).Then(clientv3.OpPut(data, "a")).Commit()
 	if err != nil || !resp.Succeeded {
 		t.Fatalf("guarded put while held: %v %v", resp, err)
 	}
 	if v, _ := get(t, cli, data); v != "a" {
 		t.Fatalf("data = %q, want a", v)
 	}
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	// Released: the guard fails before sending (the lock knows) and in etcd
 	// (a bare holder with the same key and token).
 	for _, h := range []fence.Holder{l, token{l.Key(), l.Token()}} {
-		_, err = fence.NewTxn(testCtx(t), cli, fence.Held(h)).Then(clientv3.OpPut(data, "late")).Commit()
+		_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(h)).Then(clientv3.OpPut(data, "late")).Commit()
 		var nh *fence.NotHeldError
 		if !errors.Is(err, fence.ErrNotHeld) || !errors.As(err, &nh) || nh.Key != l.Key() || nh.Token != l.Token() {
 			t.Fatalf("guarded put after unlock (%T): %v, want a NotHeldError for %s@%d", h, err, l.Key(), l.Token())
@@ -47,14 +47,14 @@ func TestHeldGuard(t *testing.T) {
 	}
 	// A fresh lock on the same name and session has the same key but a new
 	// token: the old guard never passes.
-	l2, err := s.Lock(testCtx(t), name)
+	l2, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l2.Key() != l.Key() || l2.Token() <= l.Token() {
 		t.Fatalf("relock: key %s token %d, before %s %d", l2.Key(), l2.Token(), l.Key(), l.Token())
 	}
-	_, err = fence.NewTxn(testCtx(t), cli, fence.Held(token{l.Key(), l.Token()})).Then(clientv3.OpPut(data, "late")).Commit()
+	_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(token{l.Key(), l.Token()})).Then(clientv3.OpPut(data, "late")).Commit()
 	var nh *fence.NotHeldError
 	if !errors.As(err, &nh) || nh.Current != l2.Token() {
 		t.Fatalf("old token against new lock: %v, want NotHeldError with current %d", err, l2.Token())
@@ -72,7 +72,7 @@ func TestGuardAndCallerIf(t *testing.T) {
 	data, other := name+"-data", name+"-other"
 	_, l := newLock(t, cli, name)
 
-	resp, err := fence.NewTxn(testCtx(t), cli, fence.Held(l)).
+	resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(l)).
 		If(clientv3.Compare(clientv3.Value(data), "=", "nope")).
 		Then(clientv3.OpPut(data, "then")).
 		Else(clientv3.OpPut(other, "else"), clientv3.OpGet(data)).
@@ -92,7 +92,7 @@ func TestGuardAndCallerIf(t *testing.T) {
 
 	stale := token{l.Key(), l.Token() - 1}
 	before := revision(t, cli)
-	_, err = fence.NewTxn(testCtx(t), cli, fence.Held(stale)).
+	_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(stale)).
 		If(clientv3.Compare(clientv3.Value(data), "=", "nope")).
 		Then(clientv3.OpPut(data, "then")).
 		Else(clientv3.OpPut(other, "else2")).
@@ -111,7 +111,7 @@ func TestResourceGuard(t *testing.T) {
 	base := etcdproc.Name(t, "res")
 	rec, data := base+"/fence", base+"/data"
 	put := func(tok int64, v string) error {
-		_, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, tok)).Then(clientv3.OpPut(data, v)).Commit()
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, tok)).Then(clientv3.OpPut(data, v)).Commit()
 		return err
 	}
 	// First write: no record yet.
@@ -153,15 +153,15 @@ func TestSeveralGuards(t *testing.T) {
 	guards := func(t1, t2 int64) []fence.Guard {
 		return []fence.Guard{fence.Held(l), fence.Resource(r1, t1), fence.Resource(r2, t2)}
 	}
-	if _, err := fence.NewTxn(testCtx(t), cli, guards(l.Token(), l.Token())...).Then(clientv3.OpPut(data, "1")).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, guards(l.Token(), l.Token())...).Then(clientv3.OpPut(data, "1")).Commit(); err != nil {
 		t.Fatal(err)
 	}
 	// r2 moves on through another writer; a write with both guards fails on
 	// r2 alone and changes neither record.
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(r2, l.Token()+5)).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(r2, l.Token()+5)).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := fence.NewTxn(testCtx(t), cli, guards(l.Token()+1, l.Token()+1)...).Then(clientv3.OpPut(data, "2")).Commit()
+	_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, guards(l.Token()+1, l.Token()+1)...).Then(clientv3.OpPut(data, "2")).Commit()
 	var se *fence.StaleError
 	if !errors.As(err, &se) || se.Key != r2 || errors.Is(err, fence.ErrNotHeld) {
 		t.Fatalf("err = %v, want only r2 stale", err)
@@ -186,21 +186,21 @@ func TestBadInput(t *testing.T) {
 		name string
 		txn  *fence.Txn
 	}{
-		{"token zero", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 0))},
-		{"token negative", fence.NewTxn(testCtx(t), cli, fence.Held(token{"k", -3}))},
-		{"empty record key", fence.NewTxn(testCtx(t), cli, fence.Resource("", 5))},
-		{"empty lock key", fence.NewTxn(testCtx(t), cli, fence.Held(token{"", 5}))},
-		{"nil holder", fence.NewTxn(testCtx(t), cli, fence.Held(nil))},
-		{"zero guard", fence.NewTxn(testCtx(t), cli, fence.Guard{})},
-		{"nil kv", fence.NewTxn(testCtx(t), nil, fence.Resource(rec, 5))},
-		{"two guards on one record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5), fence.Resource(rec, 6))},
-		{"put on the record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(clientv3.OpPut(rec, "x"))},
-		{"delete of the record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Else(clientv3.OpDelete(rec))},
-		{"prefix delete covering the record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(clientv3.OpDelete(rec[:5], clientv3.WithPrefix()))},
-		{"nested put on the record", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpPut(rec, "x")}, nil))},
-		{"too many operations", fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 5)).Then(many...)},
-		{"no guard", fence.NewTxn(testCtx(t), cli).Then(clientv3.OpPut(rec+"-data", "unfenced"))},
-		{"claim with token zero", fence.NewTxn(testCtx(t), cli, fence.Claim(rec, 0)).Then(clientv3.OpGet(rec))},
+		{"token zero", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 0))},
+		{"token negative", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(token{"k", -3}))},
+		{"empty record key", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource("", 5))},
+		{"empty lock key", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(token{"", 5}))},
+		{"nil holder", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(nil))},
+		{"zero guard", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Guard{})},
+		{"nil kv", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), nil, fence.Resource(rec, 5))},
+		{"two guards on one record", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5), fence.Resource(rec, 6))},
+		{"put on the record", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Then(clientv3.OpPut(rec, "x"))},
+		{"delete of the record", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Else(clientv3.OpDelete(rec))},
+		{"prefix delete covering the record", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Then(clientv3.OpDelete(rec[:5], clientv3.WithPrefix()))},
+		{"nested put on the record", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Then(clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpPut(rec, "x")}, nil))},
+		{"too many operations", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Then(many...)},
+		{"no guard", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli).Then(clientv3.OpPut(rec+"-data", "unfenced"))},
+		{"claim with token zero", fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Claim(rec, 0)).Then(clientv3.OpGet(rec))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,12 +224,12 @@ func TestOutcomeUnknown(t *testing.T) {
 	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	base := etcdproc.Name(t, "unknown")
 	rec, data := base+"/fence", base+"/data"
-	if _, err := fence.NewTxn(testCtx(t), viaProxy, fence.Resource(rec, 3)).Then(clientv3.OpPut(data, "a")).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), viaProxy, fence.Resource(rec, 3)).Then(clientv3.OpPut(data, "a")).Commit(); err != nil {
 		t.Fatal(err)
 	}
 	p.PauseRx() // etcd's answers are held back; requests still get through
 	defer p.UnpauseRx()
-	wch := cli.Watch(testCtx(t), data, clientv3.WithCreatedNotify())
+	wch := cli.Watch(etcdproc.Ctx(t, 30*time.Second), data, clientv3.WithCreatedNotify())
 	<-wch
 	ctx, cancel := testCtxWithTimeout(t, 500*time.Millisecond)
 	defer cancel()
@@ -255,18 +255,18 @@ func TestFirstWriteInOneTransaction(t *testing.T) {
 	cli := etcd.Client(t)
 	base := etcdproc.Name(t, "first")
 	old, fresh, data := base+"/old", base+"/fresh", base+"/data"
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(old, 5)).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(old, 5)).Commit(); err != nil {
 		t.Fatal(err)
 	}
 	before := revision(t, cli)
-	_, err := fence.NewTxn(testCtx(t), cli, fence.Resource(fresh, 4), fence.Resource(old, 4)).Then(clientv3.OpPut(data, "x")).Commit()
+	_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(fresh, 4), fence.Resource(old, 4)).Then(clientv3.OpPut(data, "x")).Commit()
 	if !errors.Is(err, fence.ErrStale) {
 		t.Fatalf("err = %v, want stale on %s", err, old)
 	}
 	if _, ok := get(t, cli, fresh); ok || revision(t, cli) != before {
 		t.Fatal("a refused transaction created the fresh record")
 	}
-	resp, err := fence.NewTxn(testCtx(t), cli, fence.Resource(fresh, 6), fence.Resource(old, 6)).Then(clientv3.OpPut(data, "y")).Commit()
+	resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(fresh, 6), fence.Resource(old, 6)).Then(clientv3.OpPut(data, "y")).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}

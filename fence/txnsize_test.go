@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -113,13 +114,13 @@ func TestTxnSizeBoundary(t *testing.T) {
 					return ops
 				}
 				kv := &countingKV{KV: cli}
-				if _, err := fence.NewTxn(testCtx(t), kv, guards...).Then(puts(limit + 1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+				if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, guards...).Then(puts(limit + 1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
 					t.Fatalf("%d operations: %v, want ErrInvalidArgument", limit+1, err)
 				}
 				if kv.sent != 0 {
 					t.Fatalf("an oversized transaction was sent")
 				}
-				resp, err := fence.NewTxn(testCtx(t), kv, guards...).Then(puts(limit)...).Commit()
+				resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), kv, guards...).Then(puts(limit)...).Commit()
 				if err != nil || !resp.Succeeded || len(resp.Responses) != limit {
 					t.Fatalf("%d operations: %v, %v", limit, resp, err)
 				}
@@ -147,18 +148,18 @@ func TestTxnSizeNested(t *testing.T) {
 	// own in Then.
 	const room = fence.MaxTxnOps - 3
 	cmp := clientv3.Compare(clientv3.CreateRevision(rec+"-000"), ">", -1)
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room)...).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room)...).Commit(); err != nil {
 		t.Fatalf("%d operations under If: %v", room, err)
 	}
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room + 1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 1)).If(cmp).Then(ops(room + 1)...).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("%d operations under If: %v, want ErrInvalidArgument", room+1, err)
 	}
 	inner := clientv3.OpTxn(nil, ops(room), nil)
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).Then(inner).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 1)).Then(inner).Commit(); err != nil {
 		t.Fatalf("caller's nested txn of %d: %v", room, err)
 	}
 	inner = clientv3.OpTxn(nil, ops(room+1), nil)
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Resource(rec, 1)).Then(inner).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 1)).Then(inner).Commit(); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("caller's nested txn of %d: %v, want ErrInvalidArgument", room+1, err)
 	}
 }

@@ -61,7 +61,7 @@ func runDelayChild() int {
 
 func TestWithLockDelayRefusesBadValues(t *testing.T) {
 	for _, d := range []time.Duration{-time.Second, lease.MaxLockDelay + time.Second} {
-		_, err := lease.NewSession(testCtx(t), etcd.Client(t), lease.WithLockDelay(d))
+		_, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), etcd.Client(t), lease.WithLockDelay(d))
 		if !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Errorf("WithLockDelay(%v): err = %v, want ErrInvalidArgument", d, err)
 		}
@@ -80,7 +80,7 @@ type delayCase struct {
 var delayCases = []delayCase{
 	{"unlock", false, func(t *testing.T, _ *clientv3.Client, _ *lease.Session, l *lease.Lock) time.Time {
 		at := time.Now()
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		return at
@@ -94,14 +94,14 @@ var delayCases = []delayCase{
 	}},
 	{"lease revoked", true, func(t *testing.T, cli *clientv3.Client, s *lease.Session, _ *lease.Lock) time.Time {
 		at := time.Now()
-		if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+		if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease()); err != nil {
 			t.Fatal(err)
 		}
 		return at
 	}},
 	{"key deleted by someone else", true, func(t *testing.T, cli *clientv3.Client, _ *lease.Session, l *lease.Lock) time.Time {
 		at := time.Now()
-		if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+		if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
 			t.Fatal(err)
 		}
 		return at
@@ -116,7 +116,7 @@ func TestLockDelay(t *testing.T) {
 			holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			l := mustLock(t, holder, name)
-			ch := lockAsync(testCtx(t), waiter, name)
+			ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), waiter, name)
 			waitQueued(t, cli, name, 2)
 			ended := tc.end(t, cli, holder, l)
 			r := <-ch
@@ -133,7 +133,7 @@ func TestLockDelay(t *testing.T) {
 			case !tc.delayed && waited > time.Second:
 				t.Errorf("granted %v after a clean release: delayed", waited)
 			}
-			if err := r.l.Unlock(testCtx(t)); err != nil {
+			if err := r.l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -145,7 +145,7 @@ func TestLockDelay(t *testing.T) {
 func TestLockDelayAfterExpiry(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "delay-expiry")
-	c, err := exampleenv.StartChild(testCtx(t), "holder", delayChildRole,
+	c, err := exampleenv.StartChild(etcdproc.Ctx(t, 30*time.Second), "holder", delayChildRole,
 		envChildEndpoints+"="+strings.Join(etcd.Endpoints(), ","), envChildLock+"="+name)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
-	ch := lockAsync(testCtx(t), waiter, name)
+	ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), waiter, name)
 	waitQueued(t, cli, name, 2)
 	gone := watchGone(t, cli, queueKeys(t, cli, name)[0])
 	if err := c.Signal(syscall.SIGKILL); err != nil {
@@ -172,13 +172,13 @@ func TestLockDelayAfterExpiry(t *testing.T) {
 	if d := granted.Sub(expired); d < lockDelay || d > lockDelay+2*time.Second {
 		t.Errorf("granted %v after the expiry, want the delay %v (and not far past it)", d, lockDelay)
 	}
-	r.l.Unlock(testCtx(t))
+	r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // watchGone reports when key is deleted.
 func watchGone(t *testing.T, cli *clientv3.Client, key string) <-chan time.Time {
 	t.Helper()
-	wch := cli.Watch(testCtx(t), key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	wch := cli.Watch(etcdproc.Ctx(t, 30*time.Second), key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 	<-wch
 	ch := make(chan time.Time, 1)
 	go func() {
@@ -203,19 +203,19 @@ func TestLockDelayKeepsPlace(t *testing.T) {
 	second := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	third := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	mustLock(t, holder, name)
-	firstCtx, giveUp := context.WithCancel(testCtx(t))
+	firstCtx, giveUp := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer giveUp()
 	firstCh := lockAsync(firstCtx, first, name)
 	waitQueued(t, cli, name, 2)
-	secondCh := lockAsync(testCtx(t), second, name)
+	secondCh := lockAsync(etcdproc.Ctx(t, 30*time.Second), second, name)
 	waitQueued(t, cli, name, 3)
 	lost := time.Now()
-	if _, err := cli.Revoke(testCtx(t), holder.Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), holder.Lease()); err != nil {
 		t.Fatal(err)
 	}
 	// The loss is recorded once the first waiter's turn comes.
 	waitRecord(t, cli, name, "lost ")
-	if _, err := third.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+	if _, err := third.TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 		t.Errorf("TryLock during the delay: err = %v, want ErrLocked", err)
 	}
 	giveUp() // the first waiter gives up during the delay
@@ -239,14 +239,14 @@ func TestLockDelayWaiterLosesDuringDelay(t *testing.T) {
 	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	mustLock(t, holder, name)
-	ch := lockAsync(testCtx(t), waiter, name)
+	ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), waiter, name)
 	waitQueued(t, cli, name, 2)
-	if _, err := cli.Revoke(testCtx(t), holder.Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), holder.Lease()); err != nil {
 		t.Fatal(err)
 	}
 	waitRecord(t, cli, name, "lost ")
 	revoked := time.Now()
-	if _, err := cli.Revoke(testCtx(t), waiter.Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), waiter.Lease()); err != nil {
 		t.Fatal(err)
 	}
 	r := <-ch
@@ -262,7 +262,7 @@ func TestLockDelayWaiterLosesDuringDelay(t *testing.T) {
 func waitRecord(t *testing.T, cli *clientv3.Client, name, prefix string) {
 	t.Helper()
 	key := lease.DelayRecordKey(name)
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	wch := cli.Watch(ctx, key, clientv3.WithCreatedNotify())
 	<-wch
 	for {
@@ -294,19 +294,19 @@ func TestGivenUpDelayedLockReleasesRecord(t *testing.T) {
 			holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			waiter := newSession(t, cli, lease.WithLockDelay(lockDelay))
 			h := mustLock(t, holder, name)
-			ctx, cancel := context.WithCancel(testCtx(t))
+			ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 			defer cancel()
 			ch := lockAsync(ctx, waiter, name)
 			waitQueued(t, cli, name, 2)
 			waitRecord(t, cli, name, "held ")
 			token := h.Token()
 			if own {
-				g, err := cli.Get(testCtx(t), fmt.Sprintf("%s/%x", name, int64(waiter.Lease())))
+				g, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), fmt.Sprintf("%s/%x", name, int64(waiter.Lease())))
 				if err != nil || len(g.Kvs) != 1 {
 					t.Fatalf("the waiter's key: %v %v", g, err)
 				}
 				token = g.Kvs[0].CreateRevision
-				if _, err := cli.Put(testCtx(t), lease.DelayRecordKey(name), fmt.Sprintf("held %d", token)); err != nil {
+				if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lease.DelayRecordKey(name), fmt.Sprintf("held %d", token)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -318,7 +318,7 @@ func TestGivenUpDelayedLockReleasesRecord(t *testing.T) {
 			if own {
 				want = fmt.Sprintf("released %d", token)
 			}
-			g, err := cli.Get(testCtx(t), lease.DelayRecordKey(name))
+			g, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), lease.DelayRecordKey(name))
 			if err != nil || len(g.Kvs) != 1 {
 				t.Fatalf("the delay record: %v %v", g, err)
 			}

@@ -17,7 +17,7 @@ import (
 
 func mustCampaign(t *testing.T, s *lease.Session, name, value string) *lease.Leadership {
 	t.Helper()
-	e, err := s.Campaign(testCtx(t), name, value)
+	e, err := s.Campaign(etcdproc.Ctx(t, 30*time.Second), name, value)
 	if err != nil {
 		t.Fatalf("Campaign(%q): %v", name, err)
 	}
@@ -26,7 +26,7 @@ func mustCampaign(t *testing.T, s *lease.Session, name, value string) *lease.Lea
 
 func mustObserve(t *testing.T, cli *clientv3.Client, name string) *lease.Observer {
 	t.Helper()
-	o, err := lease.Observe(testCtx(t), cli, name)
+	o, err := lease.Observe(etcdproc.Ctx(t, 30*time.Second), cli, name)
 	if err != nil {
 		t.Fatalf("Observe(%q): %v", name, err)
 	}
@@ -85,14 +85,14 @@ func TestCampaignProclaimResign(t *testing.T) {
 	if seen.Key != ea.Key() || seen.Name != name {
 		t.Errorf("observed %+v, want key %q", seen, ea.Key())
 	}
-	got, err := lease.CurrentLeader(testCtx(t), cli, name)
+	got, err := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), cli, name)
 	if err != nil || got.Token != ea.Token() || got.Value != "a:1" {
 		t.Fatalf("CurrentLeader = %+v, %v", got, err)
 	}
 
 	waiting := make(chan *lease.Leadership, 1)
 	go func() {
-		eb, err := b.Campaign(testCtx(t), name, "b:1")
+		eb, err := b.Campaign(etcdproc.Ctx(t, 30*time.Second), name, "b:1")
 		if err != nil {
 			t.Errorf("b's Campaign: %v", err)
 		}
@@ -100,7 +100,7 @@ func TestCampaignProclaimResign(t *testing.T) {
 	}()
 	waitQueued(t, cli, name, 2)
 
-	if err := ea.Proclaim(testCtx(t), "a:2"); err != nil {
+	if err := ea.Proclaim(etcdproc.Ctx(t, 30*time.Second), "a:2"); err != nil {
 		t.Fatalf("Proclaim: %v", err)
 	}
 	if ea.Value() != "a:2" {
@@ -113,13 +113,13 @@ func TestCampaignProclaimResign(t *testing.T) {
 	default:
 	}
 
-	if err := ea.Resign(testCtx(t)); err != nil {
+	if err := ea.Resign(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatalf("Resign: %v", err)
 	}
 	if !errors.Is(ea.Err(), lease.ErrUnlocked) {
 		t.Errorf("Err() after Resign = %v", ea.Err())
 	}
-	if err := ea.Proclaim(testCtx(t), "a:3"); !errors.Is(err, lease.ErrUnlocked) {
+	if err := ea.Proclaim(etcdproc.Ctx(t, 30*time.Second), "a:3"); !errors.Is(err, lease.ErrUnlocked) {
 		t.Errorf("Proclaim after Resign: %v, want ErrUnlocked", err)
 	}
 	var eb *lease.Leadership
@@ -135,10 +135,10 @@ func TestCampaignProclaimResign(t *testing.T) {
 		t.Errorf("b's token %d not above a's %d", eb.Token(), ea.Token())
 	}
 	expectLeader(t, o, eb.Token(), "b:1")
-	if err := eb.Resign(testCtx(t)); err != nil {
+	if err := eb.Resign(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lease.CurrentLeader(testCtx(t), cli, name); !errors.Is(err, lease.ErrNoLeader) {
+	if _, err := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), cli, name); !errors.Is(err, lease.ErrNoLeader) {
 		t.Errorf("CurrentLeader with nobody campaigning: %v, want ErrNoLeader", err)
 	}
 }
@@ -152,10 +152,10 @@ func TestLeadershipLoss(t *testing.T) {
 		want error
 	}{
 		{"lease revoked", func(t *testing.T, cli *clientv3.Client, s *lease.Session, _ *lease.Leadership) {
-			cli.Revoke(testCtx(t), s.Lease())
+			cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease())
 		}, lease.ErrLost},
 		{"key deleted", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, e *lease.Leadership) {
-			cli.Delete(testCtx(t), e.Key())
+			cli.Delete(etcdproc.Ctx(t, 30*time.Second), e.Key())
 		}, lease.ErrKeyDeleted},
 		{"session closed", func(t *testing.T, _ *clientv3.Client, s *lease.Session, _ *lease.Leadership) {
 			s.Close()
@@ -166,7 +166,7 @@ func TestLeadershipLoss(t *testing.T) {
 			cli := etcd.Client(t)
 			s := newSession(t, cli)
 			e := mustCampaign(t, s, etcdproc.Name(t, "lead-loss"), "me")
-			work, cancel := e.Context(testCtx(t))
+			work, cancel := e.Context(etcdproc.Ctx(t, 30*time.Second))
 			defer cancel()
 			tc.end(t, cli, s, e)
 			expectDone(t, e.Done(), 2*time.Second, "Leadership.Done")
@@ -174,7 +174,7 @@ func TestLeadershipLoss(t *testing.T) {
 			if !errors.Is(e.Err(), tc.want) || !errors.Is(context.Cause(work), tc.want) {
 				t.Errorf("Err() = %v, cause %v, want %v", e.Err(), context.Cause(work), tc.want)
 			}
-			if err := e.Proclaim(testCtx(t), "again"); !errors.Is(err, tc.want) {
+			if err := e.Proclaim(etcdproc.Ctx(t, 30*time.Second), "again"); !errors.Is(err, tc.want) {
 				t.Errorf("Proclaim after loss: %v, want %v", err, tc.want)
 			}
 		})
@@ -190,22 +190,22 @@ func TestProclaimFindsKeyGone(t *testing.T) {
 	e := mustCampaign(t, s, etcdproc.Name(t, "proclaim-gone"), "v1")
 	// Delete and recreate through a foreign lease in one txn, so the key
 	// exists but is not ours, before our monitor can react.
-	g, err := cli.Grant(testCtx(t), 10)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Revoke(context.Background(), g.ID)
-	if _, err := cli.Txn(testCtx(t)).Then(clientv3.OpDelete(e.Key())).Commit(); err != nil {
+	if _, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(clientv3.OpDelete(e.Key())).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Put(testCtx(t), e.Key(), "intruder", clientv3.WithLease(g.ID)); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), e.Key(), "intruder", clientv3.WithLease(g.ID)); err != nil {
 		t.Fatal(err)
 	}
-	err = e.Proclaim(testCtx(t), "v2")
+	err = e.Proclaim(etcdproc.Ctx(t, 30*time.Second), "v2")
 	if !errors.Is(err, lease.ErrKeyDeleted) {
 		t.Fatalf("Proclaim on a replaced key: %v, want ErrKeyDeleted", err)
 	}
-	resp, err := cli.Get(testCtx(t), e.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), e.Key())
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "intruder" {
 		t.Fatalf("replaced key changed by Proclaim: %v %v", resp.Kvs, err)
 	}
@@ -223,7 +223,7 @@ func TestInteropConcurrencyElection(t *testing.T) {
 	}
 	defer cs.Close()
 	theirs := concurrency.NewElection(cs, name)
-	if err := theirs.Campaign(testCtx(t), "theirs"); err != nil {
+	if err := theirs.Campaign(etcdproc.Ctx(t, 30*time.Second), "theirs"); err != nil {
 		t.Fatal(err)
 	}
 	o := mustObserve(t, cli, name)
@@ -235,7 +235,7 @@ func TestInteropConcurrencyElection(t *testing.T) {
 	s := newSession(t, cli)
 	ch := make(chan *lease.Leadership, 1)
 	go func() {
-		e, err := s.Campaign(testCtx(t), name, "ours")
+		e, err := s.Campaign(etcdproc.Ctx(t, 30*time.Second), name, "ours")
 		if err != nil {
 			t.Errorf("Campaign: %v", err)
 		}
@@ -247,7 +247,7 @@ func TestInteropConcurrencyElection(t *testing.T) {
 		t.Fatal("we led while concurrency.Election leads")
 	case <-time.After(200 * time.Millisecond):
 	}
-	if err := theirs.Resign(testCtx(t)); err != nil {
+	if err := theirs.Resign(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	var ours *lease.Leadership
@@ -259,12 +259,12 @@ func TestInteropConcurrencyElection(t *testing.T) {
 	if ours == nil {
 		t.FailNow()
 	}
-	resp, err := theirs.Leader(testCtx(t))
+	resp, err := theirs.Leader(etcdproc.Ctx(t, 30*time.Second))
 	if err != nil || string(resp.Kvs[0].Value) != "ours" || resp.Kvs[0].CreateRevision != ours.Token() {
 		t.Fatalf("concurrency.Election.Leader = %v, %v; want our value and token %d", resp, err, ours.Token())
 	}
 	expectLeader(t, o, ours.Token(), "ours")
-	ours.Resign(testCtx(t))
+	ours.Resign(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // Nested names are separate elections, as they are separate locks.
@@ -275,7 +275,7 @@ func TestObserveIgnoresNestedNames(t *testing.T) {
 	s1, s2 := newSession(t, cli), newSession(t, cli)
 	inner := mustCampaign(t, s1, name+"/shard", "inner")
 	o := mustObserve(t, cli, name)
-	if _, err := lease.CurrentLeader(testCtx(t), cli, name); !errors.Is(err, lease.ErrNoLeader) {
+	if _, err := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), cli, name); !errors.Is(err, lease.ErrNoLeader) {
 		t.Fatalf("CurrentLeader sees the nested election: %v", err)
 	}
 	outer := mustCampaign(t, s2, name, "outer")
@@ -283,8 +283,8 @@ func TestObserveIgnoresNestedNames(t *testing.T) {
 	if ld.Token == inner.Token() {
 		t.Fatal("observed the nested leader")
 	}
-	inner.Resign(testCtx(t))
-	outer.Resign(testCtx(t))
+	inner.Resign(etcdproc.Ctx(t, 30*time.Second))
+	outer.Resign(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // An observer cut off from etcd while the leader changes reports the
@@ -303,18 +303,18 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 
 	addr := strings.TrimPrefix(url, "http://")
 	p.Close()
-	if err := ea.Resign(testCtx(t)); err != nil {
+	if err := ea.Resign(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	eb := mustCampaign(t, b, name, "b")
-	if err := eb.Proclaim(testCtx(t), "b2"); err != nil {
+	if err := eb.Proclaim(etcdproc.Ctx(t, 30*time.Second), "b2"); err != nil {
 		t.Fatal(err)
 	}
-	r, err := cli.Put(testCtx(t), name+"-noise", "x")
+	r, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), name+"-noise", "x")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Compact(testCtx(t), r.Header.Revision); err != nil {
+	if _, err := cli.Compact(etcdproc.Ctx(t, 30*time.Second), r.Header.Revision); err != nil {
 		t.Fatal(err)
 	}
 	etcdproc.ProxyAt(t, addr, target)
@@ -322,13 +322,13 @@ func TestObserverCatchesUpAfterReconnect(t *testing.T) {
 	// whose Close waits for the client's connection to end.
 	t.Cleanup(func() { o.Close(); viaProxy.Close() })
 	expectLeader(t, o, eb.Token(), "b2")
-	eb.Resign(testCtx(t))
+	eb.Resign(etcdproc.Ctx(t, 30*time.Second))
 }
 
 func TestObserverClose(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	o, err := lease.Observe(ctx, cli, etcdproc.Name(t, "observe-close"))
 	if err != nil {
 		t.Fatal(err)
@@ -360,16 +360,16 @@ func TestElectionBadInput(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
-	if _, err := s.Campaign(testCtx(t), "", "v"); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := s.Campaign(etcdproc.Ctx(t, 30*time.Second), "", "v"); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("Campaign with an empty name: %v", err)
 	}
-	if _, err := lease.Observe(testCtx(t), nil, "x"); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := lease.Observe(etcdproc.Ctx(t, 30*time.Second), nil, "x"); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("Observe with a nil client: %v", err)
 	}
-	if _, err := lease.Observe(testCtx(t), cli, "x/"); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := lease.Observe(etcdproc.Ctx(t, 30*time.Second), cli, "x/"); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("Observe with a bad name: %v", err)
 	}
-	if _, err := lease.CurrentLeader(testCtx(t), cli, ""); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), cli, ""); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("CurrentLeader with an empty name: %v", err)
 	}
 }
@@ -382,14 +382,14 @@ func TestCampaignRefusesReaderValue(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "campaign-reader-value")
 	s := newSession(t, cli)
-	e, err := s.Campaign(testCtx(t), name, lease.ReaderValue)
+	e, err := s.Campaign(etcdproc.Ctx(t, 30*time.Second), name, lease.ReaderValue)
 	if !errors.Is(err, lease.ErrInvalidArgument) || e != nil {
 		t.Fatalf("Campaign with ReaderValue: won %v, %v, want ErrInvalidArgument", e != nil, err)
 	}
 	if n := strings.Count(err.Error(), "lease:"); n != 1 {
 		t.Errorf("error %q names the package %d times", err, n)
 	}
-	resp, err := cli.Get(testCtx(t), name, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), name, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestCampaignRefusesReaderValue(t *testing.T) {
 		t.Fatalf("%d keys under %q after a refused Campaign", resp.Count, name)
 	}
 	// Lead campaigns with the same value: refused for good, fn never run.
-	err = lease.Lead(testCtx(t), cli, name, lease.ReaderValue, func(context.Context, *lease.Leadership) error {
+	err = lease.Lead(etcdproc.Ctx(t, 30*time.Second), cli, name, lease.ReaderValue, func(context.Context, *lease.Leadership) error {
 		t.Error("Lead ran fn with ReaderValue")
 		return nil
 	})
@@ -414,15 +414,15 @@ func TestProclaimRefusesReaderValue(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "proclaim-reader-value")
 	e := mustCampaign(t, newSession(t, cli), name, "a:1")
-	before, err := cli.Get(testCtx(t), e.Key())
+	before, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), e.Key())
 	if err != nil || len(before.Kvs) != 1 {
 		t.Fatalf("leader key: %v %v", before.Kvs, err)
 	}
 
-	if err := e.Proclaim(testCtx(t), lease.ReaderValue); !errors.Is(err, lease.ErrInvalidArgument) {
+	if err := e.Proclaim(etcdproc.Ctx(t, 30*time.Second), lease.ReaderValue); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Fatalf("Proclaim(ReaderValue): %v, want ErrInvalidArgument", err)
 	}
-	after, err := cli.Get(testCtx(t), e.Key())
+	after, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), e.Key())
 	if err != nil || len(after.Kvs) != 1 {
 		t.Fatalf("leader key after the refused Proclaim: %v %v", after.Kvs, err)
 	}
@@ -437,16 +437,16 @@ func TestProclaimRefusesReaderValue(t *testing.T) {
 	// Neither check can pass by chance: TryRLock answers at once, and a
 	// granted RLock returns before its deadline.
 	r := newSession(t, cli)
-	if l, err := r.TryRLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+	if l, err := r.TryRLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 		t.Fatalf("TryRLock beside the leader: granted %v, %v, want ErrLocked", l != nil, err)
 	}
-	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 300*time.Millisecond)
 	defer cancel()
 	if l, err := r.RLock(ctx, name); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("RLock beside the leader: granted %v, %v, want DeadlineExceeded", l != nil, err)
 	}
 
-	if err := e.Proclaim(testCtx(t), "a:2"); err != nil || e.Value() != "a:2" {
+	if err := e.Proclaim(etcdproc.Ctx(t, 30*time.Second), "a:2"); err != nil || e.Value() != "a:2" {
 		t.Fatalf("Proclaim after the refused one: %v, value %q", err, e.Value())
 	}
 }

@@ -18,15 +18,15 @@ func TestErrorsNamePackageOnce(t *testing.T) {
 	s := newSession(t, cli)
 	name := etcdproc.Name(t, "once")
 	l := mustLock(t, s, name)
-	if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
 		t.Fatal(err)
 	}
 	<-l.Done()
-	_, observeErr := lease.Observe(testCtx(t), nil, "x")
-	_, leaderErr := lease.CurrentLeader(testCtx(t), nil, "x")
-	_, noLeaderErr := lease.CurrentLeader(testCtx(t), cli, name)
+	_, observeErr := lease.Observe(etcdproc.Ctx(t, 30*time.Second), nil, "x")
+	_, leaderErr := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), nil, "x")
+	_, noLeaderErr := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), cli, name)
 	cases := map[string]error{
-		"unlock after loss": l.Unlock(testCtx(t)),
+		"unlock after loss": l.Unlock(etcdproc.Ctx(t, 30*time.Second)),
 		"observe nil":       observeErr,
 		"leader nil":        leaderErr,
 		"no leader":         noLeaderErr,
@@ -49,7 +49,7 @@ func TestLockDeadlineNamesPredecessor(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "behind")
 	holder := mustLock(t, newSession(t, cli), name)
-	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 300*time.Millisecond)
 	defer cancel()
 	_, err := newSession(t, cli).Lock(ctx, name)
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -68,11 +68,11 @@ func TestTryLockSaysWhoHolds(t *testing.T) {
 	name := etcdproc.Name(t, "who")
 	s := newSession(t, cli)
 	held := mustLock(t, s, name)
-	_, err := s.TryLock(testCtx(t), name)
+	_, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 	if !errors.Is(err, lease.ErrLocked) || !strings.Contains(err.Error(), "this same session") {
 		t.Fatalf("TryLock on the holding session: %v", err)
 	}
-	_, err = newSession(t, cli).TryLock(testCtx(t), name)
+	_, err = newSession(t, cli).TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 	if !errors.Is(err, lease.ErrLocked) || !strings.Contains(err.Error(), held.Key()) {
 		t.Fatalf("TryLock on another session: %v, want the holder %s named", err, held.Key())
 	}
@@ -83,11 +83,11 @@ func TestTryLockSaysWhoHolds(t *testing.T) {
 func TestCloseAfterLoss(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	s, err := lease.NewSession(testCtx(t), cli, lease.WithTTL(5*time.Second))
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, lease.WithTTL(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease()); err != nil {
 		t.Fatal(err)
 	}
 	<-s.Done()

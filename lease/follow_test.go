@@ -67,7 +67,7 @@ func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for r := 0; r < rounds; r++ {
-				l, err := s.Lock(testCtx(t), name)
+				l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 				if err != nil {
 					errs <- err
 					return
@@ -77,7 +77,7 @@ func TestFarWaitersFollowAcrossHandoffs(t *testing.T) {
 					steady = read()
 				}
 				mu.Unlock()
-				if err := l.Unlock(testCtx(t)); err != nil {
+				if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 					errs <- err
 					return
 				}
@@ -140,7 +140,7 @@ func TestFarWaiterWhoseFollowedKeysGiveUp(t *testing.T) {
 	var waiters []<-chan lockResult // in queue order
 	var cancels []context.CancelFunc
 	for i := 0; i < 6; i++ {
-		ctx, cancel := context.WithCancel(testCtx(t))
+		ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 		t.Cleanup(cancel)
 		waiters = append(waiters, lockAsync(ctx, newSession(t, cli, lease.WithHooks(hooks)), name))
 		cancels = append(cancels, cancel)

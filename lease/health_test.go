@@ -65,7 +65,7 @@ func TestHealth(t *testing.T) {
 	h.Forget(name + "-2")
 
 	// Lost: unhealthy until a new holding is tracked.
-	if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
 		t.Fatal(err)
 	}
 	<-l.Done()
@@ -78,7 +78,7 @@ func TestHealth(t *testing.T) {
 		t.Fatalf("tracked anew: %v", err)
 	}
 	// Released: forgotten, healthy.
-	if err := again.Unlock(testCtx(t)); err != nil {
+	if err := again.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := probe(t, h); code != http.StatusOK {

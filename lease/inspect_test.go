@@ -16,12 +16,12 @@ func TestInspectQueue(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "inspect")
-	if _, err := cli.Put(testCtx(t), name+"/checkpoint", "data"); err != nil { // not an entry
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), name+"/checkpoint", "data"); err != nil { // not an entry
 		t.Fatal(err)
 	}
 	holder := mustLock(t, newSession(t, cli, lease.WithTTL(5*time.Second)), name)
 	mustLock(t, newSession(t, cli), name+"/nested") // another lock's key: not an entry
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	var waiters []*lease.Session
 	done := make(chan error, 2)
@@ -34,7 +34,7 @@ func TestInspectQueue(t *testing.T) {
 		}()
 		waitEntries(t, cli, name, i+2)
 	}
-	entries, err := lease.Inspect(testCtx(t), cli, name)
+	entries, err := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestInspectQueue(t *testing.T) {
 			t.Fatalf("waiter: %v", err)
 		}
 	}
-	if _, err := lease.Inspect(testCtx(t), cli, "bad/"); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, "bad/"); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Fatalf("Inspect of a bad name: %v", err)
 	}
 }
@@ -64,7 +64,7 @@ func TestInspectQueue(t *testing.T) {
 // again at each change under the name.
 func waitEntries(t *testing.T, cli *clientv3.Client, name string, n int) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	wch := cli.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	<-wch
 	for {

@@ -50,7 +50,7 @@ func TestKeeperRenewsManySessions(t *testing.T) {
 	case <-time.After(2 * sessions[0].TTL()):
 	}
 	for i, s := range sessions {
-		ttl, err := cli.TimeToLive(testCtx(t), s.Lease())
+		ttl, err := cli.TimeToLive(etcdproc.Ctx(t, 30*time.Second), s.Lease())
 		if err != nil || ttl.TTL <= 0 {
 			t.Fatalf("session %d: lease not alive after 2×TTL: %v %v", i, ttl, err)
 		}
@@ -58,7 +58,7 @@ func TestKeeperRenewsManySessions(t *testing.T) {
 			t.Errorf("session %d: deadline %v in the past", i, s.Deadline())
 		}
 	}
-	if _, err := cli.Revoke(testCtx(t), sessions[3].Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), sessions[3].Lease()); err != nil {
 		t.Fatal(err)
 	}
 	expectDone(t, locks[3].Done(), 2*time.Second, "the revoked session's lock")
@@ -120,17 +120,17 @@ func TestKeeperInputAndClose(t *testing.T) {
 	if _, err := lease.NewKeeper(nil); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("NewKeeper(nil): %v", err)
 	}
-	if _, err := lease.NewSession(testCtx(t), cli, lease.WithKeeper(nil)); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, lease.WithKeeper(nil)); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("WithKeeper(nil): %v", err)
 	}
 	k, err := lease.NewKeeper(cli)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lease.NewSession(testCtx(t), other, lease.WithKeeper(k)); !errors.Is(err, lease.ErrInvalidArgument) {
+	if _, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), other, lease.WithKeeper(k)); !errors.Is(err, lease.ErrInvalidArgument) {
 		t.Errorf("a Keeper of another client: %v", err)
 	}
-	s, err := lease.NewSession(testCtx(t), cli, lease.WithKeeper(k))
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, lease.WithKeeper(k))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestKeeperInputAndClose(t *testing.T) {
 	if !errors.Is(l.Err(), lease.ErrSessionClosed) {
 		t.Errorf("Err() = %v, want ErrSessionClosed", l.Err())
 	}
-	if _, err := lease.NewSession(testCtx(t), cli, lease.WithKeeper(k)); !errors.Is(err, lease.ErrSessionClosed) {
+	if _, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, lease.WithKeeper(k)); !errors.Is(err, lease.ErrSessionClosed) {
 		t.Errorf("NewSession with a closed Keeper: %v", err)
 	}
 	if err := k.Close(); !errors.Is(err, lease.ErrSessionClosed) {
@@ -167,12 +167,12 @@ func TestKeeperSharedQueue(t *testing.T) {
 	waiter := newSession(t, cli, lease.WithKeeper(k), lease.WithHooks(hooks))
 	res := make(chan error, 1)
 	go func() {
-		_, err := waiter.Lock(testCtx(t), name)
+		_, err := waiter.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 		res <- err
 	}()
 	<-queued // its key is put and it waits
 	key := name + "/" + fmt.Sprintf("%x", int64(waiter.Lease()))
-	if _, err := cli.Delete(testCtx(t), key); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), key); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -215,7 +215,7 @@ func queueChurn(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) 
 		go func() {
 			defer wg.Done()
 			for r := 0; r < rounds; r++ {
-				ctx := testCtx(t)
+				ctx := etcdproc.Ctx(t, 30*time.Second)
 				giveUp := (i+r)%4 == 3 // gives up while queued, mostly
 				if giveUp {
 					var cancel context.CancelFunc
@@ -256,7 +256,7 @@ func queueChurn(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) 
 				last = max(last, l.Token())
 				mu.Unlock()
 				// Hold it for a fenced write's round trip.
-				if _, err := fence.NewTxn(testCtx(t), cli, fence.Held(l)).Then(clientv3.OpPut(name+"-data", "x")).Commit(); err != nil {
+				if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(l)).Then(clientv3.OpPut(name+"-data", "x")).Commit(); err != nil {
 					t.Error(err)
 				}
 				mu.Lock()
@@ -266,7 +266,7 @@ func queueChurn(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) 
 					writers--
 				}
 				mu.Unlock()
-				if err := l.Unlock(testCtx(t)); err != nil {
+				if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -308,7 +308,7 @@ func TestKeeperStalledSend(t *testing.T) {
 	for range 256 {
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < n && !t.Failed(); i = int(next.Add(1) - 1) {
-				s, err := lease.NewSession(testCtx(t), viaProxy, lease.WithTTL(shortTTL), lease.WithKeeper(k))
+				s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), viaProxy, lease.WithTTL(shortTTL), lease.WithKeeper(k))
 				if err != nil {
 					t.Error(err)
 					return
@@ -341,7 +341,7 @@ func TestKeeperStalledSend(t *testing.T) {
 	p.PauseTx()
 	t.Cleanup(p.UnpauseTx) // before k.Close, which may revoke
 	paused := time.Now()
-	pctx, cancel := context.WithCancel(testCtx(t))
+	pctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	for range 4 {
 		wg.Go(func() { viaProxy.Put(pctx, etcdproc.Name(t, "stalled-send"), strings.Repeat("x", 1<<18)) })
 	}

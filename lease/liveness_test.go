@@ -55,29 +55,29 @@ func TestKeeperWaiterAcrossSharedWatchPause(t *testing.T) {
 		// out the delay, then pauses the watch.
 		for range 7 {
 			l := mustLock(t, a, name)
-			if err := l.Unlock(testCtx(t)); err != nil {
+			if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		lost := mustLock(t, newSession(t, cli, opts...), name)
-		if _, err := cli.Delete(testCtx(t), lost.Key()); err != nil {
+		if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), lost.Key()); err != nil {
 			t.Fatal(err)
 		}
 		expectDone(t, lost.Done(), 5*time.Second, "the lock whose key was deleted")
-		ach := lockAsync(testCtx(t), a, name)
+		ach := lockAsync(etcdproc.Ctx(t, 30*time.Second), a, name)
 		waitQueued(t, cli, name, 1)
-		bch := lockAsync(testCtx(t), b, name)
+		bch := lockAsync(etcdproc.Ctx(t, 30*time.Second), b, name)
 		waitQueued(t, cli, name, 2)
 		first := grantWithin(t, ach, 5*time.Second, "the lock after the loss")
 		expectPending(t, bch, 50*time.Millisecond)
-		if err := first.Unlock(testCtx(t)); err != nil {
+		if err := first.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		l := grantWithin(t, bch, 5*time.Second, fmt.Sprintf("trial %d: the waiter that joined the copy before the watch paused", trial))
 		if l.Token() <= first.Token() {
 			t.Fatalf("the waiter's token %d is not above the holder's %d", l.Token(), first.Token())
 		}
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -87,7 +87,7 @@ func TestKeeperWaiterAcrossSharedWatchPause(t *testing.T) {
 // another program might: the key stays, but is no lock any more.
 func moveOffLease(t *testing.T, cli *clientv3.Client, key string) {
 	t.Helper()
-	resp, err := cli.Txn(testCtx(t)).
+	resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).
 		If(clientv3.Compare(clientv3.CreateRevision(key), ">", 0)).
 		Then(clientv3.OpPut(key, "moved")).
 		Commit()
@@ -109,7 +109,7 @@ func TestKeyMovedOffLeaseFreesName(t *testing.T) {
 			name := etcdproc.Name(t, "off-lease")
 			hs := newSession(t, cli)
 			holder := mustLock(t, hs, name)
-			ctx, cancel := context.WithCancel(testCtx(t))
+			ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 			defer cancel()
 			// Far: the waiter has more keys ahead than it follows; the
 			// keys between are moved off their leases too, and their
@@ -150,25 +150,25 @@ func TestKeyMovedOffLeaseFreesName(t *testing.T) {
 			if l.Token() <= holder.Token() {
 				t.Fatalf("token %d not above the old holder's %d", l.Token(), holder.Token())
 			}
-			entries, err := lease.Inspect(testCtx(t), cli, name)
+			entries, err := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if len(entries) != 1 || entries[0].Key != l.Key() {
 				t.Fatalf("Inspect: %+v, want the new holder alone", entries)
 			}
-			if err := l.Unlock(testCtx(t)); err != nil {
+			if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			// The old holder's session takes the name again.
-			again, err := hs.TryLock(testCtx(t), name)
+			again, err := hs.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 			if err != nil {
 				t.Fatalf("the old holder's session, its old key still there off its lease: %v", err)
 			}
 			if again.Key() != holder.Key() || again.Token() <= l.Token() {
 				t.Fatalf("again: key %s token %d; want key %s, token above %d", again.Key(), again.Token(), holder.Key(), l.Token())
 			}
-			if err := again.Unlock(testCtx(t)); err != nil {
+			if err := again.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -189,7 +189,7 @@ func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
 	s := newSession(t, cli)
 	latePut := func(name string, cmps []clientv3.Cmp) bool {
 		t.Helper()
-		resp, err := cli.Txn(testCtx(t)).If(cmps...).
+		resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).If(cmps...).
 			Then(clientv3.OpPut(keyOf(name, s), "", clientv3.WithLease(s.Lease()))).Commit()
 		if err != nil {
 			t.Fatal(err)
@@ -209,11 +209,11 @@ func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
 		if keys := queueKeys(t, cli, name); len(keys) != 0 {
 			t.Fatalf("round %d: keys left under the name: %v", round, keys)
 		}
-		l, err := s.TryLock(testCtx(t), name)
+		l, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatalf("round %d: the session's next lock of the name: %v", round, err)
 		}
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -222,7 +222,7 @@ func TestLateAppliedPutLeavesNoOrphan(t *testing.T) {
 	if !latePut(name, nil) { // as a concurrency.Mutex sharing the lease would
 		t.Fatal("put failed")
 	}
-	if _, err := s.Lock(testCtx(t), name); !errors.Is(err, lease.ErrKeyInUse) {
+	if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrKeyInUse) {
 		t.Fatalf("Lock over another client's key on the lease: %v, want ErrKeyInUse", err)
 	}
 	if keys := queueKeys(t, cli, name); len(keys) != 1 {

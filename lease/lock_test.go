@@ -27,7 +27,7 @@ func TestLockUnlock(t *testing.T) {
 	if want := fmt.Sprintf("%s/%x", name, int64(s.Lease())); l.Key() != want {
 		t.Errorf("Key() = %q, want etcd's layout %q", l.Key(), want)
 	}
-	resp, err := cli.Get(testCtx(t), l.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), l.Key())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("lock key not in etcd: %v %v", resp, err)
 	}
@@ -37,7 +37,7 @@ func TestLockUnlock(t *testing.T) {
 	if l.Err() != nil {
 		t.Errorf("Err() of a held lock = %v", l.Err())
 	}
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatalf("Unlock: %v", err)
 	}
 	expectDone(t, l.Done(), time.Second, "Done after Unlock")
@@ -64,18 +64,18 @@ func TestInteropConcurrencyMutex(t *testing.T) {
 
 	t.Run("ours excludes Mutex", func(t *testing.T) {
 		l := mustLock(t, ours, name)
-		if err := m.TryLock(testCtx(t)); !errors.Is(err, concurrency.ErrLocked) {
+		if err := m.TryLock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, concurrency.ErrLocked) {
 			t.Fatalf("Mutex.TryLock while we hold: %v, want ErrLocked", err)
 		}
 		got := make(chan error, 1)
-		go func() { got <- m.Lock(testCtx(t)) }()
+		go func() { got <- m.Lock(etcdproc.Ctx(t, 30*time.Second)) }()
 		waitQueued(t, cli, name, 2)
 		select {
 		case err := <-got:
 			t.Fatalf("Mutex.Lock returned while we hold the lock: %v", err)
 		case <-time.After(200 * time.Millisecond):
 		}
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-got; err != nil {
@@ -84,20 +84,20 @@ func TestInteropConcurrencyMutex(t *testing.T) {
 	})
 	t.Run("Mutex excludes ours", func(t *testing.T) {
 		// m holds the lock from the previous subtest.
-		if _, err := ours.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		if _, err := ours.TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 			t.Fatalf("TryLock while Mutex holds: %v, want ErrLocked", err)
 		}
-		ch := lockAsync(testCtx(t), ours, name)
+		ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), ours, name)
 		waitQueued(t, cli, name, 2)
 		expectPending(t, ch, 200*time.Millisecond)
-		if err := m.Unlock(testCtx(t)); err != nil {
+		if err := m.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		r := <-ch
 		if r.err != nil {
 			t.Fatalf("Lock after Mutex.Unlock: %v", r.err)
 		}
-		r.l.Unlock(testCtx(t))
+		r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	})
 }
 
@@ -109,14 +109,14 @@ func TestTokenIsCreationRevision(t *testing.T) {
 	name := etcdproc.Name(t, "token")
 	a, b := newSession(t, cli), newSession(t, cli)
 	la := mustLock(t, a, name)
-	ch := lockAsync(testCtx(t), b, name)
+	ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), b, name)
 	waitQueued(t, cli, name, 2)
 	for i := 0; i < 3; i++ { // move the store revision on while b waits
-		if _, err := cli.Put(testCtx(t), name+"-other", "x"); err != nil {
+		if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), name+"-other", "x"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := la.Unlock(testCtx(t)); err != nil {
+	if err := la.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	r := <-ch
@@ -124,7 +124,7 @@ func TestTokenIsCreationRevision(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	lb := r.l
-	resp, err := cli.Get(testCtx(t), lb.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), lb.Key())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("get %s: %v", lb.Key(), err)
 	}
@@ -140,7 +140,7 @@ func TestTokenIsCreationRevision(t *testing.T) {
 	if int64(b.Lease()) == lb.Token() {
 		t.Error("token equals the lease ID")
 	}
-	lb.Unlock(testCtx(t))
+	lb.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // Tokens of successive holders of one name strictly increase, whichever
@@ -158,7 +158,7 @@ func TestTokensIncrease(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 10; i++ {
-				l, err := s.Lock(testCtx(t), name)
+				l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 				if err != nil {
 					t.Error(err)
 					return
@@ -166,7 +166,7 @@ func TestTokensIncrease(t *testing.T) {
 				mu.Lock()
 				tokens = append(tokens, l.Token())
 				mu.Unlock()
-				if err := l.Unlock(testCtx(t)); err != nil {
+				if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -193,12 +193,12 @@ func TestWaiterLosesKey(t *testing.T) {
 		kill func(t *testing.T, cli *clientv3.Client, s *lease.Session, key string)
 	}{
 		{"key deleted", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, key string) {
-			if _, err := cli.Delete(testCtx(t), key); err != nil {
+			if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), key); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"lease revoked", func(t *testing.T, cli *clientv3.Client, s *lease.Session, _ string) {
-			if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+			if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease()); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -209,7 +209,7 @@ func TestWaiterLosesKey(t *testing.T) {
 			name := etcdproc.Name(t, "waiter")
 			holder, waiter := newSession(t, cli), newSession(t, cli)
 			l := mustLock(t, holder, name)
-			ch := lockAsync(testCtx(t), waiter, name)
+			ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), waiter, name)
 			waitQueued(t, cli, name, 2)
 			tc.kill(t, cli, waiter, fmt.Sprintf("%s/%x", name, int64(waiter.Lease())))
 			select {
@@ -223,7 +223,7 @@ func TestWaiterLosesKey(t *testing.T) {
 			if l.Err() != nil {
 				t.Errorf("holder lost the lock: %v", l.Err())
 			}
-			l.Unlock(testCtx(t))
+			l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 		})
 	}
 }
@@ -234,7 +234,7 @@ func TestCancelledWaiterRemovesKey(t *testing.T) {
 	name := etcdproc.Name(t, "cancel")
 	holder, waiter := newSession(t, cli), newSession(t, cli)
 	l := mustLock(t, holder, name)
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	ch := lockAsync(ctx, waiter, name)
 	waitQueued(t, cli, name, 2)
 	cancel()
@@ -246,8 +246,8 @@ func TestCancelledWaiterRemovesKey(t *testing.T) {
 		t.Fatalf("queue after cancel = %v, want only the holder's %s", keys, l.Key())
 	}
 	// The waiter's session can take the lock afterwards.
-	l.Unlock(testCtx(t))
-	mustLock(t, waiter, name).Unlock(testCtx(t))
+	l.Unlock(etcdproc.Ctx(t, 30*time.Second))
+	mustLock(t, waiter, name).Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // Two Lock calls on one name through one session exclude each other, though
@@ -258,12 +258,12 @@ func TestSameSessionExclusion(t *testing.T) {
 	name := etcdproc.Name(t, "same")
 	s := newSession(t, cli)
 	first := mustLock(t, s, name)
-	if _, err := s.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+	if _, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 		t.Fatalf("TryLock through the holding session: %v, want ErrLocked", err)
 	}
-	ch := lockAsync(testCtx(t), s, name)
+	ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), s, name)
 	expectPending(t, ch, 300*time.Millisecond)
-	if err := first.Unlock(testCtx(t)); err != nil {
+	if err := first.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	r := <-ch
@@ -276,7 +276,7 @@ func TestSameSessionExclusion(t *testing.T) {
 	if r.l.Err() != nil {
 		t.Errorf("second holder lost: %v", r.l.Err())
 	}
-	r.l.Unlock(testCtx(t))
+	r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // A TryLock that fails writes nothing at all.
@@ -286,23 +286,23 @@ func TestTryLockWritesNothingWhenHeld(t *testing.T) {
 	name := etcdproc.Name(t, "try")
 	holder, other := newSession(t, cli), newSession(t, cli)
 	l := mustLock(t, holder, name)
-	before, err := cli.Get(testCtx(t), "any-key")
+	before, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any-key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
-		if _, err := other.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		if _, err := other.TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 			t.Fatalf("TryLock: %v, want ErrLocked", err)
 		}
 	}
-	after, err := cli.Get(testCtx(t), "any-key")
+	after, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any-key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if after.Header.Revision != before.Header.Revision {
 		t.Errorf("failed TryLocks moved the store revision from %d to %d", before.Header.Revision, after.Header.Revision)
 	}
-	l.Unlock(testCtx(t))
+	l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // jobs and jobs/7 are different locks.
@@ -315,17 +315,17 @@ func TestNestedNames(t *testing.T) {
 
 	// An older holder and a waiter on the child lock.
 	lc := mustLock(t, a, child)
-	waiting := lockAsync(testCtx(t), b, child)
+	waiting := lockAsync(etcdproc.Ctx(t, 30*time.Second), b, child)
 	waitQueued(t, cli, child, 2)
 
-	lp, err := c.TryLock(testCtx(t), parent)
+	lp, err := c.TryLock(etcdproc.Ctx(t, 30*time.Second), parent)
 	if err != nil {
 		t.Fatalf("TryLock(%q) with %q held: %v", parent, child, err)
 	}
-	lp.Unlock(testCtx(t))
+	lp.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	lp = mustLock(t, c, parent)
 	// While the parent is held, the child lock changes hands freely.
-	if err := lc.Unlock(testCtx(t)); err != nil {
+	if err := lc.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	r := <-waiting
@@ -333,15 +333,15 @@ func TestNestedNames(t *testing.T) {
 		t.Fatalf("child waiter: %v", r.err)
 	}
 	// A guard of the parent is unaffected by the child's keys.
-	txn, err := cli.Txn(testCtx(t)).If(clientv3.Compare(clientv3.CreateRevision(lp.Key()), "=", lp.Token())).Commit()
+	txn, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).If(clientv3.Compare(clientv3.CreateRevision(lp.Key()), "=", lp.Token())).Commit()
 	if err != nil || !txn.Succeeded {
 		t.Fatalf("parent guard failed: %v", err)
 	}
 	if lp.Err() != nil || r.l.Err() != nil {
 		t.Fatalf("a holder lost its lock: parent %v, child %v", lp.Err(), r.l.Err())
 	}
-	r.l.Unlock(testCtx(t))
-	lp.Unlock(testCtx(t))
+	r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
+	lp.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // Unlock after loss sends nothing and never removes a successor's key,
@@ -354,22 +354,22 @@ func TestUnlockNeverDeletesSuccessor(t *testing.T) {
 	old := mustLock(t, s, name)
 	// Someone deletes the key and a new key appears under the same name and
 	// lease, as a newer lock of the same session would make.
-	if _, err := cli.Delete(testCtx(t), old.Key()); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), old.Key()); err != nil {
 		t.Fatal(err)
 	}
-	put, err := cli.Put(testCtx(t), old.Key(), "", clientv3.WithLease(s.Lease()))
+	put, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), old.Key(), "", clientv3.WithLease(s.Lease()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = old.Unlock(testCtx(t))
+	err = old.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	if !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Unlock after the key was replaced: %v, want ErrLost", err)
 	}
-	resp, err := cli.Get(testCtx(t), old.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), old.Key())
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != put.Header.Revision {
 		t.Fatalf("successor key was removed or changed: %v %v", resp, err)
 	}
-	if err := old.Unlock(testCtx(t)); !errors.Is(err, lease.ErrLost) {
+	if err := old.Unlock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, lease.ErrLost) {
 		t.Errorf("second Unlock after loss: %v, want ErrLost", err)
 	}
 }
@@ -379,10 +379,10 @@ func TestUnlockTwice(t *testing.T) {
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	l := mustLock(t, s, etcdproc.Name(t, "twice"))
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Unlock(testCtx(t)); !errors.Is(err, lease.ErrUnlocked) {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, lease.ErrUnlocked) {
 		t.Fatalf("second Unlock: %v, want ErrUnlocked", err)
 	}
 }
@@ -397,20 +397,20 @@ func TestLossSignals(t *testing.T) {
 		lost bool
 	}{
 		{"key deleted", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, l *lease.Lock) {
-			cli.Delete(testCtx(t), l.Key())
+			cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key())
 		}, lease.ErrKeyDeleted, true},
 		{"key replaced", func(t *testing.T, cli *clientv3.Client, _ *lease.Session, l *lease.Lock) {
-			cli.Txn(testCtx(t)).Then(clientv3.OpDelete(l.Key())).Commit()
-			cli.Put(testCtx(t), l.Key(), "")
+			cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(clientv3.OpDelete(l.Key())).Commit()
+			cli.Put(etcdproc.Ctx(t, 30*time.Second), l.Key(), "")
 		}, lease.ErrKeyDeleted, true},
 		{"lease revoked", func(t *testing.T, cli *clientv3.Client, s *lease.Session, _ *lease.Lock) {
-			cli.Revoke(testCtx(t), s.Lease())
+			cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease())
 		}, lease.ErrLost, true},
 		{"session closed", func(t *testing.T, _ *clientv3.Client, s *lease.Session, _ *lease.Lock) {
 			s.Close()
 		}, lease.ErrSessionClosed, false},
 		{"unlocked", func(t *testing.T, _ *clientv3.Client, _ *lease.Session, l *lease.Lock) {
-			l.Unlock(testCtx(t))
+			l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 		}, lease.ErrUnlocked, false},
 	}
 	for _, tc := range cases {
@@ -418,7 +418,7 @@ func TestLossSignals(t *testing.T) {
 			cli := etcd.Client(t)
 			s := newSession(t, cli)
 			l := mustLock(t, s, etcdproc.Name(t, "loss"))
-			work, cancel := l.Context(testCtx(t))
+			work, cancel := l.Context(etcdproc.Ctx(t, 30*time.Second))
 			defer cancel()
 			tc.end(t, cli, s, l)
 			expectDone(t, l.Done(), 2*time.Second, "Lock.Done")
@@ -433,7 +433,7 @@ func TestLossSignals(t *testing.T) {
 				t.Errorf("context cause %v, want %v", context.Cause(work), l.Err())
 			}
 			if tc.lost {
-				if err := l.Unlock(testCtx(t)); !errors.Is(err, lease.ErrLost) {
+				if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, lease.ErrLost) {
 					t.Errorf("Unlock after loss: %v, want ErrLost", err)
 				}
 			}
@@ -467,7 +467,7 @@ func TestLossWithSilentNetwork(t *testing.T) {
 func watchDelete(t *testing.T, cli *clientv3.Client, l *lease.Lock) <-chan time.Time {
 	t.Helper()
 	deleted := make(chan time.Time, 1)
-	wctx, cancel := context.WithCancel(testCtx(t))
+	wctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	t.Cleanup(cancel)
 	wch := cli.Watch(wctx, l.Key(), clientv3.WithRev(l.Token()+1))
 	go func() {
@@ -528,7 +528,7 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 	holder := newSession(t, cli)
 	waiter := newSession(t, viaProxy, lease.WithTTL(10*time.Second))
 	l := mustLock(t, holder, name)
-	ch := lockAsync(testCtx(t), waiter, name)
+	ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), waiter, name)
 	waitQueued(t, cli, name, 2)
 
 	// Still waiting: and by now the answer to its queueing put has
@@ -540,24 +540,24 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 	p.Close()
 	var last int64
 	for i := 0; i < 5; i++ {
-		r, err := cli.Put(testCtx(t), name+"-noise", fmt.Sprint(i))
+		r, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), name+"-noise", fmt.Sprint(i))
 		if err != nil {
 			t.Fatal(err)
 		}
 		last = r.Header.Revision
 	}
-	if _, err := cli.Compact(testCtx(t), last); err != nil {
+	if _, err := cli.Compact(etcdproc.Ctx(t, 30*time.Second), last); err != nil {
 		t.Fatal(err)
 	}
 	etcdproc.ProxyAt(t, addr, target)
 	// Cleanups run last first: the client must go before the new proxy,
 	// whose Close waits for the client's connection to end.
 	t.Cleanup(func() { waiter.Close(); viaProxy.Close() })
-	if _, err := viaProxy.Get(testCtx(t), name); err != nil {
+	if _, err := viaProxy.Get(etcdproc.Ctx(t, 30*time.Second), name); err != nil {
 		t.Fatalf("waiter's client did not reconnect: %v", err)
 	}
 	expectPending(t, ch, 500*time.Millisecond)
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -568,7 +568,7 @@ func TestWaiterSurvivesCompaction(t *testing.T) {
 		if r.l.Token() <= l.Token() {
 			t.Errorf("token %d not above %d", r.l.Token(), l.Token())
 		}
-		r.l.Unlock(testCtx(t))
+		r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter not granted 5s after the holder left")
 	}
@@ -589,7 +589,7 @@ func TestGivenUpLockLeavesNoKey(t *testing.T) {
 	key := fmt.Sprintf("%s/%x", name, int64(s.Lease()))
 	gaveUp := 0
 	for i := 0; i < 300; i++ {
-		ctx, cancel := context.WithTimeout(testCtx(t), time.Duration(100+(i*97)%1900)*time.Microsecond)
+		ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), time.Duration(100+(i*97)%1900)*time.Microsecond)
 		_, err := s.Lock(ctx, name)
 		cancel()
 		if err == nil {
@@ -599,7 +599,7 @@ func TestGivenUpLockLeavesNoKey(t *testing.T) {
 			t.Fatalf("call %d: %v, want the caller's deadline", i, err)
 		}
 		gaveUp++
-		if resp, err := cli.Get(testCtx(t), key); err != nil || len(resp.Kvs) != 0 {
+		if resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), key); err != nil || len(resp.Kvs) != 0 {
 			t.Fatalf("call %d: the session's key is left behind (%v, %v)", i, resp.Kvs, err)
 		}
 	}
@@ -638,10 +638,10 @@ func TestBriefLockOpensNoWatch(t *testing.T) {
 	held := mustLock(t, s, name)
 	select {
 	case <-counts.created:
-	case <-testCtx(t).Done():
+	case <-etcdproc.Ctx(t, 30*time.Second).Done():
 		t.Fatal("a lock held for long opened no watch of its key")
 	}
-	if _, err := etcd.Client(t).Delete(testCtx(t), held.Key()); err != nil {
+	if _, err := etcd.Client(t).Delete(etcdproc.Ctx(t, 30*time.Second), held.Key()); err != nil {
 		t.Fatal(err)
 	}
 	expectDone(t, held.Done(), 2*time.Second, "Lock.Done after its key's deletion")
@@ -682,24 +682,24 @@ func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
 			for i := 0; i < 20; i++ {
 				name := etcdproc.Name(t, fmt.Sprintf("deleted-waiter-%d", i))
 				head := mustLock(t, hs, name)
-				ch := lockAsync(testCtx(t), ws, name)
+				ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), ws, name)
 				// The waiter follows the queue once both its watches are
 				// up: the case where the two deletions race.
 				for up := 0; up < 2; up++ {
 					select {
 					case <-counts.created:
-					case <-testCtx(t).Done():
+					case <-etcdproc.Ctx(t, 30*time.Second).Done():
 						t.Fatal("the waiter's watches never came up")
 					}
 				}
 				waiterKey := fmt.Sprintf("%s/%x", name, int64(ws.Lease()))
-				if err := tc.del(testCtx(t), cli, waiterKey, head.Key()); err != nil {
+				if err := tc.del(etcdproc.Ctx(t, 30*time.Second), cli, waiterKey, head.Key()); err != nil {
 					t.Fatal(err)
 				}
 				select {
 				case r := <-ch:
 					if r.err == nil {
-						r.l.Unlock(testCtx(t))
+						r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 						t.Fatalf("round %d: waiter granted with token %d after its key was deleted", i, r.l.Token())
 					}
 					if !errors.Is(r.err, lease.ErrKeyDeleted) {
@@ -708,7 +708,7 @@ func TestWaiterKeyDeletedBeforeHeadLeaves(t *testing.T) {
 				case <-time.After(2 * time.Second):
 					t.Fatalf("round %d: waiter still waiting 2s after its key was deleted", i)
 				}
-				head.Unlock(testCtx(t))
+				head.Unlock(etcdproc.Ctx(t, 30*time.Second))
 			}
 		})
 	}
@@ -730,7 +730,7 @@ func TestTryLockBehindNestedKeysOpensNoWatch(t *testing.T) {
 	holder := mustLock(t, newSession(t, cli), name)
 	counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
 	s := newSession(t, counts.client(t))
-	_, err := s.TryLock(testCtx(t), name)
+	_, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 	if !errors.Is(err, lease.ErrLocked) || !strings.Contains(err.Error(), holder.Key()) {
 		t.Fatalf("TryLock behind nested keys: %v, want ErrLocked naming %s", err, holder.Key())
 	}

@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -20,11 +21,11 @@ func TestLockStateChangesLoggedOnce(t *testing.T) {
 	s := newSession(t, cli, lease.WithLogger(zap.New(core)))
 	name := etcdproc.Name(t, "logs")
 	released := mustLock(t, s, name)
-	if err := released.Unlock(testCtx(t)); err != nil {
+	if err := released.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	lost := mustLock(t, s, name)
-	if _, err := cli.Delete(testCtx(t), lost.Key()); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), lost.Key()); err != nil {
 		t.Fatal(err)
 	}
 	<-lost.Done()

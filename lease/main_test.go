@@ -34,11 +34,9 @@ func TestMain(m *testing.M) {
 // shortTTL is the shortest lease etcd grants with default timing.
 const shortTTL = 2 * time.Second
 
-func testCtx(t *testing.T) context.Context { return etcdproc.Ctx(t, 30*time.Second) }
-
 func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
 	t.Helper()
-	s, err := lease.NewSession(testCtx(t), cli, opts...)
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, opts...)
 	if err != nil {
 		t.Fatalf("NewSession: %v", err)
 	}
@@ -48,7 +46,7 @@ func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease
 
 func mustLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
 	t.Helper()
-	l, err := s.Lock(testCtx(t), name)
+	l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("Lock(%q): %v", name, err)
 	}
@@ -58,7 +56,7 @@ func mustLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
 // queueKeys lists the keys queued under a lock name, nested locks excluded.
 func queueKeys(t *testing.T, cli *clientv3.Client, name string) []string {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +88,7 @@ func lockAsync(ctx context.Context, s *lease.Session, name string) <-chan lockRe
 // guess at how long a Lock call takes to enqueue.
 func waitQueued(t *testing.T, cli *clientv3.Client, name string, n int) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	wch := cli.Watch(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	<-wch
 	for len(queueKeys(t, cli, name)) < n {

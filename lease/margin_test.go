@@ -83,7 +83,7 @@ func TestLossMarginUnderLoad(t *testing.T) {
 func marginBatchRun(t *testing.T, cli *clientv3.Client, n int, keeper bool) []marginTrial {
 	p, viaProxy, _ := etcdproc.ProxiedClient(t, etcd.Endpoints()[0])
 	prefix := etcdproc.Name(t, "margin") + "-"
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	<-wch

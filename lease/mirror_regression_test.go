@@ -56,7 +56,7 @@ func TestMirrorBoundedBehindLiveHead(t *testing.T) {
 			t.FailNow()
 		}
 		at := markApplied(t, cli, name)
-		st, err := lease.AwaitKeeperMirror(testCtx(t), k, name, func(st lease.KeeperMirrorState) bool {
+		st, err := lease.AwaitKeeperMirror(etcdproc.Ctx(t, 30*time.Second), k, name, func(st lease.KeeperMirrorState) bool {
 			return st.Valid && st.Rev >= at
 		})
 		if err != nil {
@@ -79,7 +79,7 @@ func TestMirrorBoundedBehindLiveHead(t *testing.T) {
 // queueAndGiveUp queues a lock of name on s behind its holder, and cancels
 // it once it waits: its key is removed before Lock returns.
 func queueAndGiveUp(t *testing.T, s *lease.Session, name string, queued <-chan struct{}) {
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	res := lockAsync(ctx, s, name)
 	select {
@@ -99,10 +99,10 @@ func queueAndGiveUp(t *testing.T, s *lease.Session, name string, queued <-chan s
 // change under the name made before markApplied was called.
 func markApplied(t *testing.T, cli *clientv3.Client, name string) int64 {
 	t.Helper()
-	if _, err := cli.Put(testCtx(t), name+"/mark", ""); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), name+"/mark", ""); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Delete(testCtx(t), name+"/mark")
+	resp, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), name+"/mark")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func waitOnCopy(t *testing.T, cli *clientv3.Client, k *lease.Keeper, name string
 	}}
 	s := newSession(t, cli, lease.WithKeeper(k), lease.WithHooks(hooks))
 	before := reads.n.Load() + reads.keysOnly.Load() + reads.enqueues.Load()
-	res := lockAsync(testCtx(t), s, name)
+	res := lockAsync(etcdproc.Ctx(t, 30*time.Second), s, name)
 	select {
 	case <-queued:
 	case r := <-res:
@@ -223,7 +223,7 @@ func putData(t *testing.T, cli *clientv3.Client, name string, n int) int64 {
 		for i := from; i < min(from+100, n); i++ {
 			ops = append(ops, clientv3.OpPut(dataKey(name, i), "kept under the name"))
 		}
-		resp, err := cli.Txn(testCtx(t)).Then(ops...).Commit()
+		resp, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(ops...).Commit()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func putData(t *testing.T, cli *clientv3.Client, name string, n int) int64 {
 // one deletion, and returns its revision.
 func deleteData(t *testing.T, cli *clientv3.Client, name string, from, to int) int64 {
 	t.Helper()
-	resp, err := cli.Delete(testCtx(t), dataKey(name, from), clientv3.WithRange(dataKey(name, to)))
+	resp, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), dataKey(name, from), clientv3.WithRange(dataKey(name, to)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestOwnerInInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cs.Close()
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	done := make(chan error, 3)
 	go func() { _, err := writer.Lock(ctx, name); done <- err }()
@@ -43,7 +43,7 @@ func TestOwnerInInspect(t *testing.T) {
 	go func() { done <- concurrency.NewMutex(cs, name).Lock(ctx) }()
 	waitEntries(t, cli, name, 4)
 
-	entries, err := lease.Inspect(testCtx(t), cli, name)
+	entries, err := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestOwnerInInspect(t *testing.T) {
 	if err := reader.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := cli.Get(testCtx(t), lease.OwnerKey(reader.Lease())); err != nil || len(resp.Kvs) != 0 {
+	if resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), lease.OwnerKey(reader.Lease())); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("owner record after Close: %v %v", resp, err)
 	}
 	cancel()
@@ -85,14 +85,14 @@ func TestWithOwnerBadInput(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for _, owner := range []string{"", strings.Repeat("x", lease.MaxOwnerLen+1), "a\x01b", "\xff"} {
-		before, err := cli.Get(testCtx(t), "any")
+		before, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := lease.NewSession(testCtx(t), cli, lease.WithOwner(owner)); !errors.Is(err, lease.ErrInvalidArgument) {
+		if _, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, lease.WithOwner(owner)); !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Fatalf("WithOwner(%q): %v, want ErrInvalidArgument", owner, err)
 		}
-		after, err := cli.Get(testCtx(t), "any")
+		after, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,10 +108,10 @@ func TestLockAfterOutsideRevoke(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	s := newSession(t, cli, lease.WithTTL(10*time.Second))
-	if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Lock(testCtx(t), etcdproc.Name(t, "revoked"))
+	_, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), etcdproc.Name(t, "revoked"))
 	if !errors.Is(err, lease.ErrLeaseExpired) || !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Lock after revoke: %v, want ErrLeaseExpired", err)
 	}
@@ -125,7 +125,7 @@ func TestContextOfEndedLock(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	l := mustLock(t, newSession(t, cli), etcdproc.Name(t, "ended"))
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	for range 100 {

@@ -73,7 +73,7 @@ func runPauseChild() int {
 // the session ends at once, 300 ms before its Deadline.)
 func TestSessionSurvivesOnePause(t *testing.T) {
 	cli := etcd.Client(t)
-	c, err := exampleenv.StartChild(testCtx(t), "holder", pauseChildRole,
+	c, err := exampleenv.StartChild(etcdproc.Ctx(t, 30*time.Second), "holder", pauseChildRole,
 		envChildEndpoints+"="+strings.Join(etcd.Endpoints(), ","))
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestSessionSurvivesOnePause(t *testing.T) {
 				return
 			}
 			if rest, found := strings.CutPrefix(line, "LOST "); found {
-				ttl, err := cli.TimeToLive(testCtx(t), clientv3.LeaseID(id))
+				ttl, err := cli.TimeToLive(etcdproc.Ctx(t, 30*time.Second), clientv3.LeaseID(id))
 				if err != nil {
 					t.Fatal(err)
 				}

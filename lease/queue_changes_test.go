@@ -131,15 +131,15 @@ func TestKeyMovedOffLeaseBeforeTokenKnown(t *testing.T) {
 	// W waits once near the head: its queue and own-key watches come up
 	// and stay up for idleWatch after its lock.
 	h1 := mustLock(t, hs, name)
-	wch := lockAsync(testCtx(t), ws, name)
+	wch := lockAsync(etcdproc.Ctx(t, 30*time.Second), ws, name)
 	waitQueued(t, cli, name, 2)
-	if err := h1.Unlock(testCtx(t)); err != nil {
+	if err := h1.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	w1 := grantWithin(t, wch, 5*time.Second, "W's first lock")
-	hch := lockAsync(testCtx(t), hs, name)
+	hch := lockAsync(etcdproc.Ctx(t, 30*time.Second), hs, name)
 	waitQueued(t, cli, name, 2)
-	if err := w1.Unlock(testCtx(t)); err != nil {
+	if err := w1.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	h2 := grantWithin(t, hch, 5*time.Second, "H's second lock")
@@ -149,7 +149,7 @@ func TestKeyMovedOffLeaseBeforeTokenKnown(t *testing.T) {
 	seen.mu.Lock()
 	seen.key = h2.Key()
 	seen.mu.Unlock()
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	w2ch := lockAsync(ctx, ws, name)
 	g.awaitHeld(t) // W's key is put; its answer is held
@@ -163,7 +163,7 @@ func TestKeyMovedOffLeaseBeforeTokenKnown(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the client hands the response to the lock
 	close(g.release)
 	l := grantWithin(t, w2ch, 3*time.Second, "W's lock behind a key moved off its lease before its put's answer came")
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -189,14 +189,14 @@ func TestProclaimDoesNotReattachMovedKey(t *testing.T) {
 	}
 	xch := make(chan campaignResult, 1)
 	go func() {
-		e, err := xs.Campaign(testCtx(t), name, "x")
+		e, err := xs.Campaign(etcdproc.Ctx(t, 30*time.Second), name, "x")
 		xch <- campaignResult{e, err}
 	}()
 	waitQueued(t, cli, name, 2)
 
 	g.arm(true, func(tr *pb.TxnRequest) bool { return putsKey(tr, old.Key()) })
 	perr := make(chan error, 1)
-	go func() { perr <- old.Proclaim(testCtx(t), "v2") }()
+	go func() { perr <- old.Proclaim(etcdproc.Ctx(t, 30*time.Second), "v2") }()
 	g.awaitHeld(t) // past its checks, not yet sent
 	moveOffLease(t, cli, old.Key())
 	expectDone(t, old.Done(), 5*time.Second, "the leader whose key moved off its lease")
@@ -213,34 +213,34 @@ func TestProclaimDoesNotReattachMovedKey(t *testing.T) {
 	close(g.release)
 	t.Logf("the old leader's Proclaim returned %v (its leadership ended with %v)", <-perr, old.Err())
 
-	resp, err := cli.Get(testCtx(t), old.Key())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), old.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if kv := firstKVOf(resp.Kvs); kv != nil && kv.Lease != 0 {
 		t.Errorf("the old leader's key %s (created %d) is on lease %x again, older than the new leader's key (token %d)",
 			kv.Key, kv.CreateRevision, kv.Lease, x.Token())
-		entries, _ := lease.Inspect(testCtx(t), cli, name)
+		entries, _ := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
 		t.Logf("Inspect: %+v", entries)
-		ych := lockAsync(testCtx(t), ys, name)
+		ych := lockAsync(etcdproc.Ctx(t, 30*time.Second), ys, name)
 		waitQueued(t, cli, name, 3)
-		if err := x.Resign(testCtx(t)); err != nil {
+		if err := x.Resign(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case r := <-ych:
 			t.Logf("third lock after the new leader resigned: err=%v", r.err)
 			if r.l != nil {
-				r.l.Unlock(testCtx(t))
+				r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 			}
 		case <-time.After(3 * time.Second):
 			t.Errorf("a third lock stays queued behind the revived key after the new leader resigned")
 		}
-		if _, err := ls.TryLock(testCtx(t), name); err != nil {
+		if _, err := ls.TryLock(etcdproc.Ctx(t, 30*time.Second), name); err != nil {
 			t.Logf("the old leader's session on the name: %v", err)
 		}
 		ls.Close() // frees the name for the cleanup
-	} else if err := x.Resign(testCtx(t)); err != nil {
+	} else if err := x.Resign(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -269,24 +269,24 @@ func TestSharedLeaseKeyNotTakenAfterUnansweredPut(t *testing.T) {
 	}
 	defer cs.Orphan()
 	m := concurrency.NewMutex(cs, name)
-	if err := m.Lock(testCtx(t)); err != nil {
+	if err := m.Lock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	l, err := s.Lock(testCtx(t), name)
+	l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 	if !errors.Is(err, lease.ErrKeyInUse) {
 		t.Errorf("Lock over a concurrency.Mutex holding on the same lease: %v, want ErrKeyInUse", err)
 	}
 	if l != nil {
-		l.Unlock(testCtx(t))
+		l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	}
-	och := lockAsync(testCtx(t), newSession(t, cli), name)
+	och := lockAsync(etcdproc.Ctx(t, 30*time.Second), newSession(t, cli), name)
 	waitQueued(t, cli, name, 2)
 	expectPending(t, och, time.Second)
-	if err := m.Unlock(testCtx(t)); err != nil {
+	if err := m.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	o := grantWithin(t, och, 5*time.Second, "the other session's lock, once the Mutex let go")
-	o.Unlock(testCtx(t))
+	o.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // A writer's key whose value someone else sets to ReaderValue (lease
@@ -300,12 +300,12 @@ func TestWriterKeyTurnedReaderEndsHolding(t *testing.T) {
 	w := mustLock(t, ws, name)
 	rch := make(chan lockResult, 1)
 	go func() {
-		l, err := rs.RLock(testCtx(t), name)
+		l, err := rs.RLock(etcdproc.Ctx(t, 30*time.Second), name)
 		rch <- lockResult{l, err}
 	}()
 	waitQueued(t, cli, name, 2)
 	expectPending(t, rch, 100*time.Millisecond)
-	if _, err := cli.Put(testCtx(t), w.Key(), lease.ReaderValue, clientv3.WithLease(ws.Lease())); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), w.Key(), lease.ReaderValue, clientv3.WithLease(ws.Lease())); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -316,11 +316,11 @@ func TestWriterKeyTurnedReaderEndsHolding(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Errorf("reader granted (token %d) while the writer (token %d) still holds", r.l.Token(), w.Token())
 			}
-			r.l.Unlock(testCtx(t))
+			r.l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 		}
 	case <-time.After(2 * time.Second):
 	}
-	w.Unlock(testCtx(t))
+	w.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // stressCfg is one stress run's shape.
@@ -522,14 +522,14 @@ func TestKeeperCountingHandoffs(t *testing.T) {
 		held := mustLock(t, ss[0], name)
 		for i := range 12 {
 			s := ss[(i+1)%len(ss)]
-			ch := lockAsync(testCtx(t), s, name)
+			ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), s, name)
 			waitQueued(t, cli, name, 2)
-			if err := held.Unlock(testCtx(t)); err != nil {
+			if err := held.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			held = grantWithin(t, ch, 3*time.Second, fmt.Sprintf("%s: handoff %d", phase, i))
 		}
-		held.Unlock(testCtx(t))
+		held.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	}
 	handoffs("copy valid")
 	for b := 0; b < (lease.KeeperMirrorLimit+200)/100; b++ {
@@ -537,31 +537,31 @@ func TestKeeperCountingHandoffs(t *testing.T) {
 		for j := 0; j < 100; j++ {
 			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%s/data/%d", name, b*100+j), "x"))
 		}
-		if _, err := cli.Txn(testCtx(t)).Then(ops...).Commit(); err != nil {
+		if _, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(ops...).Commit(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := lease.AwaitKeeperMirror(testCtx(t), k, name, func(s lease.KeeperMirrorState) bool { return s.Counting }); err != nil {
+	if _, err := lease.AwaitKeeperMirror(etcdproc.Ctx(t, 30*time.Second), k, name, func(s lease.KeeperMirrorState) bool { return s.Counting }); err != nil {
 		t.Fatal(err)
 	}
 	handoffs("copy counting")
 	// Readers and a writer behind them while counting.
 	r1 := mustRLock(t, ss[0], name)
-	wch := lockAsync(testCtx(t), ss[1], name)
+	wch := lockAsync(etcdproc.Ctx(t, 30*time.Second), ss[1], name)
 	waitQueued(t, cli, name, 2)
 	rch := make(chan lockResult, 1)
-	go func() { l, err := ss[2].RLock(testCtx(t), name); rch <- lockResult{l, err} }()
+	go func() { l, err := ss[2].RLock(etcdproc.Ctx(t, 30*time.Second), name); rch <- lockResult{l, err} }()
 	waitQueued(t, cli, name, 3)
 	expectPending(t, rch, 100*time.Millisecond)
-	r1.Unlock(testCtx(t))
+	r1.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	w := grantWithin(t, wch, 3*time.Second, "writer behind a reader, copy counting")
 	expectPending(t, rch, 100*time.Millisecond)
-	w.Unlock(testCtx(t))
-	grantWithin(t, rch, 3*time.Second, "reader behind the writer, copy counting").Unlock(testCtx(t))
-	if _, err := cli.Delete(testCtx(t), name+"/data/", clientv3.WithPrefix()); err != nil {
+	w.Unlock(etcdproc.Ctx(t, 30*time.Second))
+	grantWithin(t, rch, 3*time.Second, "reader behind the writer, copy counting").Unlock(etcdproc.Ctx(t, 30*time.Second))
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), name+"/data/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lease.AwaitKeeperMirror(testCtx(t), k, name, func(s lease.KeeperMirrorState) bool { return s.Valid }); err != nil {
+	if _, err := lease.AwaitKeeperMirror(etcdproc.Ctx(t, 30*time.Second), k, name, func(s lease.KeeperMirrorState) bool { return s.Valid }); err != nil {
 		t.Fatal(err)
 	}
 	handoffs("copy back")
@@ -580,7 +580,7 @@ func TestKeeperPauseWithMoves(t *testing.T) {
 		name := etcdproc.Name(t, fmt.Sprintf("keeper-pause-move-%d", trial))
 		for range 7 {
 			l := mustLock(t, a, name)
-			if err := l.Unlock(testCtx(t)); err != nil {
+			if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -588,9 +588,9 @@ func TestKeeperPauseWithMoves(t *testing.T) {
 		moveOffLease(t, cli, lost.Key())
 		expectDone(t, lost.Done(), 5*time.Second, "the lock whose key moved")
 		// waitQueued would count the moved key: wait for each key itself.
-		ach := lockAsync(testCtx(t), a, name)
+		ach := lockAsync(etcdproc.Ctx(t, 30*time.Second), a, name)
 		waitKey(t, cli, keyOf(name, a))
-		bch := lockAsync(testCtx(t), b, name)
+		bch := lockAsync(etcdproc.Ctx(t, 30*time.Second), b, name)
 		waitKey(t, cli, keyOf(name, b))
 		start := time.Now()
 		var first *lease.Lock
@@ -601,9 +601,9 @@ func TestKeeperPauseWithMoves(t *testing.T) {
 			}
 			first = r.l
 		case <-time.After(15 * time.Second):
-			entries, _ := lease.Inspect(testCtx(t), cli, name)
-			rec, _ := cli.Get(testCtx(t), lease.DelayRecordKey(name))
-			all, _ := cli.Get(testCtx(t), name+"/", clientv3.WithPrefix())
+			entries, _ := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
+			rec, _ := cli.Get(etcdproc.Ctx(t, 30*time.Second), lease.DelayRecordKey(name))
+			all, _ := cli.Get(etcdproc.Ctx(t, 30*time.Second), name+"/", clientv3.WithPrefix())
 			t.Fatalf("trial %d: the lock after the loss not granted in 15s; Inspect %+v; record %v; keys %v", trial, entries, rec.Kvs, all.Kvs)
 		}
 		t.Logf("trial %d: the lock after the loss granted after %v", trial, time.Since(start).Round(time.Millisecond))
@@ -613,7 +613,7 @@ func TestKeeperPauseWithMoves(t *testing.T) {
 		if l.Token() <= first.Token() {
 			t.Fatalf("token %d not above %d", l.Token(), first.Token())
 		}
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -622,7 +622,7 @@ func TestKeeperPauseWithMoves(t *testing.T) {
 // waitKey waits until key exists.
 func waitKey(t *testing.T, cli *clientv3.Client, key string) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	wch := cli.Watch(ctx, key, clientv3.WithCreatedNotify())
 	<-wch
 	for {

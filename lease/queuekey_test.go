@@ -21,7 +21,7 @@ func TestForeignKeysBesideLock(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	grant := func() clientv3.LeaseID {
-		resp, err := cli.Grant(testCtx(t), 30)
+		resp, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 30)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,10 +63,10 @@ func testForeignKey(t *testing.T, cli *clientv3.Client, tc foreignKey, keeper bo
 		if tc.lease != 0 {
 			opts = append(opts, clientv3.WithLease(tc.lease))
 		}
-		if _, err := cli.Put(testCtx(t), tc.key(name), "user data", opts...); err != nil {
+		if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), tc.key(name), "user data", opts...); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+		ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 10*time.Second)
 		defer cancel()
 		var sopts []lease.Option
 		if keeper {

@@ -106,7 +106,7 @@ func TestQueueReads(t *testing.T) {
 			for i := 0; i < waiters; i++ {
 				s := newSession(t, cli, append(opts, lease.WithHooks(hooks))...)
 				go func() {
-					l, err := s.Lock(testCtx(t), name)
+					l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 					if err != nil {
 						errs <- err
 						return
@@ -115,7 +115,7 @@ func TestQueueReads(t *testing.T) {
 				}()
 				<-queued // one at a time, so that the queue order is known
 			}
-			if err := holder.Unlock(testCtx(t)); err != nil {
+			if err := holder.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			last := holder.Token()
@@ -126,12 +126,12 @@ func TestQueueReads(t *testing.T) {
 						t.Errorf("granted token %d after %d", l.Token(), last)
 					}
 					last = l.Token()
-					if err := l.Unlock(testCtx(t)); err != nil {
+					if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 						t.Fatal(err)
 					}
 				case err := <-errs:
 					t.Fatal(err)
-				case <-testCtx(t).Done():
+				case <-etcdproc.Ctx(t, 30*time.Second).Done():
 					t.Fatal("a waiter was not granted")
 				}
 			}
@@ -181,7 +181,7 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	name := etcdproc.Name(t, "far-back")
 	reads, cli := countingClient(t, name)
-	if _, err := cli.Put(testCtx(t), name+"/checkpoint", "older than every waiter"); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), name+"/checkpoint", "older than every waiter"); err != nil {
 		t.Fatal(err)
 	}
 	const ahead = 17 // waiters ahead of x, behind a holder: more than a page
@@ -196,16 +196,16 @@ func TestKeysOnlyViewFarBack(t *testing.T) {
 		holder := mustLock(t, newSession(t, cli), name)
 		var waiters []<-chan lockResult // in queue order
 		for i := 0; i < ahead; i++ {
-			waiters = append(waiters, lockAsync(testCtx(t), newSession(t, cli, lease.WithHooks(hooks)), name))
+			waiters = append(waiters, lockAsync(etcdproc.Ctx(t, 30*time.Second), newSession(t, cli, lease.WithHooks(hooks)), name))
 			<-queued
 		}
 		if dataJustAhead {
-			if _, err := cli.Put(testCtx(t), fmt.Sprintf("%s/data-%d", name, round), "just ahead of x"); err != nil {
+			if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), fmt.Sprintf("%s/data-%d", name, round), "just ahead of x"); err != nil {
 				t.Fatal(err)
 			}
 		}
 		enqueues := reads.enqueues.Load()
-		xres := lockAsync(testCtx(t), x, name)
+		xres := lockAsync(etcdproc.Ctx(t, 30*time.Second), x, name)
 		<-queued
 		if got := reads.enqueues.Load() - enqueues; got != 0 {
 			t.Errorf("round %d: %d keys-only reads as x queued, want none", round, got)

@@ -40,12 +40,12 @@ func TestLockAcrossIdleExpiry(t *testing.T) {
 					var l *lease.Lock
 					var err error
 					if (i+r)%3 == 0 {
-						l, err = s.TryLock(testCtx(t), name)
+						l, err = s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 						if errors.Is(err, lease.ErrLocked) {
 							continue
 						}
 					} else {
-						l, err = s.Lock(testCtx(t), name)
+						l, err = s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 					}
 					if err != nil {
 						t.Error(err)
@@ -58,13 +58,13 @@ func TestLockAcrossIdleExpiry(t *testing.T) {
 					}
 					last = l.Token()
 					mu.Unlock()
-					if _, err := cli.Get(testCtx(t), name+"-data"); err != nil { // a round trip under the lock
+					if _, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), name+"-data"); err != nil { // a round trip under the lock
 						t.Error(err)
 					}
 					mu.Lock()
 					holding--
 					mu.Unlock()
-					if err := l.Unlock(testCtx(t)); err != nil {
+					if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 						t.Error(err)
 						return
 					}
@@ -103,7 +103,7 @@ func TestCloseWhileGatesOpen(t *testing.T) {
 			const sessions, lockers = 4, 6
 			var ss []*lease.Session
 			for i := 0; i < sessions; i++ {
-				s, err := lease.NewSession(testCtx(t), cli, opts...)
+				s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, opts...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -171,7 +171,7 @@ func TestCloseWhileGatesOpen(t *testing.T) {
 			for _, s := range ss {
 				s.Close()
 			}
-			resp, err := cli.Get(testCtx(t), base+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), base+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 			if err != nil {
 				t.Fatal(err)
 			}

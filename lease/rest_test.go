@@ -56,7 +56,7 @@ func TestQueueWatchRestsWhileUncontended(t *testing.T) {
 			const warm, quiet = 16, 16
 			cycle := func() {
 				l := mustLock(t, b, name)
-				if err := l.Unlock(testCtx(t)); err != nil {
+				if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -80,7 +80,7 @@ func TestQueueWatchRestsWhileUncontended(t *testing.T) {
 			// deletion, once it has held for a moment (the own-key watch
 			// opens again then).
 			l := mustLock(t, b, name)
-			if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+			if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -104,7 +104,7 @@ func TestQueueWatchRestsWhileUncontended(t *testing.T) {
 func waitBehind(t *testing.T, holder, waiter *lease.Session, name string, queued <-chan struct{}) {
 	t.Helper()
 	h := mustLock(t, holder, name)
-	ch := lockAsync(testCtx(t), waiter, name)
+	ch := lockAsync(etcdproc.Ctx(t, 30*time.Second), waiter, name)
 	select {
 	case <-queued:
 	case r := <-ch:
@@ -121,7 +121,7 @@ func waitBehind(t *testing.T, holder, waiter *lease.Session, name string, queued
 		t.Fatalf("waiter granted (token %d) while the holder (token %d) held", r.l.Token(), h.Token())
 	default:
 	}
-	if err := h.Unlock(testCtx(t)); err != nil {
+	if err := h.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -132,10 +132,10 @@ func waitBehind(t *testing.T, holder, waiter *lease.Session, name string, queued
 		if r.l.Token() <= h.Token() {
 			t.Errorf("waiter granted token %d after %d", r.l.Token(), h.Token())
 		}
-		if err := r.l.Unlock(testCtx(t)); err != nil {
+		if err := r.l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-	case <-testCtx(t).Done():
+	case <-etcdproc.Ctx(t, 30*time.Second).Done():
 		t.Fatal("waiter not granted after the holder released")
 	}
 }

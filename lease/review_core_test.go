@@ -44,7 +44,7 @@ func TestNearWaiterNotGrantedAfterForeignPut(t *testing.T) {
 	for round := range 4 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			name := etcdproc.Name(t, "near-foreign-put")
-			ctx, cancel := context.WithCancel(testCtx(t))
+			ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 			defer cancel()
 			holder := mustLock(t, newSession(t, cli), name)
 			tp := newTap()
@@ -57,10 +57,10 @@ func TestNearWaiterNotGrantedAfterForeignPut(t *testing.T) {
 			wch := lockAsync(ctx, ws, name)
 			// Waiting: its own-key watch and queue watch are up, and it
 			// read its view after both came up.
-			tp.await(testCtx(t), t, "the waiter's view read under both watches", func(tp *tap) bool {
+			tp.await(etcdproc.Ctx(t, 30*time.Second), t, "the waiter's view read under both watches", func(tp *tap) bool {
 				return tp.readAfter(own, name+"/")
 			})
-			if _, err := cli.Txn(testCtx(t)).Then(clientv3.OpPut(own, "x"), clientv3.OpDelete(holder.Key())).Commit(); err != nil {
+			if _, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(clientv3.OpPut(own, "x"), clientv3.OpDelete(holder.Key())).Commit(); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -97,7 +97,7 @@ func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "refollow")
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	mustLock(t, newSession(t, cli), name) // A, held throughout
 	var keys []string
@@ -114,7 +114,7 @@ func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
 	defer cancel1()
 	l1 := lockAsync(ctx1, s, name)
 	waitQueued(t, cli, name, 5)
-	tp.await(testCtx(t), t, "L1 following D and C", func(tp *tap) bool { return tp.readAfter(d, c) })
+	tp.await(etcdproc.Ctx(t, 30*time.Second), t, "L1 following D and C", func(tp *tap) bool { return tp.readAfter(d, c) })
 
 	var gaveUp []func()
 	var results []<-chan lockResult
@@ -133,7 +133,7 @@ func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
 		t.Fatal("L1 granted")
 	}
 	waitQueued(t, cli, name, 7) // L2 put
-	tp.await(testCtx(t), t, "L2 following F and E", func(tp *tap) bool { return tp.readAfter(ef[1], ef[0]) })
+	tp.await(etcdproc.Ctx(t, 30*time.Second), t, "L2 following F and E", func(tp *tap) bool { return tp.readAfter(ef[1], ef[0]) })
 	for i := range gaveUp {
 		gaveUp[i]()
 		<-results[i]
@@ -144,7 +144,7 @@ func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
 	before := len(tp.txns)
 	tp.mu.Unlock()
 	const busy = 300
-	wctx, wcancel := context.WithTimeout(testCtx(t), 3*time.Second)
+	wctx, wcancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 3*time.Second)
 	defer wcancel()
 	for {
 		tp.mu.Lock()

@@ -16,13 +16,13 @@ import (
 // leasefence lock behind it.
 func rawQueueKey(t *testing.T, cli *clientv3.Client, name string) string {
 	t.Helper()
-	g, err := cli.Grant(testCtx(t), 60)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Revoke(context.Background(), g.ID) })
 	key := fmt.Sprintf("%s/%x", name, int64(g.ID))
-	if _, err := cli.Put(testCtx(t), key, "", clientv3.WithLease(g.ID)); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), key, "", clientv3.WithLease(g.ID)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Delete(context.Background(), key) })
@@ -46,26 +46,26 @@ func TestFarTurnedNearBehindKeyMovedOffLease(t *testing.T) {
 	h, k1, k2, k3 := ks[0], ks[1], ks[2], ks[3]
 	tp := newTap()
 	ws := newSession(t, tapClient(t, tp))
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	wch := lockAsync(ctx, ws, name)
 	waitQueued(t, cli, name, 5)
-	tp.await(testCtx(t), t, "the waiter following K3 and K2", func(tp *tap) bool { return tp.readAfter(k3, k2) })
+	tp.await(etcdproc.Ctx(t, 30*time.Second), t, "the waiter following K3 and K2", func(tp *tap) bool { return tp.readAfter(k3, k2) })
 
 	moveOffLease(t, cli, k1)
-	if _, err := cli.Delete(testCtx(t), k2); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), k2); err != nil {
 		t.Fatal(err)
 	}
 	expectPending(t, wch, 200*time.Millisecond) // H holds
-	if _, err := cli.Delete(testCtx(t), h); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), h); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Delete(testCtx(t), k3); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), k3); err != nil {
 		t.Fatal(err)
 	}
 	// Only K1 is left ahead, and it is no lock.
 	l := grantWithin(t, wch, 5*time.Second, "the waiter behind only a key moved off its lease")
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -25,7 +25,7 @@ func TestFarWaiterNotGrantedAfterOwnKeyWent(t *testing.T) {
 	for round := range 8 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			name := etcdproc.Name(t, "far-own")
-			ctx, cancel := context.WithCancel(testCtx(t))
+			ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 			defer cancel()
 			var ahead []string
 			for i := range 5 {
@@ -44,12 +44,12 @@ func TestFarWaiterNotGrantedAfterOwnKeyWent(t *testing.T) {
 			behind := lockAsync(ctx, newSession(t, cli), name)
 			waitQueued(t, cli, name, 7)
 			for _, key := range ahead[:4] {
-				if _, err := cli.Delete(testCtx(t), key); err != nil {
+				if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), key); err != nil {
 					t.Fatal(err)
 				}
 			}
 			own := fmt.Sprintf("%s/%x", name, int64(w.Lease()))
-			if _, err := cli.Txn(testCtx(t)).Then(clientv3.OpDelete(ahead[4]), clientv3.OpDelete(own)).Commit(); err != nil {
+			if _, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(clientv3.OpDelete(ahead[4]), clientv3.OpDelete(own)).Commit(); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -86,7 +86,7 @@ func TestForeignPutEndsHolding(t *testing.T) {
 			}
 			name := etcdproc.Name(t, "foreign-put")
 			l := mustLock(t, newSession(t, cli, opts...), name)
-			if _, err := cli.Put(testCtx(t), l.Key(), "x"); err != nil {
+			if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), l.Key(), "x"); err != nil {
 				t.Fatal(err)
 			}
 			expectDone(t, l.Done(), 10*time.Second, "holder after a foreign put")
@@ -94,7 +94,7 @@ func TestForeignPutEndsHolding(t *testing.T) {
 				t.Fatalf("Err = %v, want ErrKeyDeleted", l.Err())
 			}
 			// etcd's own check: a holder that does not know it ended.
-			_, err := fence.NewTxn(testCtx(t), cli, fence.Held(bare{l})).Then(clientv3.OpPut(name+"-data", "late")).Commit()
+			_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(bare{l})).Then(clientv3.OpPut(name+"-data", "late")).Commit()
 			var nh *fence.NotHeldError
 			if !errors.As(err, &nh) || !nh.Detached {
 				t.Fatalf("Held on a detached key: %v, want a NotHeldError saying it is detached", err)

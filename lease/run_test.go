@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -17,7 +18,7 @@ import (
 // keyGone tells whether key is absent.
 func keyGone(t *testing.T, cli *clientv3.Client, key string) bool {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), key)
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func TestRunReleasesWhenFnReturns(t *testing.T) {
 		t.Run(fmt.Sprint(fnErr), func(t *testing.T) {
 			before := leaseCount(t)
 			var key string
-			err := lease.Run(testCtx(t), cli, etcdproc.Name(t, "run-returns"), func(ctx context.Context, l *lease.Lock) error {
+			err := lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, etcdproc.Name(t, "run-returns"), func(ctx context.Context, l *lease.Lock) error {
 				key = l.Key()
 				return fnErr
 			}, lease.WithTTL(shortTTL))
@@ -61,7 +62,7 @@ func TestRunRetakesAfterLoss(t *testing.T) {
 			name := etcdproc.Name(t, "run-loss")
 			var tokens []int64
 			var leases []string
-			err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+			err := lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, name, func(ctx context.Context, l *lease.Lock) error {
 				tokens = append(tokens, l.Token())
 				leases = append(leases, l.Key())
 				if len(tokens) > 1 {
@@ -103,7 +104,7 @@ func TestRunStopsWithContext(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "run-ctx")
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	var key string
 	err := lease.Run(ctx, cli, name, func(fctx context.Context, l *lease.Lock) error {
 		key = l.Key()
@@ -126,12 +127,12 @@ func TestRunBadInput(t *testing.T) {
 	fn := func(context.Context, *lease.Lock) error { called.Store(true); return nil }
 	before := leaseCount(t)
 	for what, err := range map[string]error{
-		"nil client": lease.Run(testCtx(t), nil, "x", fn),
-		"nil fn":     lease.Run(testCtx(t), cli, "x", nil),
-		"bad name":   lease.Run(testCtx(t), cli, "x/", fn),
-		"bad option": lease.Run(testCtx(t), cli, "x", fn, lease.WithTTL(0)),
-		"nil option": lease.Run(testCtx(t), cli, "x", fn, nil),
-		"lead nil":   lease.Lead(testCtx(t), cli, "x", "v", nil),
+		"nil client": lease.Run(etcdproc.Ctx(t, 30*time.Second), nil, "x", fn),
+		"nil fn":     lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, "x", nil),
+		"bad name":   lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, "x/", fn),
+		"bad option": lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, "x", fn, lease.WithTTL(0)),
+		"nil option": lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, "x", fn, nil),
+		"lead nil":   lease.Lead(etcdproc.Ctx(t, 30*time.Second), cli, "x", "v", nil),
 	} {
 		if !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", what, err)
@@ -158,7 +159,7 @@ func TestRunLateFencedWriteIsStale(t *testing.T) {
 	}
 	var lateErr, plainErr error
 	calls := 0
-	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+	err := lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, name, func(ctx context.Context, l *lease.Lock) error {
 		calls++
 		if calls > 1 {
 			return write(ctx, l.Token(), "after") // the new holding's first write
@@ -169,14 +170,14 @@ func TestRunLateFencedWriteIsStale(t *testing.T) {
 			return err
 		}
 		// The lock is lost and a successor writes, while this fn still runs.
-		if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+		if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
 			return err
 		}
 		succ := mustLock(t, newSession(t, cli), name)
-		if err := write(testCtx(t), succ.Token(), "successor"); err != nil {
+		if err := write(etcdproc.Ctx(t, 30*time.Second), succ.Token(), "successor"); err != nil {
 			return err
 		}
-		if err := succ.Unlock(testCtx(t)); err != nil {
+		if err := succ.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			return err
 		}
 		<-ctx.Done()
@@ -204,7 +205,7 @@ func TestLeadRetakesAfterLoss(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "lead")
 	var tokens []int64
-	err := lease.Lead(testCtx(t), cli, name, "me", func(ctx context.Context, l *lease.Leadership) error {
+	err := lease.Lead(etcdproc.Ctx(t, 30*time.Second), cli, name, "me", func(ctx context.Context, l *lease.Leadership) error {
 		tokens = append(tokens, l.Token())
 		if ld, err := lease.CurrentLeader(ctx, cli, name); err != nil || ld.Token != l.Token() || ld.Value != "me" {
 			t.Errorf("CurrentLeader = %+v, %v; want token %d, value me", ld, err, l.Token())
@@ -233,7 +234,7 @@ func TestRunErrorAfterUnnoticedLoss(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "run-unnoticed")
 	calls := 0
-	err := lease.Run(testCtx(t), cli, name, func(ctx context.Context, l *lease.Lock) error {
+	err := lease.Run(etcdproc.Ctx(t, 30*time.Second), cli, name, func(ctx context.Context, l *lease.Lock) error {
 		calls++
 		if calls > 1 {
 			return nil

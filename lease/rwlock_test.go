@@ -30,7 +30,7 @@ func rlockAsync(ctx context.Context, s *lease.Session, name string) <-chan lockR
 
 func mustRLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
 	t.Helper()
-	l, err := s.RLock(testCtx(t), name)
+	l, err := s.RLock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("RLock(%q): %v", name, err)
 	}
@@ -66,7 +66,7 @@ func bothShapes(t *testing.T, test func(t *testing.T, cli *clientv3.Client, newS
 
 func mustUnlock(t *testing.T, l *lease.Lock) {
 	t.Helper()
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -78,15 +78,15 @@ func TestReadersShare(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			held = append(held, mustRLock(t, newS(), name))
 		}
-		l, err := newS().TryRLock(testCtx(t), name)
+		l, err := newS().TryRLock(etcdproc.Ctx(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatalf("TryRLock while only readers hold: %v", err)
 		}
 		held = append(held, l)
-		if _, err := newS().TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		if _, err := newS().TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 			t.Fatalf("TryLock while readers hold: %v, want ErrLocked", err)
 		}
-		entries, err := lease.Inspect(testCtx(t), cli, name)
+		entries, err := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,19 +114,19 @@ func TestWriterExcludesReadersFIFO(t *testing.T) {
 	bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
 		name := etcdproc.Name(t, "rw-fifo")
 		r1 := mustRLock(t, newS(), name)
-		writerCh := lockAsync(testCtx(t), newS(), name)
+		writerCh := lockAsync(etcdproc.Ctx(t, 30*time.Second), newS(), name)
 		waitQueued(t, cli, name, 2)
 		late := newS()
-		lateCh := rlockAsync(testCtx(t), late, name)
+		lateCh := rlockAsync(etcdproc.Ctx(t, 30*time.Second), late, name)
 		waitQueued(t, cli, name, 3)
-		lateCh2 := rlockAsync(testCtx(t), newS(), name)
+		lateCh2 := rlockAsync(etcdproc.Ctx(t, 30*time.Second), newS(), name)
 		waitQueued(t, cli, name, 4)
 		expectPending(t, writerCh, 200*time.Millisecond)
 		expectPending(t, lateCh, 0)
-		if _, err := newS().TryRLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+		if _, err := newS().TryRLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 			t.Fatalf("TryRLock behind a waiting writer: %v, want ErrLocked", err)
 		}
-		entries, err := lease.Inspect(testCtx(t), cli, name)
+		entries, err := lease.Inspect(etcdproc.Ctx(t, 30*time.Second), cli, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,13 +161,13 @@ func TestReadersInteropConcurrencyMutex(t *testing.T) {
 	m := concurrency.NewMutex(cs, name)
 
 	r := mustRLock(t, newSession(t, cli), name)
-	if err := m.TryLock(testCtx(t)); !errors.Is(err, concurrency.ErrLocked) {
+	if err := m.TryLock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, concurrency.ErrLocked) {
 		t.Fatalf("Mutex.TryLock while a reader holds: %v, want ErrLocked", err)
 	}
 	got := make(chan error, 1)
-	go func() { got <- m.Lock(testCtx(t)) }()
+	go func() { got <- m.Lock(etcdproc.Ctx(t, 30*time.Second)) }()
 	waitQueued(t, cli, name, 2)
-	lateCh := rlockAsync(testCtx(t), newSession(t, cli), name)
+	lateCh := rlockAsync(etcdproc.Ctx(t, 30*time.Second), newSession(t, cli), name)
 	waitQueued(t, cli, name, 3)
 	select {
 	case err := <-got:
@@ -180,7 +180,7 @@ func TestReadersInteropConcurrencyMutex(t *testing.T) {
 		t.Fatalf("Mutex.Lock after the reader's Unlock: %v", err)
 	}
 	expectPending(t, lateCh, 200*time.Millisecond) // behind the Mutex, a writer
-	if err := m.Unlock(testCtx(t)); err != nil {
+	if err := m.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	mustUnlock(t, granted(t, lateCh, "reader after Mutex.Unlock"))
@@ -204,16 +204,16 @@ func TestRWWaiterVanishes(t *testing.T) {
 			bothShapes(t, func(t *testing.T, cli *clientv3.Client, newS func() *lease.Session) {
 				name := etcdproc.Name(t, "rw-vanish")
 				r := mustRLock(t, newS(), name)
-				w1 := lockAsync(testCtx(t), newS(), name) // ahead of the vanishing one
+				w1 := lockAsync(etcdproc.Ctx(t, 30*time.Second), newS(), name) // ahead of the vanishing one
 				waitQueued(t, cli, name, 2)
 				vs := newS()
 				take := lockAsync
 				if tc.reader {
 					take = rlockAsync
 				}
-				vanishing := take(testCtx(t), vs, name)
+				vanishing := take(etcdproc.Ctx(t, 30*time.Second), vs, name)
 				waitQueued(t, cli, name, 3)
-				w2 := lockAsync(testCtx(t), newS(), name)
+				w2 := lockAsync(etcdproc.Ctx(t, 30*time.Second), newS(), name)
 				waitQueued(t, cli, name, 4)
 				tc.vanish(t, cli, vs)
 				if r := <-vanishing; !errors.Is(r.err, lease.ErrLost) && !errors.Is(r.err, lease.ErrSessionClosed) {
@@ -230,19 +230,19 @@ func TestRWWaiterVanishes(t *testing.T) {
 }
 
 func revokeSession(t *testing.T, cli *clientv3.Client, s *lease.Session) {
-	if _, err := cli.Revoke(testCtx(t), s.Lease()); err != nil {
+	if _, err := cli.Revoke(etcdproc.Ctx(t, 30*time.Second), s.Lease()); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func deleteSessionKey(t *testing.T, cli *clientv3.Client, s *lease.Session) {
-	keys, err := cli.Get(testCtx(t), "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	keys, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, kv := range keys.Kvs {
 		if _, ok := lease.QueueName(kv.Key, s.Lease()); ok {
-			if _, err := cli.Delete(testCtx(t), string(kv.Key)); err != nil {
+			if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), string(kv.Key)); err != nil {
 				t.Fatal(err)
 			}
 			return
@@ -257,11 +257,11 @@ func TestReadHoldingIsFenced(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "rw-fence")
 	r := mustRLock(t, newSession(t, cli), name)
-	if _, err := fence.NewTxn(testCtx(t), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "1")).Commit(); err != nil {
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "1")).Commit(); err != nil {
 		t.Fatalf("guarded write under a read holding: %v", err)
 	}
 	mustUnlock(t, r)
-	_, err := fence.NewTxn(testCtx(t), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "2")).Commit()
+	_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Held(r)).Then(clientv3.OpPut(name+"-seen", "2")).Commit()
 	if !errors.Is(err, fence.ErrNotHeld) {
 		t.Fatalf("guarded write after the reader's Unlock: %v, want ErrNotHeld", err)
 	}
@@ -273,7 +273,7 @@ func TestLockDelayReaders(t *testing.T) {
 	name := etcdproc.Name(t, "rw-delay")
 	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
 	mustLock(t, holder, name)
-	ch := rlockAsync(testCtx(t), newSession(t, cli, lease.WithLockDelay(lockDelay)), name)
+	ch := rlockAsync(etcdproc.Ctx(t, 30*time.Second), newSession(t, cli, lease.WithLockDelay(lockDelay)), name)
 	waitQueued(t, cli, name, 2)
 	lost := time.Now()
 	revokeSession(t, cli, holder)
@@ -346,19 +346,19 @@ func TestReaderBehindWriterIgnoresReaders(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		readers = append(readers, mustRLock(t, newSession(t, etcd.Client(t)), name))
 	}
-	writer := lockAsync(testCtx(t), newSession(t, etcd.Client(t)), name)
+	writer := lockAsync(etcdproc.Ctx(t, 30*time.Second), newSession(t, etcd.Client(t)), name)
 	waitQueued(t, etcd.Client(t), name, 6)
 	counts := &readerDeletes{keys: map[string]bool{}, created: make(chan struct{}, 16)}
 	for _, r := range readers {
 		counts.keys[r.Key()] = true
 	}
-	reader := rlockAsync(testCtx(t), newSession(t, counts.client(t)), name)
+	reader := rlockAsync(etcdproc.Ctx(t, 30*time.Second), newSession(t, counts.client(t)), name)
 	waitQueued(t, etcd.Client(t), name, 7)
 	// Its own-key watch first, then the watch it waits with.
 	for i := 0; i < 2; i++ {
 		select {
 		case <-counts.created:
-		case <-testCtx(t).Done():
+		case <-etcdproc.Ctx(t, 30*time.Second).Done():
 			t.Fatal("the reader opened no watch to wait with")
 		}
 	}

@@ -27,7 +27,7 @@ func TestNewSessionBadInput(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			before := leaseCount(t)
-			_, err := lease.NewSession(testCtx(t), cli, tc.opts...)
+			_, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, tc.opts...)
 			if !errors.Is(err, lease.ErrInvalidArgument) {
 				t.Fatalf("NewSession: %v, want ErrInvalidArgument", err)
 			}
@@ -37,7 +37,7 @@ func TestNewSessionBadInput(t *testing.T) {
 		})
 	}
 	t.Run("nil client", func(t *testing.T) {
-		if _, err := lease.NewSession(testCtx(t), nil); !errors.Is(err, lease.ErrInvalidArgument) {
+		if _, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), nil); !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Fatalf("NewSession(nil): %v, want ErrInvalidArgument", err)
 		}
 	})
@@ -46,7 +46,7 @@ func TestNewSessionBadInput(t *testing.T) {
 func leaseCount(t *testing.T) int {
 	t.Helper()
 	cli := etcd.Client(t)
-	resp, err := cli.Leases(testCtx(t))
+	resp, err := cli.Leases(etcdproc.Ctx(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,21 +58,21 @@ func TestLockBadNames(t *testing.T) {
 	cli := etcd.Client(t)
 	s := newSession(t, cli)
 	for _, name := range []string{"", "/", "jobs/", "a//b", "jobs\n7", "jobs\x007", "jobs\r"} {
-		before, err := cli.Get(testCtx(t), "any")
+		before, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = s.Lock(testCtx(t), name)
+		_, err = s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 		if !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Errorf("Lock(%q): %v, want ErrInvalidArgument", name, err)
 		}
 		if n := strings.Count(err.Error(), "lease:"); n != 1 {
 			t.Errorf("Lock(%q): %q names the package %d times", name, err, n)
 		}
-		if _, err := s.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrInvalidArgument) {
+		if _, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrInvalidArgument) {
 			t.Errorf("TryLock(%q): %v, want ErrInvalidArgument", name, err)
 		}
-		after, err := cli.Get(testCtx(t), "any")
+		after, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), "any")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,11 +111,11 @@ func TestUnreachableEtcd(t *testing.T) {
 func TestSessionTTLAndClose(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
-	s, err := lease.NewSession(testCtx(t), cli, lease.WithTTL(1500*time.Millisecond))
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, lease.WithTTL(1500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ttl, err := cli.TimeToLive(testCtx(t), s.Lease())
+	ttl, err := cli.TimeToLive(etcdproc.Ctx(t, 30*time.Second), s.Lease())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,13 +130,13 @@ func TestSessionTTLAndClose(t *testing.T) {
 	if !errors.Is(s.Err(), lease.ErrSessionClosed) || !errors.Is(l.Err(), lease.ErrSessionClosed) {
 		t.Errorf("after Close: session %v, lock %v; want ErrSessionClosed", s.Err(), l.Err())
 	}
-	if resp, err := cli.Get(testCtx(t), l.Key()); err != nil || len(resp.Kvs) != 0 {
+	if resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil || len(resp.Kvs) != 0 {
 		t.Errorf("lock key survived Close: %v %v", resp, err)
 	}
 	if err := s.Close(); !errors.Is(err, lease.ErrSessionClosed) {
 		t.Errorf("second Close: %v", err)
 	}
-	if _, err := s.Lock(testCtx(t), "x"); !errors.Is(err, lease.ErrSessionClosed) {
+	if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), "x"); !errors.Is(err, lease.ErrSessionClosed) {
 		t.Errorf("Lock on a closed session: %v", err)
 	}
 }
@@ -170,7 +170,7 @@ func TestSessionKeepsLeaseAlive(t *testing.T) {
 		t.Fatalf("lock lost while the session should keep it: %v", l.Err())
 	case <-time.After(2 * s.TTL()):
 	}
-	ttl, err := cli.TimeToLive(testCtx(t), s.Lease())
+	ttl, err := cli.TimeToLive(etcdproc.Ctx(t, 30*time.Second), s.Lease())
 	if err != nil || ttl.TTL <= 0 {
 		t.Fatalf("lease not alive after 2×TTL: %v %v", ttl, err)
 	}

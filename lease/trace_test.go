@@ -93,7 +93,7 @@ func TestQueuedCountsKeysAhead(t *testing.T) {
 					opts = append(opts, lease.WithKeeper(k))
 				}
 				name := etcdproc.Name(t, "queued")
-				ctx, cancel := context.WithCancel(testCtx(t))
+				ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 				var wg sync.WaitGroup
 				defer wg.Wait()
 				defer cancel()
@@ -124,7 +124,7 @@ func TestQueuedCountsKeysAhead(t *testing.T) {
 // second Ended.
 func TestCallHooksOrder(t *testing.T) {
 	cli := etcd.Client(t)
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	c := newCalls()
 	s := newSession(t, cli, lease.WithHooks(c.hooks()))
 	name := etcdproc.Name(t, "order")

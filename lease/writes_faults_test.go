@@ -30,7 +30,7 @@ func TestCleanupRetriesWhenOverloaded(t *testing.T) {
 	// The second key write is the cleanup, after the enqueue put.
 	kv := &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate { return map[int]fate{1: overloaded}[n] }}
 	lease.SetKeys(s, kv)
-	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 300*time.Millisecond)
 	_, err := s.Lock(ctx, name)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -39,15 +39,15 @@ func TestCleanupRetriesWhenOverloaded(t *testing.T) {
 	if n := kv.commits(); n < 3 {
 		t.Fatalf("%d key writes: the refused cleanup was not sent again", n)
 	}
-	if err := held.Unlock(testCtx(t)); err != nil {
+	if err := held.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel = context.WithTimeout(testCtx(t), 2*time.Second)
+	ctx, cancel = context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 2*time.Second)
 	defer cancel()
 	if l, err := p.Lock(ctx, name); err != nil {
 		t.Errorf("orphan: another session cannot take the free name: %v; keys %v", err, queueKeys(t, cli, name))
 	} else {
-		_ = l.Unlock(testCtx(t))
+		_ = l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	}
 }
 
@@ -63,15 +63,15 @@ func TestWithdrawalRetriesWhenOverloaded(t *testing.T) {
 	lease.SetKeys(s, &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate {
 		return map[int]fate{0: loseAnswer, 1: overloaded}[n]
 	}})
-	if _, err := s.Lock(testCtx(t), name); err == nil {
+	if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name); err == nil {
 		t.Fatal("granted")
 	}
-	ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second)
+	ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 2*time.Second)
 	defer cancel()
 	if l, err := p.Lock(ctx, name); err != nil {
 		t.Errorf("orphan: another session cannot take the free name: %v; keys %v", err, queueKeys(t, cli, name))
 	} else {
-		_ = l.Unlock(testCtx(t))
+		_ = l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	}
 }
 
@@ -113,7 +113,7 @@ func TestConcurrentSameNameLossy(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := range 5 {
-					ctx, cancel := context.WithTimeout(testCtx(t), time.Duration(50+50*((g+i)%3))*time.Millisecond)
+					ctx, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), time.Duration(50+50*((g+i)%3))*time.Millisecond)
 					var l *lease.Lock
 					var err error
 					switch (g + i) % 3 {
@@ -137,14 +137,14 @@ func TestConcurrentSameNameLossy(t *testing.T) {
 					if n := live.Add(1); n != 1 {
 						errs <- fmt.Errorf("%d holdings of one name through one session at once", n)
 					}
-					resp, err := cli.Get(testCtx(t), l.Key())
+					resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), l.Key())
 					if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != l.Token() {
 						errs <- fmt.Errorf("granted %s@%d but its key is %v (%v)", l.Key(), l.Token(), resp, err)
 					}
 					time.Sleep(5 * time.Millisecond)
 					live.Add(-1)
 					for range 3 {
-						if err := l.Unlock(testCtx(t)); err == nil || !errors.Is(err, errAnswerLost) {
+						if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err == nil || !errors.Is(err, errAnswerLost) {
 							break
 						}
 					}
@@ -159,7 +159,7 @@ func TestConcurrentSameNameLossy(t *testing.T) {
 						case <-l.Done():
 						case <-time.After(3 * time.Second):
 							errs <- fmt.Errorf("a holding whose Unlocks had no answer never ended")
-							_ = l.Unlock(testCtx(t))
+							_ = l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 						}
 					}
 				}
@@ -174,12 +174,12 @@ func TestConcurrentSameNameLossy(t *testing.T) {
 		lossy = false
 		mu.Unlock()
 		kv.replay(t)
-		l, err := s.TryLock(testCtx(t), name)
+		l, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 		if err != nil {
 			t.Errorf("round %d: stranded: %v; keys %v", round, err, queueKeys(t, cli, name))
 			continue
 		}
-		if err := l.Unlock(testCtx(t)); err != nil {
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		if keys := queueKeys(t, cli, name); len(keys) != 0 {

@@ -16,7 +16,7 @@ import (
 // keyGet reads key, nil if absent.
 func keyGet(t *testing.T, cli *clientv3.Client, key string) *clientv3.GetResponse {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), key)
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestLateWithdrawalSparesNextHolding(t *testing.T) {
 		return map[int]fate{0: loseAnswer, 1: hold}[n]
 	}}
 	lease.SetKeys(s, kv)
-	if l, err := s.Lock(testCtx(t), name); err == nil {
+	if l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name); err == nil {
 		t.Fatalf("Lock whose put lost its answer: granted %v", l.Key())
 	}
 	if keys := queueKeys(t, cli, name); len(keys) != 0 {
@@ -60,7 +60,7 @@ func TestLateWithdrawalSparesNextHolding(t *testing.T) {
 		t.Errorf("the late try of the withdrawal applied")
 	}
 	expectHeldKey(t, cli, l, "after the late withdrawal")
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -90,7 +90,7 @@ func TestDeletedMarkerStrandsNoName(t *testing.T) {
 			s, o := newSession(t, cli), newSession(t, cli)
 			name := etcdproc.Name(t, "deleted-marker")
 			del := func() {
-				if _, err := cli.Delete(testCtx(t), lease.MarkerKey(s, name)); err != nil {
+				if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), lease.MarkerKey(s, name)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -101,7 +101,7 @@ func TestDeletedMarkerStrandsNoName(t *testing.T) {
 				return map[int]fate{0: c.first}[n]
 			}}
 			lease.SetKeys(s, kv)
-			if _, err := s.Lock(testCtx(t), name); err == nil {
+			if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name); err == nil {
 				t.Fatal("Lock whose put lost its answer: granted")
 			}
 			if c.before {
@@ -113,7 +113,7 @@ func TestDeletedMarkerStrandsNoName(t *testing.T) {
 			if c.after {
 				del()
 			}
-			l, err := s.TryLock(testCtx(t), name)
+			l, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 			if err != nil {
 				t.Fatalf("the session's lock of the name after its marker went: %v", err)
 			}
@@ -121,14 +121,14 @@ func TestDeletedMarkerStrandsNoName(t *testing.T) {
 			if keys := queueKeys(t, cli, name); len(keys) != 1 {
 				t.Fatalf("keys under the name: %v, want the holding's alone", keys)
 			}
-			if err := l.Unlock(testCtx(t)); err != nil {
+			if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
-			other, err := o.TryLock(testCtx(t), name)
+			other, err := o.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 			if err != nil {
 				t.Fatalf("another session's lock of the free name: %v", err)
 			}
-			if err := other.Unlock(testCtx(t)); err != nil {
+			if err := other.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -144,7 +144,7 @@ func TestLostHoldingsMarkerGoesWithNextUnlock(t *testing.T) {
 	s := newSession(t, cli)
 	name := etcdproc.Name(t, "marker-after-loss")
 	l := mustLock(t, s, name)
-	if _, err := cli.Delete(testCtx(t), l.Key()); err != nil {
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
 		t.Fatal(err)
 	}
 	expectDone(t, l.Done(), 5*time.Second, "lost holding")
@@ -152,7 +152,7 @@ func TestLostHoldingsMarkerGoesWithNextUnlock(t *testing.T) {
 		t.Fatalf("%d markers after the loss, want the holding's", n)
 	}
 	l = mustLock(t, s, name)
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(keyGet(t, cli, lease.MarkerKey(s, name)).Kvs); n != 0 {
@@ -181,14 +181,14 @@ func TestWithdrawalSparesSharedLeaseKey(t *testing.T) {
 		case 0:
 			return hold
 		case 1: // the withdrawal: the Mutex gets in first
-			if err := m.Lock(testCtx(t)); err != nil {
+			if err := m.Lock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Error(err)
 			}
 		}
 		return pass
 	}}
 	lease.SetKeys(s, kv)
-	if _, err := s.Lock(testCtx(t), name); err == nil {
+	if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name); err == nil {
 		t.Fatal("Lock whose put had no answer: granted")
 	}
 	expectMutexKey := func(what string) {
@@ -202,15 +202,15 @@ func TestWithdrawalSparesSharedLeaseKey(t *testing.T) {
 	if kv.replay(t) != 0 {
 		t.Error("the put applied after its withdrawal")
 	}
-	if _, err := s.Lock(testCtx(t), name); !errors.Is(err, lease.ErrKeyInUse) {
+	if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrKeyInUse) {
 		t.Errorf("Lock over the Mutex's key on the session's lease: %v, want ErrKeyInUse", err)
 	}
 	expectMutexKey("after the refused Lock")
-	if err := m.Unlock(testCtx(t)); err != nil {
+	if err := m.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	l := mustLock(t, s, name)
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -228,11 +228,11 @@ func TestOwnKeysOutsideParentQueue(t *testing.T) {
 	s := newSession(t, cli, lease.WithLockDelay(time.Second))
 	kv := &lossyKV{KV: cli, decide: func(n int, _ *heldTxn) fate { return map[int]fate{0: loseAnswer}[n] }}
 	lease.SetKeys(s, kv)
-	if _, err := s.Lock(testCtx(t), child); err == nil {
+	if _, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), child); err == nil {
 		t.Fatal("Lock whose put lost its answer: granted")
 	}
 	l := mustLock(t, s, child)
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{lease.MarkerKey(s, child), lease.DelayRecordKey(child)} {
@@ -240,7 +240,7 @@ func TestOwnKeysOutsideParentQueue(t *testing.T) {
 			t.Fatalf("no key of the library's own at %q: the test shows nothing", key)
 		}
 	}
-	if resp, err := cli.Get(testCtx(t), parent+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+	if resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), parent+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
 		t.Fatalf("keys under the parent's prefix: %v, %v", resp, err)
 	}
 
@@ -250,13 +250,13 @@ func TestOwnKeysOutsideParentQueue(t *testing.T) {
 	}
 	defer cs.Close()
 	m := concurrency.NewMutex(cs, parent)
-	if err := m.TryLock(testCtx(t)); err != nil {
+	if err := m.TryLock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatalf("etcd's Mutex on the parent: %v", err)
 	}
-	if err := m.Unlock(testCtx(t)); err != nil {
+	if err := m.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := concurrency.NewElection(cs, parent).Leader(testCtx(t)); !errors.Is(err, concurrency.ErrElectionNoLeader) {
+	if _, err := concurrency.NewElection(cs, parent).Leader(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, concurrency.ErrElectionNoLeader) {
 		t.Fatalf("etcd's Election on the parent names a leader: %v", err)
 	}
 }
@@ -270,7 +270,7 @@ func TestOldDelayRecordMoved(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "old-delay-record")
 	old := name + "\x00lock-delay"
-	if _, err := cli.Put(testCtx(t), old, "held 3"); err != nil {
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), old, "held 3"); err != nil {
 		t.Fatal(err)
 	}
 	s := newSession(t, cli, lease.WithLockDelay(time.Second))
@@ -286,7 +286,7 @@ func TestOldDelayRecordMoved(t *testing.T) {
 	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "held "+strconv.FormatInt(l.Token(), 10) {
 		t.Errorf("record: %v, want held by the new holding", resp.Kvs)
 	}
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
@@ -29,7 +30,7 @@ func TestClaimClosesReadGap(t *testing.T) {
 				sk := mk(t)
 				l := &ledger{write: sk.write}
 				cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler(), fencegrpc.WithUncheckedMethods(methodEmpty)})
-				ctx := testCtx(t)
+				ctx := etcdproc.Ctx(t, 30*time.Second)
 				a, b := holder{"ledger", 3}, holder{"ledger", 6}
 				if _, err := cl.UnaryCall(ctx, request("a1"), fencegrpc.WithHolder(a)); err != nil {
 					t.Fatal(err)
@@ -78,7 +79,7 @@ func TestClaimKeyInOutgoingMetadata(t *testing.T) {
 	// StreamingOutputCall: unchecked too, so only a claim records.
 	unchecked := fencegrpc.WithUncheckedMethods(methodEmpty, "/grpc.testing.TestService/StreamingOutputCall")
 	cl := serve(t, l, store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), unchecked}, fencegrpc.WithHolder(holder{"ledger", 4}))
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	claimCtx := metadata.AppendToOutgoingContext(ctx, fencegrpc.MetadataClaim, "1")
 	if _, err := cl.EmptyCall(claimCtx, &testpb.Empty{}); err != nil {
 		t.Fatalf("claim by metadata: %v", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,7 +25,7 @@ import (
 // the lock's own reason.
 func TestLeaseLockAsHolder(t *testing.T) {
 	etcdproc.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	s, err := lease.NewSession(ctx, etcd.Client(t))
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ func TestClientOptions(t *testing.T) {
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	cl := serve(t, l, store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)}, fencegrpc.WithHolder(holder{"ledger", 3}))
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	refused := []struct {
 		name string
 		opts []grpc.CallOption
@@ -185,7 +186,7 @@ func TestCallOptionWithoutInterceptor(t *testing.T) {
 	}
 	conn := dial(t, l, ck, grpc.WithChainUnaryInterceptor(fencegrpc.UnaryClientInterceptor())) // no stream interceptor
 	cl := testpb.NewTestServiceClient(conn)
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	s, err := cl.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{}, fencegrpc.WithHolder(holder{"ledger", 4}), fencegrpc.WithClaim())
 	if err == nil {
 		_, err = s.Recv()
@@ -220,7 +221,7 @@ func TestChainedClientInterceptors(t *testing.T) {
 		fencegrpc.UnaryClientInterceptor(),
 		fencegrpc.UnaryClientInterceptor(fencegrpc.WithHolder(holder{"ledger", 3}))))
 	cl := testpb.NewTestServiceClient(conn)
-	if _, err := cl.UnaryCall(testCtx(t), request("x"), fencegrpc.WithHolder(holder{"ledger", 9})); err != nil {
+	if _, err := cl.UnaryCall(etcdproc.Ctx(t, 30*time.Second), request("x"), fencegrpc.WithHolder(holder{"ledger", 9})); err != nil {
 		t.Fatal(err)
 	}
 	if h := store.Highest("ledger"); h != 9 {
@@ -234,7 +235,7 @@ func TestBinaryKeysRefused(t *testing.T) {
 	l := &ledger{}
 	cl := serve(t, l, fencestore.NewMemoryStore(), []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)})
 	for _, k := range []string{"leasefence-claim-bin", "leasefence-lock-bin", "leasefence-token-bin"} {
-		ctx := metadata.AppendToOutgoingContext(testCtx(t), k, "1")
+		ctx := metadata.AppendToOutgoingContext(etcdproc.Ctx(t, 30*time.Second), k, "1")
 		if _, err := cl.EmptyCall(ctx, &testpb.Empty{}); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", k, err)
 		}

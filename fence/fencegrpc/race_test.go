@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
@@ -32,7 +33,7 @@ func TestClaimsRaceStreamWrites(t *testing.T) {
 			sk := mk(t)
 			l := &ledger{write: sk.write}
 			cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler(), fencegrpc.WithUncheckedMethods(methodEmpty)})
-			ctx := testCtx(t)
+			ctx := etcdproc.Ctx(t, 30*time.Second)
 
 			var cli *clientv3.Client
 			var data string
@@ -157,7 +158,7 @@ func inputWrites(ctx context.Context, cl testpb.TestServiceClient, h holder, n i
 // historyRevs is history with the revision of each write.
 func historyRevs(t *testing.T, cli *clientv3.Client, key string, from int64) (toks, revs []int64) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	now, err := cli.Get(ctx, key)
 	if err != nil {

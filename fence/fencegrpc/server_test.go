@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
@@ -46,7 +47,7 @@ func TestStaleCallRefused(t *testing.T) {
 			hooks := &fence.Hooks{Refused: func(g string) { refused = append(refused, g) }}
 			l := &ledger{}
 			cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithHooks(hooks)})
-			ctx := testCtx(t)
+			ctx := etcdproc.Ctx(t, 30*time.Second)
 			a, b := holder{"ledger", 5}, holder{"ledger", 6}
 			if _, err := cl.UnaryCall(ctx, request("a1"), fencegrpc.WithHolder(a)); err != nil {
 				t.Fatal(err)
@@ -89,7 +90,7 @@ func TestStreamsCarryTheClaim(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	l := &ledger{}
 	cl := serve(t, l, fencestore.NewMemoryStore(), []fencegrpc.Option{fencegrpc.WithLockName("ledger")}, fencegrpc.WithHolder(holder{"ledger", 9}))
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	in, err := cl.StreamingInputCall(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func TestBadMetadataRefused(t *testing.T) {
 	cl := serve(t, l, store, []fencegrpc.Option{fencegrpc.WithLockNameFunc(byMethod), fencegrpc.WithUncheckedMethods(methodEmpty)})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := metadata.NewOutgoingContext(testCtx(t), metadata.Pairs(tc.md...))
+			ctx := metadata.NewOutgoingContext(etcdproc.Ctx(t, 30*time.Second), metadata.Pairs(tc.md...))
 			var err error
 			switch tc.method {
 			case methodEmpty:
@@ -190,7 +191,7 @@ func TestUncheckedMethodPasses(t *testing.T) {
 	store := fencestore.NewMemoryStore()
 	l := &ledger{}
 	cl := serve(t, l, store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithUncheckedMethods(methodEmpty)})
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	if _, err := cl.EmptyCall(ctx, &testpb.Empty{}); err != nil {
 		t.Fatalf("unchecked call with no token: %v", err)
 	}
@@ -226,7 +227,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 				}
 			}}
 			cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler()})
-			ctx := testCtx(t)
+			ctx := etcdproc.Ctx(t, 30*time.Second)
 			slow := make(chan error, 1)
 			go func() {
 				_, err := cl.UnaryCall(ctx, request("a"), fencegrpc.WithHolder(holder{"ledger", 5}))
@@ -256,7 +257,7 @@ func TestConcurrentCalls(t *testing.T) {
 			sk := mk(t)
 			l := &ledger{write: sk.write}
 			cl := serve(t, l, sk.store, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler()})
-			ctx := testCtx(t)
+			ctx := etcdproc.Ctx(t, 30*time.Second)
 			rng := rand.New(rand.NewSource(1))
 			const callers, calls = 8, 12
 			var mu sync.Mutex
@@ -327,7 +328,7 @@ func TestStoreFailure(t *testing.T) {
 	})
 	l := &ledger{}
 	cl := serve(t, l, down, []fencegrpc.Option{fencegrpc.WithLockName("ledger")})
-	_, err := cl.UnaryCall(testCtx(t), request("x"), fencegrpc.WithHolder(holder{"ledger", 1}))
+	_, err := cl.UnaryCall(etcdproc.Ctx(t, 30*time.Second), request("x"), fencegrpc.WithHolder(holder{"ledger", 1}))
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("err = %v, want Unavailable", err)
 	}
@@ -336,7 +337,7 @@ func TestStoreFailure(t *testing.T) {
 	}
 	l = &ledger{write: func(ctx context.Context, c fencestore.Claim, _ func() error) error { return down(ctx, c.Name, c.Token) }}
 	cl = serve(t, l, down, []fencegrpc.Option{fencegrpc.WithLockName("ledger"), fencegrpc.WithCheckInHandler()})
-	_, err = cl.UnaryCall(testCtx(t), request("x"), fencegrpc.WithHolder(holder{"ledger", 1}))
+	_, err = cl.UnaryCall(etcdproc.Ctx(t, 30*time.Second), request("x"), fencegrpc.WithHolder(holder{"ledger", 1}))
 	if status.Code(err) != codes.Unknown || !strings.Contains(err.Error(), "outcome unknown") {
 		t.Fatalf("handler's unknown outcome: %v, want Unknown", err)
 	}

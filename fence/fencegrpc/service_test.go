@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -251,14 +252,14 @@ func etcdStore(t *testing.T) storeKind {
 		t.Fatal(err)
 	}
 	data := prefix + "/data"
-	start, err := cli.Get(testCtx(t), data)
+	start, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return storeKind{
 		store: s,
 		highest: func(name string) int64 {
-			resp, err := cli.Get(testCtx(t), s.Key(name))
+			resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), s.Key(name))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -287,7 +288,7 @@ func etcdStore(t *testing.T) storeKind {
 // read as tokens.
 func history(t *testing.T, cli *clientv3.Client, key string, from int64) []int64 {
 	t.Helper()
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
 	defer cancel()
 	now, err := cli.Get(ctx, key)
 	if err != nil {

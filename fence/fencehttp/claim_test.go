@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -22,7 +23,7 @@ import (
 // for a nil attach), and returns the answer with its body read.
 func send(t *testing.T, method, url, body string, attach func(*http.Request, fence.Holder) error, h fence.Holder) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(testCtx(t), method, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +246,7 @@ func (p *probe) last() (runs int, seen int64, claims int) {
 // highestOf reads the fixture's record of name from the test goroutine.
 func (fx fixture) highestOf(t *testing.T, name string) int64 {
 	t.Helper()
-	h, err := fx.highest(testCtx(t), name)
+	h, err := fx.highest(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,13 +313,13 @@ func TestClaimThroughTransport(t *testing.T) {
 	store := fencestore.NewMemoryStore()
 	var reg register
 	srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
-	l, err := newSession(t, cli).Lock(testCtx(t), name)
+	l, err := newSession(t, cli).Lock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Unlock(testCtx(t))
+	defer l.Unlock(etcdproc.Ctx(t, 30*time.Second))
 	client := &http.Client{Transport: &fencehttp.Transport{Holder: l}}
-	req, _ := http.NewRequestWithContext(testCtx(t), http.MethodGet, srv.URL, nil)
+	req, _ := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), http.MethodGet, srv.URL, nil)
 	req.Header.Set(fencehttp.HeaderClaim, "1")
 	resp, err := client.Do(req)
 	if err != nil {
@@ -374,7 +375,7 @@ func TestClaimWithCheckInHandler(t *testing.T) {
 					t.Errorf("%s: record %d, want %d", st.what, h, st.want)
 				}
 			}
-			if v, err := fx.read(testCtx(t)); err != nil || v != "B writes" {
+			if v, err := fx.read(etcdproc.Ctx(t, 30*time.Second)); err != nil || v != "B writes" {
 				t.Errorf("resource = %q %v, want B's write", v, err)
 			}
 		})
@@ -419,7 +420,7 @@ func TestBadClaimRefused(t *testing.T) {
 			}
 			for _, tc := range cases {
 				for _, method := range []string{http.MethodGet, http.MethodPut} {
-					req, _ := http.NewRequestWithContext(testCtx(t), method, srv.URL+tc.path, strings.NewReader("bad"))
+					req, _ := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), method, srv.URL+tc.path, strings.NewReader("bad"))
 					for i := 0; i < len(tc.hdr); i += 2 {
 						req.Header.Add(tc.hdr[i], tc.hdr[i+1])
 					}

@@ -1,10 +1,8 @@
 package fencehttp_test
 
 import (
-	"context"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
 )
@@ -12,5 +10,3 @@ import (
 var etcd etcdproc.Env
 
 func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdproc.Config{})) }
-
-func testCtx(t testing.TB) context.Context { return etcdproc.Ctx(t, 30*time.Second) }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -62,7 +63,7 @@ func serve(t *testing.T, store fencestore.Store, h http.Handler, opts ...fenceht
 
 func put(t *testing.T, url string, c *fencestore.Claim, body string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPut, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), http.MethodPut, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func put(t *testing.T, url string, c *fencestore.Claim, body string) *http.Respo
 
 func newSession(t *testing.T, cli *clientv3.Client) *lease.Session {
 	t.Helper()
-	s, err := lease.NewSession(testCtx(t), cli)
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func stores(t *testing.T) map[string]func(t *testing.T) (fencestore.Store, func(
 				t.Fatal(err)
 			}
 			return s, func(name string) int64 {
-				resp, err := cli.Get(testCtx(t), s.Key(name))
+				resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), s.Key(name))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -132,12 +133,12 @@ func TestStaleRequestRefused(t *testing.T) {
 			var reg register
 			srv := serve(t, store, reg.handler(), fencehttp.WithLockName(name))
 
-			la, err := newSession(t, cli).Lock(testCtx(t), name)
+			la, err := newSession(t, cli).Lock(etcdproc.Ctx(t, 30*time.Second), name)
 			if err != nil {
 				t.Fatal(err)
 			}
 			clientA := &http.Client{Transport: &fencehttp.Transport{Holder: la}}
-			req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("from A"))
+			req, _ := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), http.MethodPut, srv.URL, strings.NewReader("from A"))
 			resp, err := clientA.Do(req)
 			if err != nil || resp.StatusCode != http.StatusOK {
 				t.Fatalf("A's write: %v %v", resp, err)
@@ -146,18 +147,18 @@ func TestStaleRequestRefused(t *testing.T) {
 			if req.Header.Get(fencehttp.HeaderToken) != "" {
 				t.Error("Transport modified the caller's request")
 			}
-			if err := la.Unlock(testCtx(t)); err != nil {
+			if err := la.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := clientA.Get(srv.URL); !errors.Is(err, fence.ErrNotHeld) || !errors.Is(err, lease.ErrUnlocked) {
 				t.Errorf("Transport of an unlocked holder: %v, want ErrNotHeld and ErrUnlocked", err)
 			}
 
-			lb, err := newSession(t, cli).Lock(testCtx(t), name)
+			lb, err := newSession(t, cli).Lock(etcdproc.Ctx(t, 30*time.Second), name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer lb.Unlock(testCtx(t))
+			defer lb.Unlock(etcdproc.Ctx(t, 30*time.Second))
 			clientB := &http.Client{Transport: &fencehttp.Transport{Holder: lb}}
 			resp, err = clientB.Post(srv.URL, "text/plain", strings.NewReader("from B"))
 			if err != nil || resp.StatusCode != http.StatusOK {
@@ -217,7 +218,7 @@ func TestBadRequestsNeverPass(t *testing.T) {
 				{"wrong lock", "other", "500", `fenced by \"files\"`},
 			}
 			for _, tc := range cases {
-				req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("bad"))
+				req, _ := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), http.MethodPut, srv.URL, strings.NewReader("bad"))
 				req.Header.Set(fencehttp.HeaderLock, tc.lock)
 				if tc.token != "" {
 					req.Header.Set(fencehttp.HeaderToken, tc.token)
@@ -294,7 +295,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 
 	slow := make(chan *http.Response, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("token 5"))
+		req, _ := http.NewRequestWithContext(etcdproc.Ctx(t, 30*time.Second), http.MethodPut, srv.URL, strings.NewReader("token 5"))
 		fencehttp.SetHeaders(req.Header, fencestore.Claim{Name: "obj", Token: 5})
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -315,7 +316,7 @@ func TestHandlerWriteAtomicWithCheck(t *testing.T) {
 	if resp.StatusCode != http.StatusConflict {
 		t.Errorf("token 5's write after token 6's: %d, want 409", resp.StatusCode)
 	}
-	got, err := cli.Get(testCtx(t), data)
+	got, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), data)
 	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != "token 6" {
 		t.Fatalf("object = %v %v, want token 6's", got.Kvs, err)
 	}
@@ -413,7 +414,7 @@ func TestCheckInHandler(t *testing.T) {
 
 func value(t *testing.T, cli *clientv3.Client, key string) string {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), key)
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), key)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("reading %s: %v %v", key, resp, err)
 	}

@@ -1,7 +1,6 @@
 package fencestore_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -13,12 +12,10 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-func testCtx(t *testing.T) context.Context { return etcdproc.Ctx(t, 10*time.Second) }
-
 func TestMemoryStoreDo(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	s := fencestore.NewMemoryStore()
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 10*time.Second)
 	var log []int64
 	write := func(tok int64) func() error { return func() error { log = append(log, tok); return nil } }
 	for _, tok := range []int64{3, 3, 7} {

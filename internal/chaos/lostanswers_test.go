@@ -442,7 +442,7 @@ func lossyClient(t *testing.T, l *holdback.Losses) *clientv3.Client {
 // definite nor final; an answer lost leaves the write applied when the
 // caller learns of it, a late one applies after, by Stop; reads pass.
 func TestLostAnswers(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
+	ctx := etcdproc.Ctx(t, time.Minute)
 	l := holdback.NewLosses(holdback.LossConfig{Seed: 1, Rate: 1, MaxInWindow: 1000, Window: time.Nanosecond,
 		MinDelay: 200 * time.Millisecond, MaxDelay: 300 * time.Millisecond})
 	cli, tools := lossyClient(t, l), etcd.Client(t)
@@ -477,7 +477,7 @@ func TestLostAnswers(t *testing.T) {
 // The cap: at most MaxInWindow faults in any Window, whatever the rate;
 // Abort drops the late writes not sent yet.
 func TestLostAnswersCapAndAbort(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
+	ctx := etcdproc.Ctx(t, time.Minute)
 	l := holdback.NewLosses(holdback.LossConfig{Seed: 2, Rate: 1, MaxInWindow: 2, Window: time.Minute,
 		MinDelay: time.Minute, MaxDelay: time.Minute})
 	cli, tools := lossyClient(t, l), etcd.Client(t)

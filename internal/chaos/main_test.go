@@ -1,12 +1,10 @@
 package chaos
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
@@ -50,8 +48,6 @@ func repeat(t testing.TB, fast, long int) int {
 	}
 	return fast
 }
-
-func testCtx(t testing.TB, d time.Duration) context.Context { return etcdproc.Ctx(t, d) }
 
 func name(t testing.TB, base string, i int) string {
 	return fmt.Sprintf("%s/%d", etcdproc.Name(t, base), i)

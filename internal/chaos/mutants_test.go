@@ -13,6 +13,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/internal/seam"
 )
@@ -148,7 +149,7 @@ func TestMutantsAreCaught(t *testing.T) {
 				t.Fatalf("no scenario named %q", n)
 			}
 			t.Run(fmt.Sprintf("%s/%s", m, n), func(t *testing.T) {
-				ctx := seam.With(testCtx(t, time.Minute), &seam.Hooks{Mutant: m})
+				ctx := seam.With(etcdproc.Ctx(t, time.Minute), &seam.Hooks{Mutant: m})
 				err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, ctx) })
 				if err == nil {
 					t.Fatalf("scenario %s passed with the mutant %q switched on", n, m)
@@ -160,7 +161,7 @@ func TestMutantsAreCaught(t *testing.T) {
 	// And without a mutant, the same scenarios pass: the mutants are what
 	// they catch.
 	for _, n := range []string{"0 tokens", "4 unlock after loss", "5 loss before expiry", "12 lock oracle", "13 liveness"} {
-		if err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, testCtx(t, time.Minute)) }); err != nil {
+		if err := catch(t, func(tb testing.TB) error { return scenarios[n](tb, etcdproc.Ctx(t, time.Minute)) }); err != nil {
 			t.Errorf("scenario %s fails with no mutant: %v", n, err)
 		}
 	}

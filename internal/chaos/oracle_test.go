@@ -117,7 +117,7 @@ func TestOracleResultForgesWaitedGrants(t *testing.T) {
 // share, a writer behind them) are all valid, and the same grants with
 // their bound forged to their own put are caught where they had to wait.
 func TestOracleLive(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
+	ctx := etcdproc.Ctx(t, time.Minute)
 	cli := etcd.Client(t)
 	prefix := etcdproc.Name(t, "oracle") + "/"
 	o, err := StartOracle(ctx, cli, prefix)

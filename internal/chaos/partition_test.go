@@ -194,7 +194,7 @@ func partitionSummary(t *testing.T, scenario string, detail string) {
 // (none accepted without a quorum) are refused by the fence after the
 // heal.
 func TestPartitionMinorityHolder(t *testing.T) {
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := etcdproc.Ctx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
 	_, followers := lc.leader(t, ctx)
 	minority := followers[0]
@@ -210,7 +210,7 @@ func TestPartitionMinorityHolder(t *testing.T) {
 // version of the SIGSTOP pause. TCP keeps what the holder sent and delivers
 // it after the heal; the fence refuses it.
 func TestPartitionClientLinkHeld(t *testing.T) {
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := etcdproc.Ctx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
 	f := holderCut(t, ctx, lc, lc.members, lc.members, func(holder *netlab.Host) error {
 		return lc.lab.Partition(ctx, []*netlab.Host{holder}, lc.members)
@@ -223,7 +223,7 @@ func TestPartitionClientLinkHeld(t *testing.T) {
 // never granted while cut off, and after the heal the queue is intact and
 // hands over in order.
 func TestPartitionMinorityWaiter(t *testing.T) {
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := etcdproc.Ctx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
 	_, followers := lc.leader(t, ctx)
 	minority := followers[0]
@@ -291,7 +291,7 @@ func TestPartitionMinorityWaiter(t *testing.T) {
 // successor's if the holder's lease went with the old leader), tokens keep
 // growing, and no acknowledged fenced write is lost.
 func TestPartitionLeaderIsolated(t *testing.T) {
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := etcdproc.Ctx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
 	leader, followers := lc.leader(t, ctx)
 	name, reg := etcdproc.Name(t, "netlock"), etcdproc.Name(t, "netreg")
@@ -422,7 +422,7 @@ func lastAcked(children ...*labChild) (token, n int64) {
 // stale write counted, and once the flapping stops every client gets the
 // lock again (no waiter stuck).
 func TestPartitionFlapping(t *testing.T) {
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := etcdproc.Ctx(t, 3*time.Minute)
 	lc := newLabCluster(t, ctx)
 	cfg := runConfig{seed: 1, clients: 4, names: 1, fenced: true, fault: faultFlap, prefix: etcdproc.Name(t, "flap")}
 	cfg.sizeForLatency(0)

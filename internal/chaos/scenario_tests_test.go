@@ -13,7 +13,7 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
-func plain(t *testing.T) context.Context { return testCtx(t, time.Minute) }
+func plain(t *testing.T) context.Context { return etcdproc.Ctx(t, time.Minute) }
 
 func TestScenarioTokens(t *testing.T) {
 	etcdtest.LeakCheck(t)

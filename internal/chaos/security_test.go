@@ -41,7 +41,7 @@ func TestTLSAndAuth(t *testing.T) {
 		}
 		return cli, err
 	}
-	ctx := testCtx(t, time.Minute)
+	ctx := etcdproc.Ctx(t, time.Minute)
 
 	// Roles: locker may write locks, fences and data; nofence may take
 	// locks and write data but only read fence records; nobody has no role.

@@ -13,6 +13,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/leasefence/leasefence/internal/chaos/rttlab"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
@@ -59,7 +60,7 @@ func TestChaos(t *testing.T) {
 	for range pools {
 		threes <- etcdtest.StartT(t, etcdtest.Config{Members: 3, TickMs: 50, ElectionMs: 500})
 		if slices.Contains(runFaults(), faultNet) { // where namespaces can be made
-			nets <- newChaosNet(t, testCtx(t, 2*time.Minute))
+			nets <- newChaosNet(t, etcdproc.Ctx(t, 2*time.Minute))
 		}
 		rtts <- startRTT(t)
 	}

@@ -22,37 +22,37 @@ func TestInteropLockRPC(t *testing.T) {
 	name := etcdproc.Name(t, "rpc")
 	ours := newSession(t, cli)
 	rpc := v3lockpb.NewLockClient(cli.ActiveConnection())
-	grant, err := cli.Grant(testCtx(t), 5)
+	grant, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 5)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Revoke(context.Background(), grant.ID)
 
 	l := mustLock(t, ours, name)
-	short, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	short, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 300*time.Millisecond)
 	_, err = rpc.Lock(short, &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
 	cancel()
 	if err == nil {
 		t.Fatal("Lock RPC granted while we hold the lock")
 	}
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := rpc.Lock(testCtx(t), &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
+	resp, err := rpc.Lock(etcdproc.Ctx(t, 30*time.Second), &v3lockpb.LockRequest{Name: []byte(name), Lease: int64(grant.ID)})
 	if err != nil {
 		t.Fatalf("Lock RPC after Unlock: %v", err)
 	}
-	if _, err := ours.TryLock(testCtx(t), name); !errors.Is(err, lease.ErrLocked) {
+	if _, err := ours.TryLock(etcdproc.Ctx(t, 30*time.Second), name); !errors.Is(err, lease.ErrLocked) {
 		t.Fatalf("TryLock while the Lock RPC holds: %v, want ErrLocked", err)
 	}
-	if _, err := rpc.Unlock(testCtx(t), &v3lockpb.UnlockRequest{Key: resp.Key}); err != nil {
+	if _, err := rpc.Unlock(etcdproc.Ctx(t, 30*time.Second), &v3lockpb.UnlockRequest{Key: resp.Key}); err != nil {
 		t.Fatal(err)
 	}
-	l2, err := ours.TryLock(testCtx(t), name)
+	l2, err := ours.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("TryLock after the Lock RPC's unlock: %v", err)
 	}
-	l2.Unlock(testCtx(t))
+	l2.Unlock(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // etcd's Election RPC (server side of the same layout) and this package see
@@ -62,21 +62,21 @@ func TestInteropElectionRPC(t *testing.T) {
 	cli := etcd.Client(t)
 	name := etcdproc.Name(t, "rpc-elect")
 	rpc := v3electionpb.NewElectionClient(cli.ActiveConnection())
-	g, err := cli.Grant(testCtx(t), 5)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 5)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Revoke(context.Background(), g.ID)
-	resp, err := rpc.Campaign(testCtx(t), &v3electionpb.CampaignRequest{Name: []byte(name), Lease: int64(g.ID), Value: []byte("rpc")})
+	resp, err := rpc.Campaign(etcdproc.Ctx(t, 30*time.Second), &v3electionpb.CampaignRequest{Name: []byte(name), Lease: int64(g.ID), Value: []byte("rpc")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ld, err := lease.CurrentLeader(testCtx(t), cli, name)
+	ld, err := lease.CurrentLeader(etcdproc.Ctx(t, 30*time.Second), cli, name)
 	if err != nil || ld.Token != resp.Leader.Rev || ld.Value != "rpc" || ld.Key != string(resp.Leader.Key) {
 		t.Fatalf("CurrentLeader = %+v, %v; RPC leader %+v", ld, err, resp.Leader)
 	}
 	s := newSession(t, cli)
-	short, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	short, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 300*time.Millisecond)
 	_, err = s.Campaign(short, name, "ours")
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -85,15 +85,15 @@ func TestInteropElectionRPC(t *testing.T) {
 	if keys := queueKeys(t, cli, name); len(keys) != 1 {
 		t.Errorf("failed Campaign left keys: %v", keys)
 	}
-	if _, err := rpc.Resign(testCtx(t), &v3electionpb.ResignRequest{Leader: resp.Leader}); err != nil {
+	if _, err := rpc.Resign(etcdproc.Ctx(t, 30*time.Second), &v3electionpb.ResignRequest{Leader: resp.Leader}); err != nil {
 		t.Fatal(err)
 	}
 	e := mustCampaign(t, s, name, "ours")
-	lr, err := rpc.Leader(testCtx(t), &v3electionpb.LeaderRequest{Name: []byte(name)})
+	lr, err := rpc.Leader(etcdproc.Ctx(t, 30*time.Second), &v3electionpb.LeaderRequest{Name: []byte(name)})
 	if err != nil || lr.Kv.CreateRevision != e.Token() || string(lr.Kv.Value) != "ours" {
 		t.Fatalf("Leader RPC = %v, %v; want token %d", lr, err, e.Token())
 	}
-	e.Resign(testCtx(t))
+	e.Resign(etcdproc.Ctx(t, 30*time.Second))
 }
 
 // The keys this library keeps for a nested name (its lock-delay record,
@@ -107,27 +107,27 @@ func TestInteropOwnKeysOutsideParent(t *testing.T) {
 	parent := etcdproc.Name(t, "rpc-parent")
 	s := newSession(t, cli, lease.WithLockDelay(time.Second))
 	l := mustLock(t, s, parent+"/child")
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := cli.Get(testCtx(t), lease.DelayRecordKey(parent+"/child")); err != nil || len(resp.Kvs) != 1 {
+	if resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), lease.DelayRecordKey(parent+"/child")); err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("no lock-delay record of the child (%v): the test shows nothing", err)
 	}
-	g, err := cli.Grant(testCtx(t), 5)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 5)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Revoke(context.Background(), g.ID)
-	short, cancel := context.WithTimeout(testCtx(t), 3*time.Second)
+	short, cancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 3*time.Second)
 	defer cancel()
 	locked, err := v3lockpb.NewLockClient(cli.ActiveConnection()).Lock(short, &v3lockpb.LockRequest{Name: []byte(parent), Lease: int64(g.ID)})
 	if err != nil {
 		t.Fatalf("etcd's Lock RPC on the parent: %v", err)
 	}
-	if _, err := v3lockpb.NewLockClient(cli.ActiveConnection()).Unlock(testCtx(t), &v3lockpb.UnlockRequest{Key: locked.Key}); err != nil {
+	if _, err := v3lockpb.NewLockClient(cli.ActiveConnection()).Unlock(etcdproc.Ctx(t, 30*time.Second), &v3lockpb.UnlockRequest{Key: locked.Key}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v3electionpb.NewElectionClient(cli.ActiveConnection()).Leader(testCtx(t), &v3electionpb.LeaderRequest{Name: []byte(parent)}); err == nil {
+	if _, err := v3electionpb.NewElectionClient(cli.ActiveConnection()).Leader(etcdproc.Ctx(t, 30*time.Second), &v3electionpb.LeaderRequest{Name: []byte(parent)}); err == nil {
 		t.Fatal("etcd's Election RPC names a leader of the parent")
 	}
 }

@@ -54,7 +54,7 @@ func servingAndLagging(t *testing.T, c *etcdtest.Cluster) (serving, lagging *etc
 	t.Helper()
 	// A linearizable read needs a leader: once it is answered, the
 	// members know which one leads.
-	if _, err := c.ClientT(t).Get(testCtx(t), "leasefence-leader"); err != nil {
+	if _, err := c.ClientT(t).Get(etcdproc.Ctx(t, 30*time.Second), "leasefence-leader"); err != nil {
 		t.Fatal(err)
 	}
 	serving = c.Leader()
@@ -75,7 +75,7 @@ func servingAndLagging(t *testing.T, c *etcdtest.Cluster) (serving, lagging *etc
 // granted within grantBound of the member going on.
 func laggingRound(t *testing.T, serving, lagging *etcdtest.Member) {
 	const grantBound = 5 * time.Second
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	name := etcdproc.Name(t, "lagging")
 	onServing := memberClient(t, serving)
 	onLagging := memberClient(t, lagging)
@@ -163,7 +163,7 @@ func memberClient(t *testing.T, m *etcdtest.Member) *clientv3.Client {
 // the waiter's reads from then on.
 func appliedOn(t *testing.T, cli *clientv3.Client, key string) int64 {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
 	resp, err := cli.Get(ctx, key, clientv3.WithSerializable())
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func deletion(ctx context.Context, cli *clientv3.Client, h *lease.Lock) <-chan i
 // deleted at deleteRev, and returns the revision it stopped at.
 func stillHeld(t *testing.T, onLagging *clientv3.Client, h *lease.Lock, deleteRev int64) int64 {
 	t.Helper()
-	resp, err := onLagging.Get(testCtx(t), h.Key(), clientv3.WithSerializable())
+	resp, err := onLagging.Get(etcdproc.Ctx(t, 30*time.Second), h.Key(), clientv3.WithSerializable())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,11 +26,9 @@ var etcd = etcdtest.Env{IgnoreStoppedMembers: true}
 
 func TestMain(m *testing.M) { os.Exit(etcd.Main(m, etcdtest.Config{})) }
 
-func testCtx(t *testing.T) context.Context { return etcdproc.Ctx(t, 30*time.Second) }
-
 func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease.Session {
 	t.Helper()
-	s, err := lease.NewSession(testCtx(t), cli, opts...)
+	s, err := lease.NewSession(etcdproc.Ctx(t, 30*time.Second), cli, opts...)
 	if err != nil {
 		t.Fatalf("NewSession: %v", err)
 	}
@@ -40,7 +38,7 @@ func newSession(t *testing.T, cli *clientv3.Client, opts ...lease.Option) *lease
 
 func mustLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
 	t.Helper()
-	l, err := s.Lock(testCtx(t), name)
+	l, err := s.Lock(etcdproc.Ctx(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("Lock(%q): %v", name, err)
 	}
@@ -49,7 +47,7 @@ func mustLock(t *testing.T, s *lease.Session, name string) *lease.Lock {
 
 func mustCampaign(t *testing.T, s *lease.Session, name, value string) *lease.Leadership {
 	t.Helper()
-	e, err := s.Campaign(testCtx(t), name, value)
+	e, err := s.Campaign(etcdproc.Ctx(t, 30*time.Second), name, value)
 	if err != nil {
 		t.Fatalf("Campaign(%q): %v", name, err)
 	}
@@ -59,7 +57,7 @@ func mustCampaign(t *testing.T, s *lease.Session, name, value string) *lease.Lea
 // queueKeys lists the keys queued under a lock name, nested locks excluded.
 func queueKeys(t *testing.T, cli *clientv3.Client, name string) []string {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := cli.Get(etcdproc.Ctx(t, 30*time.Second), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +88,7 @@ func lockAsync(ctx context.Context, s *lease.Session, name string) <-chan lockRe
 
 func mustUnlock(t *testing.T, l *lease.Lock) {
 	t.Helper()
-	if err := l.Unlock(testCtx(t)); err != nil {
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
@@ -22,7 +23,7 @@ func TestRevisionRegressionAfterRestore(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := etcdtest.StartT(t, etcdtest.Config{})
 			cli := c.ClientT(t)
-			ctx := testCtx(t)
+			ctx := etcdproc.Ctx(t, 30*time.Second)
 			renewed := make(chan struct{}, 64)
 			s, err := lease.NewSession(ctx, cli, lease.WithTTL(5*time.Second), lease.WithHooks(&lease.Hooks{
 				Renewed: func(time.Duration) {
