@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -188,5 +189,150 @@ func TestFarWaiterWhoseFollowedKeysGiveUp(t *testing.T) {
 		mustUnlock(t, r.l)
 	case <-time.After(5 * time.Second):
 		t.Fatal("last waiter not granted 5 s after the queue ahead drained")
+	}
+}
+
+// A far waiter that has to follow a key again whose watch the session
+// closed while it waited (its lock subscribed to it at its start, as a
+// watch its session kept) waits quietly: the new watch of that key is a
+// source of the rule like the old one. The rule knows sources by name
+// ("follow <key>") and drops news of a generation below one it saw end;
+// a new watch of the same key starts its epochs from 1 again.
+//
+// Session S's first lock L1 follows D and C (four keys ahead), and gives
+// up while L2, S's next lock of the name, waits at the name's gate. L2
+// starts subscribed to the watches of D and C, queues behind E and F too,
+// follows those, which closes the watches of D and C, and when E and F
+// give up must follow D and C again, through new watches.
+func TestFarWaiterRefollowsClosedWatchQuietly(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "refollow")
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
+	defer cancel()
+	mustLock(t, newSession(t, cli), name) // A, held throughout
+	var keys []string
+	for i := range 3 { // B, C, D
+		s := newSession(t, cli)
+		lockAsync(ctx, s, name)
+		waitQueued(t, cli, name, i+2)
+		keys = append(keys, keyOf(name, s))
+	}
+	c, d := keys[1], keys[2]
+	tp := newTap()
+	s := newSession(t, tapClient(t, tp))
+	ctx1, cancel1 := context.WithCancel(ctx)
+	defer cancel1()
+	l1 := lockAsync(ctx1, s, name)
+	waitQueued(t, cli, name, 5)
+	tp.await(etcdproc.Ctx(t, 30*time.Second), t, "L1 following D and C", func(tp *tap) bool { return tp.readAfter(d, c) })
+
+	var gaveUp []func()
+	var results []<-chan lockResult
+	var ef []string
+	for i := range 2 { // E, F
+		se := newSession(t, cli)
+		cctx, ccancel := context.WithCancel(ctx)
+		defer ccancel()
+		gaveUp, results = append(gaveUp, ccancel), append(results, lockAsync(cctx, se, name))
+		waitQueued(t, cli, name, 6+i)
+		ef = append(ef, keyOf(name, se))
+	}
+	l2 := lockAsync(ctx, s, name) // waits at the gate behind L1
+	cancel1()
+	if r := <-l1; r.err == nil {
+		t.Fatal("L1 granted")
+	}
+	waitQueued(t, cli, name, 7) // L2 put
+	tp.await(etcdproc.Ctx(t, 30*time.Second), t, "L2 following F and E", func(tp *tap) bool { return tp.readAfter(ef[1], ef[0]) })
+	for i := range gaveUp {
+		gaveUp[i]()
+		<-results[i]
+	}
+	// L2 now follows D and C again, through new watches, behind a holder
+	// that stays: it has nothing to read until one of them goes.
+	tp.mu.Lock()
+	before := len(tp.txns)
+	tp.mu.Unlock()
+	const busy = 300
+	wctx, wcancel := context.WithTimeout(etcdproc.Ctx(t, 30*time.Second), 3*time.Second)
+	defer wcancel()
+	for {
+		tp.mu.Lock()
+		n, moved := len(tp.txns)-before, tp.moved
+		tp.mu.Unlock()
+		if n >= busy {
+			t.Fatalf("L2 sent %d reads while nothing ahead of it changed: it reads in a loop", n)
+		}
+		select {
+		case <-moved:
+			continue
+		case r := <-l2:
+			t.Fatalf("L2 returned behind a holder: err %v", r.err)
+		case <-wctx.Done():
+		}
+		break
+	}
+	tp.mu.Lock()
+	t.Logf("L2 sent %d reads in 3 s behind a holder that stays", len(tp.txns)-before)
+	tp.mu.Unlock()
+}
+
+// rawQueueKey puts name/<hex lease> on a fresh lease, as etcd's own lock
+// code (concurrency.Mutex, etcdctl lock) does: a queue key with no
+// leasefence lock behind it.
+func rawQueueKey(t *testing.T, cli *clientv3.Client, name string) string {
+	t.Helper()
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Revoke(context.Background(), g.ID) })
+	key := fmt.Sprintf("%s/%x", name, int64(g.ID))
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), key, "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Delete(context.Background(), key) })
+	return key
+}
+
+// A far waiter (H, K1, K2, K3 ahead) follows K3 and K2. K1, which it does
+// not follow, is moved off its lease: it is no lock any more. K2 goes;
+// rereadFar's keys-only read shows H, K1, K3 with the creation revisions
+// the waiter knows, so relist lists K1 as the blocking key it was; three
+// ahead makes the waiter near, on the queue watch, which came up after
+// K1's put. H and K3 go: the waiter's turn has come.
+func TestFarTurnedNearBehindKeyMovedOffLease(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "far-near-moved")
+	var ks []string
+	for range 4 { // H, K1, K2, K3
+		ks = append(ks, rawQueueKey(t, cli, name))
+	}
+	h, k1, k2, k3 := ks[0], ks[1], ks[2], ks[3]
+	tp := newTap()
+	ws := newSession(t, tapClient(t, tp))
+	ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
+	defer cancel()
+	wch := lockAsync(ctx, ws, name)
+	waitQueued(t, cli, name, 5)
+	tp.await(etcdproc.Ctx(t, 30*time.Second), t, "the waiter following K3 and K2", func(tp *tap) bool { return tp.readAfter(k3, k2) })
+
+	moveOffLease(t, cli, k1)
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), k2); err != nil {
+		t.Fatal(err)
+	}
+	expectPending(t, wch, 200*time.Millisecond) // H holds
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), h); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), k3); err != nil {
+		t.Fatal(err)
+	}
+	// Only K1 is left ahead, and it is no lock.
+	l := grantWithin(t, wch, 5*time.Second, "the waiter behind only a key moved off its lease")
+	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
 	}
 }

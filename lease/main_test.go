@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -130,3 +131,6 @@ func expectDone(t *testing.T, done <-chan struct{}, within time.Duration, what s
 		t.Fatalf("%s: not done after %v", what, within)
 	}
 }
+
+// keyOf is the queue key session s puts for name.
+func keyOf(name string, s *lease.Session) string { return fmt.Sprintf("%s/%x", name, int64(s.Lease())) }

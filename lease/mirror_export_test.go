@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// KeeperMirrorState is what the mirror regression tests see of a Keeper's
+// KeeperMirrorState is what the tests in mirror_test.go see of a Keeper's
 // copy of one lock name's queue (test-only access to the unexported copy).
 type KeeperMirrorState struct {
 	Valid    bool   // the copy is complete

@@ -14,8 +14,8 @@ import (
 	"github.com/leasefence/leasefence/lease"
 )
 
-// Regression tests for the two bugs an outside review found in a Keeper's
-// copy of a queue (queueMirror).
+// A Keeper's copy of a queue (queueMirror) stays bounded, and comes back
+// once a name is below its limit again: two bugs an outside review found.
 
 // Waiters that queue through a Keeper behind a holder that stays, and give
 // up, leave nothing behind in the Keeper's copy of the queue: its order

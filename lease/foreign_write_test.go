@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
@@ -14,7 +16,71 @@ import (
 	"github.com/leasefence/leasefence/lease"
 )
 
-// Regression tests for the waiting-core bugs an outside review found.
+// Someone else's write to a lock's own key: a delete, or a put that moves
+// it off its lease (etcdctl put on the lock key). A waiter whose key went
+// is never told it holds the lock, and a holding ends. Each case was a bug
+// that an outside review of the waiting core found.
+
+// putOf picks a watch response of the watch of key alone that carries a
+// put of it: the own-key watch's, not the queue watch's, which carries
+// the holder's deletion in the same response.
+func putOf(key string) func(*pb.WatchResponse) bool {
+	return func(wr *pb.WatchResponse) bool {
+		put := false
+		for _, ev := range wr.Events {
+			if string(ev.Kv.Key) != key {
+				return false
+			}
+			put = put || ev.Type == mvccpb.PUT
+		}
+		return put
+	}
+}
+
+// A near waiter whose key someone else moves off its lease (etcdctl put on
+// the lock key) in the transaction that deletes the holder's key is never
+// told it holds the lock. The own-key watch delivers the put in no fixed
+// order with the queue watch's deletion: here, after. (When the queue
+// watch left puts out, the waiter was told it holds in 4 of 4 rounds.)
+func TestNearWaiterNotGrantedAfterForeignPut(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	for round := range 4 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			name := etcdproc.Name(t, "near-foreign-put")
+			ctx, cancel := context.WithCancel(etcdproc.Ctx(t, 30*time.Second))
+			defer cancel()
+			holder := mustLock(t, newSession(t, cli), name)
+			tp := newTap()
+			ws := newSession(t, tapClient(t, tp))
+			own := fmt.Sprintf("%s/%x", name, int64(ws.Lease()))
+			tp.mu.Lock()
+			tp.hold = putOf(own)
+			tp.mu.Unlock()
+			defer tp.release()
+			wch := lockAsync(ctx, ws, name)
+			// Waiting: its own-key watch and queue watch are up, and it
+			// read its view after both came up.
+			tp.await(etcdproc.Ctx(t, 30*time.Second), t, "the waiter's view read under both watches", func(tp *tap) bool {
+				return tp.readAfter(own, name+"/")
+			})
+			if _, err := cli.Txn(etcdproc.Ctx(t, 30*time.Second)).Then(clientv3.OpPut(own, "x"), clientv3.OpDelete(holder.Key())).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case r := <-wch:
+				if r.err == nil {
+					t.Fatalf("the waiter was told it holds the lock, its key off its lease since the holder left (token %d)", r.l.Token())
+				}
+				if !errors.Is(r.err, lease.ErrKeyDeleted) {
+					t.Fatalf("the waiter: err %v, want ErrKeyDeleted", r.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter did not return")
+			}
+		})
+	}
+}
 
 // A far waiter (more than three keys ahead) whose own key goes in the same
 // transaction as the last key ahead is never told it holds the lock; the
