@@ -184,3 +184,88 @@ func TestLeasedRecordRefused(t *testing.T) {
 	}
 	var _ fence.Holder = (*lease.Lock)(nil)
 }
+
+// A refused Claim with several guards (one record above, one leased, one
+// below, a Held guard that holds) changes nothing, in whichever shape it
+// is decided, and reports the refusal that etcd saw.
+func TestRefusedClaimChangesNothing(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	base := etcdproc.Name(t, "refused")
+	h, _ := lockPut(t, cli, base+"/lock")
+	held := fence.Held(h)
+	low, high, leased, missing := base+"/low", base+"/high", base+"/leased", base+"/missing"
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(low, 3)).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(high, 50)).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	leasedPut(t, cli, leased)
+	cases := []struct {
+		name   string
+		guards []fence.Guard
+		want   error
+	}{
+		{"claim above", []fence.Guard{held, fence.Claim(high, 10)}, fence.ErrStale},
+		{"claim below, other above", []fence.Guard{held, fence.Claim(low, 10), fence.Resource(high, 10)}, fence.ErrStale},
+		{"claim missing, other above", []fence.Guard{fence.Claim(missing, 10), fence.Resource(high, 10)}, fence.ErrStale},
+		{"claim missing, other leased", []fence.Guard{fence.Claim(missing, 10), fence.Resource(leased, 10)}, fence.ErrBadRecord},
+		{"claim leased", []fence.Guard{held, fence.Claim(leased, 10)}, fence.ErrBadRecord},
+		{"claim below, held lost", []fence.Guard{fence.Held(token{h.key, h.tok + 1}), fence.Claim(low, 10)}, fence.ErrNotHeld},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := revision(t, cli)
+			resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, tc.guards...).Then(clientv3.OpGet(base + "/data")).Commit()
+			if !errors.Is(err, tc.want) || resp != nil {
+				t.Fatalf("Commit: %v %v, want %v", resp, err, tc.want)
+			}
+			if after := revision(t, cli); after != before {
+				t.Fatalf("a refused claim moved the store from revision %d to %d", before, after)
+			}
+			if _, ok := get(t, cli, missing); ok {
+				t.Fatal("a refused claim created its missing record")
+			}
+		})
+	}
+}
+
+// The compare-only shapes (a check alone, a Recorder's steady write) on a
+// record key attached to a lease. The package doc says such a transaction
+// is refused with ErrBadRecord and changes nothing.
+func TestLeasedRecordRefusedCompareOnly(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
+	t.Run("check alone", func(t *testing.T) {
+		rec := etcdproc.Name(t, "leased-compare") + "/fence"
+		if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 7)).Commit()
+		if !errors.Is(err, fence.ErrBadRecord) {
+			t.Fatalf("check alone on a leased record: %v, want ErrBadRecord", err)
+		}
+	})
+	t.Run("recorder steady", func(t *testing.T) {
+		base := etcdproc.Name(t, "leased-compare")
+		rec, data := base+"/fence", base+"/data"
+		r := fence.NewRecorder(rec)
+		if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(7)).Then(clientv3.OpPut(data, "1")).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		// Someone else's put attaches the record to a lease, same value.
+		if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), rec, fence.EncodeToken(7), clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, r.Guard(7)).Then(clientv3.OpPut(data, "2")).Commit()
+		if v, _ := get(t, cli, data); !errors.Is(err, fence.ErrBadRecord) || v != "1" {
+			t.Fatalf("steady write through a leased record: %v, data %q; want ErrBadRecord and data unchanged", err, v)
+		}
+	})
+}

@@ -237,3 +237,41 @@ func TestHeldRefusesKeyWithNoLease(t *testing.T) {
 		})
 	}
 }
+
+// Held on a lock key that someone else's put moved off its lease, onto
+// another live lease and then onto none: the key keeps its creation
+// revision both times, and Held refuses it with Detached set, in the
+// Held-only shape and beside a Claim (one-level shape), changing nothing.
+func TestHeldRefusesDetachedKey(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	h, _ := lockPut(t, cli, etcdproc.Name(t, "held-detached")+"/lock")
+	lock := h.key
+	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
+	refused := func(how string) {
+		t.Helper()
+		for _, guards := range [][]fence.Guard{{fence.Held(h)}, {fence.Held(h), fence.Claim(lock+"-fence", 3)}} {
+			before := revision(t, cli)
+			_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, guards...).Then(clientv3.OpPut(lock+"-data", "y")).Commit()
+			var nh *fence.NotHeldError
+			if !errors.As(err, &nh) || !nh.Detached || nh.Current != h.tok {
+				t.Fatalf("Held on a key moved onto %s (%v): %v, want a Detached NotHeldError", how, guards, err)
+			}
+			if revision(t, cli) != before {
+				t.Fatalf("a refused transaction (key on %s) changed the store", how)
+			}
+		}
+	}
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lock, "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	refused("another lease")
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lock, ""); err != nil {
+		t.Fatal(err)
+	}
+	refused("no lease")
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdproc"
@@ -275,5 +276,42 @@ func TestFirstWriteInOneTransaction(t *testing.T) {
 	}
 	if v, _ := get(t, cli, fresh); v != fence.EncodeToken(6) {
 		t.Errorf("fresh record = %q", v)
+	}
+}
+
+// A claim whose reads are too large for the client's receive limit: etcd
+// applied it (the record is raised), but the answer never arrived. That
+// outcome is unknown, and must not be reported as a definite failure.
+func TestClaimAnswerTooLargeOutcomeUnknown(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	small, err := clientv3.New(clientv3.Config{
+		Endpoints:          etcd.Endpoints(),
+		Logger:             zap.NewNop(),
+		MaxCallRecvMsgSize: 64 << 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	base := etcdproc.Name(t, "big-answer")
+	rec, data := base+"/fence", base+"/data"
+	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), data, strings.Repeat("x", 200<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(rec, 5)).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), small, fence.Claim(rec, 10)).Then(clientv3.OpGet(data)).Commit()
+	highest, rerr := fence.ReadRecord(etcdproc.Ctx(t, 30*time.Second), cli, rec)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	t.Logf("claim: %v; record now %d", err, highest)
+	if err == nil {
+		t.Fatal("the claim's answer arrived through a 64 KiB receive limit")
+	}
+	if highest == 10 && !errors.Is(err, fence.ErrOutcomeUnknown) {
+		t.Fatalf("etcd applied the claim (record 10), yet Commit reported a definite failure: %v", err)
 	}
 }

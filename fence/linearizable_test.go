@@ -15,9 +15,9 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-// reviewOp is one fenced operation of TestReviewClaimLinearizable and what
+// shapeOp is one fenced operation of TestGuardShapesLinearizable and what
 // etcd answered.
-type reviewOp struct {
+type shapeOp struct {
 	kind  string
 	token int64
 	value string // the data value a write puts; "" for a claim or check
@@ -33,16 +33,16 @@ type reviewOp struct {
 // the data key ever held was put by a success, every refusal is a
 // StaleError naming a higher token, and a claim's read is the data as of
 // its revision.
-func TestReviewClaimLinearizable(t *testing.T) {
+func TestGuardShapesLinearizable(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	for round := range 3 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
-			base := etcdproc.Name(t, "review-lin")
+			base := etcdproc.Name(t, "linearizable")
 			rec, data := base+"/fence", base+"/data"
 			start := revision(t, cli)
 			const workers, opsEach = 4, 25
-			ops := make([][]reviewOp, workers)
+			ops := make([][]shapeOp, workers)
 			var wg sync.WaitGroup
 			for w := range workers {
 				wg.Add(1)
@@ -51,12 +51,12 @@ func TestReviewClaimLinearizable(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(round), uint64(w)))
 					recorders := map[int64]*fence.Recorder{}
 					for i := range opsEach {
-						ops[w] = append(ops[w], reviewStep(t, cli, r, recorders, rec, data, fmt.Sprintf("w%d-%d", w, i), int64(i/3)))
+						ops[w] = append(ops[w], shapeStep(t, cli, r, recorders, rec, data, fmt.Sprintf("w%d-%d", w, i), int64(i/3)))
 					}
 				}()
 			}
 			wg.Wait()
-			checkReviewHistory(t, cli, data, start, ops)
+			checkShapeHistory(t, cli, data, start, ops)
 			n := map[string]int{}
 			for _, w := range ops {
 				for _, op := range w {
@@ -72,10 +72,10 @@ func TestReviewClaimLinearizable(t *testing.T) {
 	}
 }
 
-func reviewStep(t *testing.T, cli *clientv3.Client, r *rand.Rand, recorders map[int64]*fence.Recorder, rec, data, value string, base int64) reviewOp {
+func shapeStep(t *testing.T, cli *clientv3.Client, r *rand.Rand, recorders map[int64]*fence.Recorder, rec, data, value string, base int64) shapeOp {
 	// Tokens rise slowly, as successive holdings do, with overlap.
 	tok := 1 + base + r.Int64N(4)
-	op := reviewOp{token: tok}
+	op := shapeOp{token: tok}
 	var resp *clientv3.TxnResponse
 	switch r.IntN(6) {
 	case 0, 1:
@@ -118,9 +118,9 @@ func reviewStep(t *testing.T, cli *clientv3.Client, r *rand.Rand, recorders map[
 	return op
 }
 
-func checkReviewHistory(t *testing.T, cli *clientv3.Client, data string, start int64, perWorker [][]reviewOp) {
+func checkShapeHistory(t *testing.T, cli *clientv3.Client, data string, start int64, perWorker [][]shapeOp) {
 	t.Helper()
-	var all []reviewOp
+	var all []shapeOp
 	for _, w := range perWorker {
 		all = append(all, w...)
 	}
@@ -206,88 +206,4 @@ func checkReviewHistory(t *testing.T, cli *clientv3.Client, data string, start i
 			t.Errorf("claim with token %d at revision %d read %q, the data was %q", op.token, op.rev, op.value, want)
 		}
 	}
-}
-
-// A refused Claim with several guards (one record above, one leased, one
-// below, a Held guard that holds) changes nothing, in whichever shape it
-// is decided, and reports the refusal that etcd saw.
-func TestReviewRefusedClaimChangesNothing(t *testing.T) {
-	etcdproc.LeakCheck(t)
-	cli := etcd.Client(t)
-	base := etcdproc.Name(t, "review-refused")
-	h, _ := lockPut(t, cli, base+"/lock")
-	held := fence.Held(h)
-	low, high, leased, missing := base+"/low", base+"/high", base+"/leased", base+"/missing"
-	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(low, 3)).Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, fence.Resource(high, 50)).Commit(); err != nil {
-		t.Fatal(err)
-	}
-	leasedPut(t, cli, leased)
-	cases := []struct {
-		name   string
-		guards []fence.Guard
-		want   error
-	}{
-		{"claim above", []fence.Guard{held, fence.Claim(high, 10)}, fence.ErrStale},
-		{"claim below, other above", []fence.Guard{held, fence.Claim(low, 10), fence.Resource(high, 10)}, fence.ErrStale},
-		{"claim missing, other above", []fence.Guard{fence.Claim(missing, 10), fence.Resource(high, 10)}, fence.ErrStale},
-		{"claim missing, other leased", []fence.Guard{fence.Claim(missing, 10), fence.Resource(leased, 10)}, fence.ErrBadRecord},
-		{"claim leased", []fence.Guard{held, fence.Claim(leased, 10)}, fence.ErrBadRecord},
-		{"claim below, held lost", []fence.Guard{fence.Held(token{h.key, h.tok + 1}), fence.Claim(low, 10)}, fence.ErrNotHeld},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			before := revision(t, cli)
-			resp, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, tc.guards...).Then(clientv3.OpGet(base + "/data")).Commit()
-			if !errors.Is(err, tc.want) || resp != nil {
-				t.Fatalf("Commit: %v %v, want %v", resp, err, tc.want)
-			}
-			if after := revision(t, cli); after != before {
-				t.Fatalf("a refused claim moved the store from revision %d to %d", before, after)
-			}
-			if _, ok := get(t, cli, missing); ok {
-				t.Fatal("a refused claim created its missing record")
-			}
-		})
-	}
-}
-
-// Held on a lock key that someone else's put moved off its lease, onto
-// another live lease and then onto none: the key keeps its creation
-// revision both times, and Held refuses it with Detached set, in the
-// Held-only shape and beside a Claim (one-level shape), changing nothing.
-func TestReviewHeldForeignLease(t *testing.T) {
-	etcdproc.LeakCheck(t)
-	cli := etcd.Client(t)
-	h, _ := lockPut(t, cli, etcdproc.Name(t, "review-held")+"/lock")
-	lock := h.key
-	g, err := cli.Grant(etcdproc.Ctx(t, 30*time.Second), 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Revoke(etcdproc.Ctx(t, 30*time.Second), g.ID)
-	refused := func(how string) {
-		t.Helper()
-		for _, guards := range [][]fence.Guard{{fence.Held(h)}, {fence.Held(h), fence.Claim(lock+"-fence", 3)}} {
-			before := revision(t, cli)
-			_, err := fence.NewTxn(etcdproc.Ctx(t, 30*time.Second), cli, guards...).Then(clientv3.OpPut(lock+"-data", "y")).Commit()
-			var nh *fence.NotHeldError
-			if !errors.As(err, &nh) || !nh.Detached || nh.Current != h.tok {
-				t.Fatalf("Held on a key moved onto %s (%v): %v, want a Detached NotHeldError", how, guards, err)
-			}
-			if revision(t, cli) != before {
-				t.Fatalf("a refused transaction (key on %s) changed the store", how)
-			}
-		}
-	}
-	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lock, "", clientv3.WithLease(g.ID)); err != nil {
-		t.Fatal(err)
-	}
-	refused("another lease")
-	if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lock, ""); err != nil {
-		t.Fatal(err)
-	}
-	refused("no lease")
 }
