@@ -15,8 +15,8 @@ import (
 	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
-// reviewSQLOp is one fenced transaction of TestReviewClaimConcurrent.
-type reviewSQLOp struct {
+// sqlOp is one fenced transaction of TestClaimsAndWritesConcurrent.
+type sqlOp struct {
 	kind  string
 	token int64
 	err   error
@@ -30,12 +30,12 @@ type reviewSQLOp struct {
 // each claim read the payload of the last logged write before it, and
 // every refusal is a StaleError naming a higher token (or ErrMissing for
 // an Update of a row not there yet, or ErrChanged, which writes nothing).
-func TestReviewClaimConcurrent(t *testing.T) {
+func TestClaimsAndWritesConcurrent(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			db, f, table := newTable(t, b, "payload TEXT", true)
-			logT := fmt.Sprintf(`"review log %p"`, t)
+			logT := fmt.Sprintf(`"claim log %p"`, t)
 			ddl := `CREATE TABLE %s (seq INTEGER PRIMARY KEY AUTOINCREMENT, tok BIGINT NOT NULL, kind TEXT NOT NULL, val TEXT)`
 			if b.dialect == sqlfence.Postgres {
 				ddl = `CREATE TABLE %s (seq BIGSERIAL PRIMARY KEY, tok BIGINT NOT NULL, kind TEXT NOT NULL, val TEXT)`
@@ -56,7 +56,7 @@ func TestReviewClaimConcurrent(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
 			t.Logf("seed %d", seed)
 			const workers, opsEach = 4, 20
-			ops := make([][]reviewSQLOp, workers)
+			ops := make([][]sqlOp, workers)
 			var wg sync.WaitGroup
 			for w := range workers {
 				wg.Add(1)
@@ -67,22 +67,22 @@ func TestReviewClaimConcurrent(t *testing.T) {
 						tok := 1 + int64(i/3) + r.Int64N(4)
 						kind := []string{"claim", "claim", "claim-rollback", "upsert", "update"}[r.IntN(5)]
 						val := fmt.Sprintf("w%d-%d", w, i)
-						err := reviewSQLStep(ctx, db, f, table, logIns, kind, tok, val)
-						ops[w] = append(ops[w], reviewSQLOp{kind: kind, token: tok, err: err})
+						err := sqlStep(ctx, db, f, table, logIns, kind, tok, val)
+						ops[w] = append(ops[w], sqlOp{kind: kind, token: tok, err: err})
 					}
 				}()
 			}
 			wg.Wait()
-			n := reviewOutcomes(t, ops)
+			n := sqlOutcomes(t, ops)
 			t.Logf("outcomes: %v", n)
 			checkSQLLog(ctx, t, db, f, logT)
 		})
 	}
 }
 
-// reviewOutcomes counts the outcomes of TestReviewClaimConcurrent's
+// sqlOutcomes counts the outcomes of TestClaimsAndWritesConcurrent's
 // transactions by kind, and fails the test on any it does not allow.
-func reviewOutcomes(t *testing.T, ops [][]reviewSQLOp) map[string]int {
+func sqlOutcomes(t *testing.T, ops [][]sqlOp) map[string]int {
 	t.Helper()
 	n := map[string]int{}
 	for _, w := range ops {
@@ -100,7 +100,7 @@ func reviewOutcomes(t *testing.T, ops [][]reviewSQLOp) map[string]int {
 				// transaction between the UPDATE's snapshot and the
 				// read-back. Nothing was written, but no higher token
 				// refused it either: see
-				// TestReviewClaimRowInsertedMeanwhile.
+				// TestClaimRaisesRowInsertedMeanwhile.
 				n[op.kind+" changed"]++
 			default:
 				t.Errorf("%s with token %d: %v", op.kind, op.token, op.err)
@@ -110,7 +110,7 @@ func reviewOutcomes(t *testing.T, ops [][]reviewSQLOp) map[string]int {
 	return n
 }
 
-func reviewSQLStep(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table, logIns, kind string, tok int64, val string) error {
+func sqlStep(ctx context.Context, db *sql.DB, f *sqlfence.Fence, table, logIns, kind string, tok int64, val string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -182,44 +182,4 @@ func checkSQLLog(ctx context.Context, t *testing.T, db *sql.DB, f *sqlfence.Fenc
 	if got, err := f.Highest(ctx, db, "row"); err != nil || got != highest {
 		t.Errorf("row's fence %d (%v), the log's highest token %d", got, err, highest)
 	}
-}
-
-// PostgreSQL: a claim that creates a missing row, in a transaction left
-// open. A lower Upsert on another connection waits for it and is refused
-// once it commits. A lower Update does not wait (the row it would lock is
-// not visible to it yet): it reports ErrMissing at once and writes
-// nothing, and once the claim commits it is refused as stale.
-func TestReviewClaimInsertedRowOpenTx(t *testing.T) {
-	etcdproc.LeakCheck(t)
-	pg := backends()[1]
-	db, f, table := newTable(t, pg, "payload TEXT", true)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	claimConn, claimPid := conn(ctx, t, db)
-	writeConn, writePid := conn(ctx, t, db)
-	tx, err := claimConn.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if err := f.Claim(ctx, tx, "a", 6); err != nil {
-		t.Fatalf("claim: %v", err)
-	}
-	if err := f.Update(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")); !errors.Is(err, sqlfence.ErrMissing) {
-		t.Fatalf("lower Update beside an uncommitted claim that created the row: %v, want ErrMissing", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- f.Upsert(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")) }()
-	awaitBlocked(ctx, t, db, writePid, claimPid)
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	var se *fence.StaleError
-	if err := <-done; !errors.As(err, &se) || se.Highest != 6 || se.Token != 3 {
-		t.Fatalf("lower Upsert after the claim committed: %v, want a StaleError 3 < 6", err)
-	}
-	if err := f.Update(ctx, writeConn, "a", 3, sqlfence.Set("payload", "late")); !errors.As(err, &se) {
-		t.Fatalf("lower Update after the claim committed: %v, want a StaleError", err)
-	}
-	expectRow(t, db, table, "after the claim", "a", "<null>", 6, 1)
 }
