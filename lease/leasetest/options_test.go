@@ -139,4 +139,3 @@ func parsePackage(t *testing.T, fset *token.FileSet) []*ast.File {
 	}
 	return files
 }
-
