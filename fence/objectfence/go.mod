@@ -6,11 +6,9 @@ toolchain go1.26.10
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
-	github.com/aws/aws-sdk-go-v2/credentials v1.21.1
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.115.0
 	github.com/aws/smithy-go v1.28.9
 	github.com/leasefence/leasefence v0.0.0-00010101000000-000000000000
-	github.com/leasefence/leasefence/internal/s3test v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -31,7 +29,6 @@ require (
 	go.etcd.io/etcd/client/v3 v3.7.3 // indirect
 	go.opentelemetry.io/otel v1.45.0 // indirect
 	go.opentelemetry.io/otel/sdk/metric v1.45.0 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.28.0 // indirect
 	golang.org/x/net v0.63.0 // indirect
@@ -44,5 +41,3 @@ require (
 )
 
 replace github.com/leasefence/leasefence => ../..
-
-replace github.com/leasefence/leasefence/internal/s3test => ../../internal/s3test
