@@ -16,11 +16,10 @@ import (
 
 	"github.com/leasefence/leasefence/fence"
 	"github.com/leasefence/leasefence/internal/etcdproc"
-	"github.com/leasefence/leasefence/internal/etcdtest"
 	"github.com/leasefence/leasefence/lease"
 )
 
-var etcd etcdtest.Env
+var etcd etcdproc.Env
 
 // lockedBuffer is a bytes.Buffer that watch may write while the test
 // reads, and that tells the test of each write.
@@ -64,7 +63,7 @@ func TestMain(m *testing.M) {
 	}
 	code := buildLockctl(dir)
 	if code == 0 {
-		code = etcd.Main(m, etcdtest.Config{})
+		code = etcd.Main(m, etcdproc.Config{})
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -110,7 +109,7 @@ type grant struct {
 }
 
 func TestLockctl(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -137,7 +136,7 @@ func TestLockctl(t *testing.T) {
 // ctx at the latest.
 func setUpOps(ctx context.Context, t *testing.T, cli *clientv3.Client) opsState {
 	t.Helper()
-	pfx := etcdtest.Name(t, "ops")
+	pfx := etcdproc.Name(t, "ops")
 	o := opsState{pfx: pfx, shard: pfx + "/shards/7", sched: pfx + "/scheduler", granted: make(chan grant, 1)}
 	var err error
 	if o.holder, err = session(t, cli).Lock(ctx, o.shard); err != nil {
@@ -266,13 +265,12 @@ func waitLines(t *testing.T, out *lockedBuffer, n int) {
 // lockctl speaks TLS with client certificates and etcd's authentication,
 // with etcdctl's flags.
 func TestLockctlTLSAndAuth(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	certs, err := etcdproc.GenerateCerts(t.TempDir(), "root", "ops")
 	if err != nil {
 		t.Fatal(err)
 	}
-	server := certs.Server
-	c := etcdtest.StartT(t, etcdtest.Config{ClientTLS: &server})
+	c := etcdproc.StartTLST(t, certs)
 	eps := strings.Join(c.Endpoints(), ",")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -345,7 +343,7 @@ func TestLockctlReaders(t *testing.T) {
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	name := etcdtest.Name(t, "manifest")
+	name := etcdproc.Name(t, "manifest")
 	r1, err := session(t, cli).RLock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -409,11 +407,11 @@ func checkReadersShown(t *testing.T, name string) {
 // show leaves it out of the queue, names it in a note that says etcd's own
 // lock code still waits behind it, and shows the waiter as the holder.
 func TestShowKeyMovedOffLease(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	name := etcdtest.Name(t, "stray")
+	name := etcdproc.Name(t, "stray")
 	holder, err := session(t, cli).Lock(ctx, name)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -79,7 +79,7 @@ type ownedLocks struct {
 // ends with the test.
 func holdOwnedLocks(ctx context.Context, t *testing.T, cli *clientv3.Client) ownedLocks {
 	t.Helper()
-	pfx := etcdtest.Name(t, "owners")
+	pfx := etcdproc.Name(t, "owners")
 	o := ownedLocks{pfx: pfx, job: pfx + "/jobs/7", leader: pfx + "/leader", manifest: pfx + "/manifest", mutx: pfx + "/etcd-mutex"}
 	hs := session(t, cli, lease.WithOwner("worker-a"))
 	holder, err := hs.Lock(ctx, o.job)
@@ -116,7 +116,7 @@ func holdOwnedLocks(ctx context.Context, t *testing.T, cli *clientv3.Client) own
 // The owner each session recorded shows in list and show, in a column of
 // its own; the value column shows only where some entry has a value.
 func TestOwnersInTables(t *testing.T) {
-	etcdtest.LeakCheck(t)
+	etcdproc.LeakCheck(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	o := holdOwnedLocks(ctx, t, etcd.Client(t))
@@ -269,7 +269,7 @@ type fenceKeys struct {
 // whose value is a token, and two values that are not tokens.
 func putFenceKeys(ctx context.Context, t *testing.T, cli *clientv3.Client) fenceKeys {
 	t.Helper()
-	pfx := etcdtest.Name(t, "records")
+	pfx := etcdproc.Name(t, "records")
 	l, err := session(t, cli).Lock(ctx, pfx+"/locks/x")
 	if err != nil {
 		t.Fatal(err)

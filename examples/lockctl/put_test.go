@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/fence"
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 )
 
 // TestPutFenced: put with the holder's token lands; after a newer holder
 // wrote, the older token is refused with exit 3 and the value stays.
 func TestPutFenced(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "job")
+	name := etcdproc.Name(t, "job")
 	record, key := name+"-record", name+"-state"
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
@@ -81,7 +81,7 @@ func TestPutArguments(t *testing.T) {
 // with 128 + its number, and the command does not run.
 func TestRunSignalWhileWaiting(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "job")
+	name := etcdproc.Name(t, "job")
 	s := session(t, cli)
 	if _, err := s.Lock(context.Background(), name); err != nil {
 		t.Fatal(err)

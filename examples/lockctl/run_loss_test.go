@@ -14,7 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -73,7 +73,7 @@ func spread(ds []time.Duration) string {
 // lease the command got SIGTERM.
 func lossRound(t *testing.T, cli *clientv3.Client, i int, cut, ignore bool) (lag, ahead time.Duration) {
 	t.Helper()
-	name := etcdtest.Name(t, fmt.Sprintf("job%d", i))
+	name := etcdproc.Name(t, fmt.Sprintf("job%d", i))
 	dir := t.TempDir()
 	beats, started := filepath.Join(dir, "beats"), filepath.Join(dir, "started")
 	eps := etcd.Endpoints()
@@ -84,7 +84,7 @@ func lossRound(t *testing.T, cli *clientv3.Client, i int, cut, ignore bool) (lag
 		UnblackholeRx()
 	}
 	if cut {
-		p, url := etcdtest.Proxy(t, eps[0])
+		p, url := etcdproc.ProxyT(t, eps[0])
 		px, eps = p, []string{url}
 	}
 	mode := "handle"

@@ -15,7 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/leasefence/leasefence/internal/etcdtest"
+	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
 )
 
@@ -135,7 +135,7 @@ func awaitHolder(t *testing.T, cli *clientv3.Client, name string, not int64) lea
 
 func TestRunEnvironment(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "job")
+	name := etcdproc.Name(t, "job")
 	out, finish := filepath.Join(t.TempDir(), "env"), filepath.Join(t.TempDir(), "finish")
 	p := startLockctl(t, nil, "run", "-owner", "backup@ops-1", "-record", name+"-record", name, "--",
 		"sh", "-c", `env | grep -E '^(LEASEFENCE|ETCD_LOCK)_' | sort > "$0.tmp"; echo done >> "$0.tmp"; mv "$0.tmp" "$0"; while [ ! -e "$1" ]; do sleep 0.02; done`, out, finish)
@@ -187,7 +187,7 @@ func TestRunExitStatus(t *testing.T) {
 		{"not executable", []string{noexec}, exitNoExec},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			name := etcdtest.Name(t, "job")
+			name := etcdproc.Name(t, "job")
 			p := startLockctl(t, nil, append([]string{"run", name, "--"}, tc.argv...)...)
 			if code := p.wait(t, 20*time.Second); code != tc.code {
 				t.Fatalf("exit %d, want %d", code, tc.code)
@@ -202,7 +202,7 @@ func TestRunExitStatus(t *testing.T) {
 
 func TestRunBusy(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "job")
+	name := etcdproc.Name(t, "job")
 	s := session(t, cli)
 	if _, err := s.Lock(context.Background(), name); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestRunBusy(t *testing.T) {
 // status lockctl exits with, and the lock goes to the next run.
 func TestRunForwardsTerm(t *testing.T) {
 	cli := etcd.Client(t)
-	name := etcdtest.Name(t, "job")
+	name := etcdproc.Name(t, "job")
 	dir := t.TempDir()
 	up, second := filepath.Join(dir, "up"), filepath.Join(dir, "second")
 	first := startLockctl(t, nil, "run", name, "--", "sh", "-c",

@@ -17,8 +17,8 @@
 // # What is not
 //
 // One member only: leader changes and partitions between members are not
-// modelled (the fault suite of this module has them). The server uses
-// etcd's default timing unless WithElectionTimeout says otherwise, so the
-// shortest lease is 2 s by default. Importing this package brings etcd's
+// modelled. The server uses etcd's default timing unless
+// WithElectionTimeout says otherwise, so the shortest lease is 2 s by
+// default. Importing this package brings etcd's
 // server into the test binary; the library packages never import it.
 package leasetest

@@ -9,8 +9,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/pkg/v3/proxy"
-
-	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
 // Link is the network between one client and the server: etcd's fault
@@ -29,11 +27,15 @@ type Link struct {
 // of its own. Both are closed when the test ends.
 func (s *Server) FaultyClient(t testing.TB) (*clientv3.Client, *Link) {
 	t.Helper()
-	p, url := etcdtest.Proxy(t, s.Endpoints()[0])
-	l := &Link{p: p, tb: t}
-	cli, err := etcdtest.NewClientVia([]string{url}, l.dial)
+	p, url, err := startProxy(s.m.endpoint)
 	if err != nil {
-		t.Fatalf("leasetest: client: %v", err)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	l := &Link{p: p, tb: t}
+	cli, err := newClient([]string{url}, l.dial)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
 	l.cli = cli

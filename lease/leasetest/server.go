@@ -10,14 +10,12 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-
-	"github.com/leasefence/leasefence/internal/etcdtest"
 )
 
 // Server is one embedded etcd member for one test. Its methods are safe for
 // concurrent use; each takes the testing.TB it reports failures to.
 type Server struct {
-	cluster *etcdtest.Cluster
+	m *member
 }
 
 // Option configures NewServer. Make one with WithElectionTimeout or
@@ -29,7 +27,8 @@ type Option interface {
 
 // config is what the options set.
 type config struct {
-	etcd etcdtest.Config
+	tickMs, electionMs uint // 0: etcd's defaults
+	logger             *zap.Logger
 }
 
 // optionFunc makes a function an Option.
@@ -46,8 +45,8 @@ func WithElectionTimeout(d time.Duration) Option {
 		if d < 50*time.Millisecond || d > time.Minute {
 			return fmt.Errorf("leasetest: election timeout %v: want 50ms to 1m", d)
 		}
-		c.etcd.ElectionMs = uint(d / time.Millisecond)
-		c.etcd.TickMs = max(c.etcd.ElectionMs/10, 5)
+		c.electionMs = uint(d / time.Millisecond)
+		c.tickMs = max(c.electionMs/10, 5)
 		return nil
 	})
 }
@@ -55,7 +54,7 @@ func WithElectionTimeout(d time.Duration) Option {
 // WithLogger sends the server's logs to l; by default they are discarded.
 func WithLogger(l *zap.Logger) Option {
 	return optionFunc(func(c *config) error {
-		c.etcd.Logger = l
+		c.logger = l
 		return nil
 	})
 }
@@ -75,16 +74,28 @@ func NewServer(t testing.TB, opts ...Option) *Server {
 			t.Fatal(err)
 		}
 	}
-	return &Server{cluster: etcdtest.StartT(t, cfg.etcd)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := startMember(ctx, cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.stop)
+	return &Server{m: m}
 }
 
 // Endpoints are the server's client URLs.
-func (s *Server) Endpoints() []string { return s.cluster.Endpoints() }
+func (s *Server) Endpoints() []string { return []string{s.m.endpoint} }
 
 // Client opens a client of the server, closed when the test ends.
 func (s *Server) Client(t testing.TB) *clientv3.Client {
 	t.Helper()
-	return s.cluster.ClientT(t)
+	cli, err := newClient(s.Endpoints(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
 
 // RevokeLease revokes a lease, as an operator or an expiry would end it:
@@ -120,7 +131,7 @@ func (s *Server) DeleteKey(t testing.TB, key string) {
 // Stopping a stopped server does nothing.
 func (s *Server) Stop(t testing.TB) {
 	t.Helper()
-	s.cluster.Members[0].Stop()
+	s.m.stop()
 }
 
 // Restart starts a stopped server again on the same ports and data, and
@@ -131,7 +142,7 @@ func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.cluster.Members[0].Restart(ctx); err != nil {
+	if err := s.m.restart(ctx); err != nil {
 		t.Fatalf("leasetest: restart: %v", err)
 	}
 }

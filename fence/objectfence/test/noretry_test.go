@@ -1,6 +1,7 @@
 package objectfence_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -135,5 +136,79 @@ func TestCommitWithLostAnswerIsUnknownNotRetried(t *testing.T) {
 				wantManifest(t, f, 5, "batch-3")
 			})
 		}
+	}
+}
+
+// dropOpts is an S3Client that forwards to *s3.Client without the
+// per-request options (as many hand-written wrappers for metrics or
+// tracing do). doc.go: "never retried ... by the S3 client's own retryer,
+// whatever client is passed".
+type dropOpts struct{ *s3.Client }
+
+func (c dropOpts) PutObject(ctx context.Context, in *s3.PutObjectInput, _ ...func(*s3.Options)) (*s3.PutObjectOutput, error) {
+	return c.Client.PutObject(ctx, in)
+}
+
+// loseOnce lets the first armed manifest PUT land and answers it 503;
+// later answers pass.
+func loseOnce(t *testing.T, upstream string) (*httptest.Server, *atomic.Bool, *atomic.Int32) {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	var puts atomic.Int32
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ModifyResponse = func(r *http.Response) error {
+		if r.Request.Method == http.MethodPut && strings.HasSuffix(r.Request.URL.Path, "/manifest") {
+			puts.Add(1)
+			if armed.CompareAndSwap(true, false) {
+				return errLost
+			}
+		}
+		return nil
+	}
+	rp.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusServiceUnavailable) }
+	p := httptest.NewServer(rp)
+	t.Cleanup(p.Close)
+	return p, &armed, &puts
+}
+
+// A client that drops the per-request options, so that its own retryer
+// sends a put again whose answer was lost: the put's second send fails its
+// condition against the first, and the commit must not read that as "not
+// written". It finds its own payload and succeeds, or says the outcome is
+// unknown.
+func TestWrappedClientRetryIsNotReadAsRefusal(t *testing.T) {
+	srv, bucket := s3test.StartVersityT(t)
+	p, armed, puts := loseOnce(t, srv.Endpoint)
+	cli := s3.New(s3.Options{
+		BaseEndpoint: aws.String(p.URL),
+		Region:       "us-east-1",
+		Credentials:  credentials.NewStaticCredentialsProvider(srv.Access, srv.Secret, ""),
+		UsePathStyle: true,
+	})
+	store, err := objectfence.NewS3Store(dropOpts{cli}, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := objectfence.New(store, "w/manifest", lockName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	base := mustClaim(t, f, 5)
+	armed.Store(true)
+	before := puts.Load()
+	_, err = f.Commit(ctx, base, []byte("batch-1"))
+	m, rerr := f.Read(ctx)
+	if rerr != nil || string(m.Payload) != "batch-1" {
+		t.Fatalf("the put landed, then: read %q, %v", m.Payload, rerr)
+	}
+	// The client re-sent the put whose answer was lost; its 412 must not
+	// read as "not written": the commit finds its own payload and succeeds
+	// (or, had it not, would report the outcome unknown).
+	if err != nil && !errors.Is(err, fence.ErrOutcomeUnknown) {
+		t.Fatalf("lost answer: %d puts sent, err=%v, yet the manifest holds %q", puts.Load()-before, err, m.Payload)
 	}
 }

@@ -1,3 +1,7 @@
+// Package objectfence_test runs package objectfence against real S3
+// servers: versitygw, which honours conditional puts, and s3rver, which
+// ignores them (internal/s3test). It is a module of its own so that the
+// servers' harness stays out of the graph of objectfence's users.
 package objectfence_test
 
 import (
