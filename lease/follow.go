@@ -165,7 +165,7 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 
 // newestAhead is the n newest keys ahead, newest first. l.mu is held.
 func (l *Lock) newestAhead(n int) []string {
-	kvs := l.q.know.keysAhead()
+	kvs := l.q.know.KeysAhead()
 	keys := make([]string, 0, n)
 	for _, kv := range kvs[:min(n, len(kvs))] {
 		keys = append(keys, string(kv.Key))
@@ -200,9 +200,10 @@ func (l *Lock) followingLocked() bool {
 func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	keys := l.newestAhead(followKeys)
-	minRev := l.q.know.readFloor()
+	minRev := l.q.know.ReadFloor()
 	for _, k := range keys {
-		minRev = max(minRev, l.q.know.ahead[k].through)
+		a, _ := l.q.know.AheadOf(k)
+		minRev = max(minRev, a.Through)
 	}
 	l.mu.Unlock()
 	epochs, upRev, err := l.w.follows.ensure(ctx, l, keys)
@@ -222,18 +223,18 @@ func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, k := range keys {
-		a, ok := l.q.know.ahead[k]
+		a, ok := l.q.know.AheadOf(k)
 		if !ok {
 			continue // its deletion came meanwhile
 		}
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		switch {
-		case len(kvs) == 0 || kvs[0].CreateRevision != a.created || !l.blocksKV(kvs[0]):
+		case len(kvs) == 0 || kvs[0].CreateRevision != a.Created || !l.blocksKV(kvs[0]):
 			// Gone, made again, or changed by a put since it was listed so
 			// that it no longer blocks (moved off its lease, say).
-			l.q.know.goneBy(k, resp.Header.Revision)
+			l.q.know.GoneBy(k, resp.Header.Revision)
 		default:
-			l.q.know.confirm(kvs[0], resp.Header.Revision)
+			l.q.know.Confirm(kvs[0], resp.Header.Revision)
 			if l.q.followEpochs == nil {
 				l.q.followEpochs = make(map[string]uint64, followKeys)
 			}
@@ -285,7 +286,7 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 // it is listed already, unchanged: the same creation and modification
 // revisions. A keys-only read cannot tell whether a key blocks, but it
 // shows that a put changed one (moved it off its lease, say), which no
-// source may report: the full read then says what the key is now.
+// queue.Source may report: the full read then says what the key is now.
 // Otherwise it reports false.
 func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 	pfx := l.name + "/"
@@ -296,13 +297,13 @@ func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 		if !isChildKey(pfx, kv) {
 			continue
 		}
-		a, ok := l.q.know.ahead[string(kv.Key)]
-		if !ok || a.created != kv.CreateRevision || a.kv.ModRevision != kv.ModRevision {
+		a, ok := l.q.know.AheadOf(string(kv.Key))
+		if !ok || a.Created != kv.CreateRevision || a.KV.ModRevision != kv.ModRevision {
 			return false
 		}
-		listed = append(listed, a.kv)
+		listed = append(listed, a.KV)
 	}
-	l.q.know.snapshot(rev, l.ownKV(), listed, true)
-	l.q.listed, l.q.sharing = len(l.q.know.ahead), 0
+	l.q.know.Snapshot(rev, l.ownKV(), listed, true)
+	l.q.listed, l.q.sharing = l.q.know.AheadCount(), 0
 	return true
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
 // Lock is one holding of a named lock by a Session. Its methods are safe for
@@ -69,7 +70,7 @@ type keyState struct {
 // waiting is how a lock waits for its turn. Lock.mu guards it.
 type waiting struct {
 	// know is the rule that decides the grant; the rest picks how to wait.
-	know *knowledge
+	know *queue.Rule
 	// sharing counts the older queue keys that do not block (readers',
 	// for a reader): their deletions reach a queue-watch waiter too.
 	sharing int
@@ -201,7 +202,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w, trace: trace}
 	l.kw = s.keyWrites(name, l.key)
 	l.hold.value, l.hold.gate = value, release
-	l.q.know = newKnowledge(l.key, l.owns, l.blocksKV)
+	l.q.know = queue.NewRule(l.key, l.owns, l.blocksKV)
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -448,7 +449,7 @@ func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
 	l.token, l.q.fresh = token, true
-	l.q.know.setToken(token)
+	l.q.know.SetToken(token)
 	l.mu.Unlock()
 }
 
@@ -483,7 +484,7 @@ func (l *Lock) joinCopy(epoch uint64) bool {
 	if cur != epoch || src == 0 || !mv.ok {
 		return false
 	}
-	l.q.know.up(src, epoch, mv.base+1)
+	l.q.know.Up(src, epoch, mv.base+1)
 	return true
 }
 
@@ -553,14 +554,14 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	}
 	// The page ended before the oldest key: older ones may be past it.
 	complete := page == nil || !page.More || older == 0
-	l.q.know.snapshot(rev, l.ownKV(), listed, complete)
-	l.q.listed = len(l.q.know.ahead)
+	l.q.know.Snapshot(rev, l.ownKV(), listed, complete)
+	l.q.listed = l.q.know.AheadCount()
 }
 
 // deleted feeds one watch response's events, in revision order and epoch,
 // to the rule, and wakes the waiter. A change of the own key after the
 // token that takes it from this holding ends the lock, waiting or held.
-func (l *Lock) deleted(w *keyWatch, src source, events []*clientv3.Event, epoch uint64) {
+func (l *Lock) deleted(w *keyWatch, src queue.Source, events []*clientv3.Event, epoch uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.feed(src, events, epoch)
@@ -619,7 +620,7 @@ func (l *Lock) keyGoneLocked() {
 
 // view is the rule's decision plus what a waiter needs to act on it.
 type view struct {
-	d        decision         // the rule's: granted, lost, wait, or read at d.rev or later
+	d        queue.Decision   // the rule's: granted, lost, wait, or read at d.rev or later
 	ended    bool             // the lock has ended (see its context's cause): it is never held
 	unread   bool             // no read of the queue has been taken yet
 	ownStale bool             // the own-key watch was not up all along since the view was read
@@ -632,7 +633,7 @@ type view struct {
 	mirrored bool             // the lock waits on its Keeper's copy of the queue, which is up
 }
 
-func (v view) held() bool { return v.d.kind == decideGranted }
+func (v view) held() bool { return v.d.Kind == queue.Granted }
 
 // look asks the rule whether the lock is held. Once granted it stays held
 // for recheck: no older key can appear, and the own-key watch reports the
@@ -656,10 +657,10 @@ func (l *Lock) look() view {
 		l.leaveCopyLocked()
 	}
 	v := view{
-		d:        l.q.know.decide(),
-		unread:   l.q.know.base == 0,
+		d:        l.q.know.Decide(),
+		unread:   l.q.know.Base() == 0,
 		ownStale: l.ownStale(),
-		near:     l.w.shared != nil || (l.q.know.complete && (len(l.q.know.ahead)+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
+		near:     l.w.shared != nil || (l.q.know.Complete() && (l.q.know.AheadCount()+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
 		current:  l.q.epoch%2 == 1 && l.q.epoch == l.w.queue.epoch.Load(),
 		pred:     l.nearestAhead(),
 	}
@@ -668,7 +669,7 @@ func (l *Lock) look() view {
 	// view shows few enough ahead.
 	if l.w.shared == nil && (l.q.far || !v.near) {
 		l.q.far = true
-		v.far, v.followed, v.refollow = true, l.followingLocked(), len(l.q.know.ahead) < l.q.listed
+		v.far, v.followed, v.refollow = true, l.followingLocked(), l.q.know.AheadCount() < l.q.listed
 	}
 	l.decided(&v)
 	return v
@@ -676,11 +677,11 @@ func (l *Lock) look() view {
 
 // decided records a grant, or ends a lost lock. l.mu is held.
 func (l *Lock) decided(v *view) {
-	switch v.d.kind {
-	case decideGranted:
+	switch v.d.Kind {
+	case queue.Granted:
 		l.q.atOnce = l.q.fresh
 		l.grant()
-	case decideLost:
+	case queue.Lost:
 		l.keyGoneLocked()
 		v.ended = true
 	}
@@ -742,8 +743,8 @@ func (l *Lock) lookInMirror() (v view, ok bool) {
 	if !mv.ok {
 		return view{}, false
 	}
-	l.q.know.snapshot(mv.rev, mv.own, mv.older, mv.complete)
-	v = view{d: l.q.know.decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
+	l.q.know.Snapshot(mv.rev, mv.own, mv.older, mv.complete)
+	v = view{d: l.q.know.Decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
 	l.decided(&v)
 	if v.held() {
 		l.q.onlyKey = l.w.queue.mirror.only(l)
@@ -773,7 +774,7 @@ func (l *Lock) wait(ctx context.Context, try bool) error {
 		case try && !v.unread && v.pred != nil:
 			// Held by another, whatever became of the own key.
 			return lockedBy(v.pred)
-		case v.d.kind == decideWait && !v.ownStale && !(v.far && !v.followed):
+		case v.d.Kind == queue.Wait && !v.ownStale && !(v.far && !v.followed):
 			// A watch will deliver what the rule lacks. The own-key watch
 			// stays up even where the queue watch or the copy covers the own
 			// key: the copy wakes only waiters a deletion may grant, and
@@ -809,15 +810,15 @@ func retried(ctx context.Context, retry *backoff, err error) error {
 // read reads what the rule lacks: the own key, the view or followed keys.
 func (l *Lock) read(ctx context.Context, v view) error {
 	switch {
-	case v.d.kind == decideReadOwn:
+	case v.d.Kind == queue.ReadOwn:
 		// The last deletion ahead came from a watch that does not cover the
 		// own key: a waiter whose key went first must never be granted.
-		return l.readOwn(ctx, v.d.rev)
+		return l.readOwn(ctx, v.d.Rev)
 	case v.ownStale && !v.unread:
 		return l.confirmOwn(ctx)
 	case v.unread || v.pred == nil:
 		// Unread, or the page held no queue key but older ones lie past it.
-		return l.reread(ctx, v.d.rev)
+		return l.reread(ctx, v.d.Rev)
 	case v.far && v.refollow:
 		return l.rereadFar(ctx)
 	case v.far:
@@ -826,7 +827,7 @@ func (l *Lock) read(ctx context.Context, v view) error {
 		l.w.queue.resume()
 		return l.rereadNear(ctx)
 	}
-	return l.reread(ctx, v.d.rev)
+	return l.reread(ctx, v.d.Rev)
 }
 
 // confirmOwn opens the own-key watch of a lock that has to wait, and reads
@@ -853,7 +854,7 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 		return err
 	}
 	l.mu.Lock()
-	l.q.know.ownRead(rev, kv)
+	l.q.know.OwnRead(rev, kv)
 	l.mu.Unlock()
 	if !l.owns(kv) {
 		return ErrKeyDeleted
@@ -865,17 +866,12 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 // leave in any order, so a writer behind them follows every deletion
 // rather than read again after each. l.mu is held.
 func (l *Lock) onlyReadersAhead() bool {
-	for _, a := range l.q.know.ahead {
-		if modeOf(a.kv) != Read {
-			return false
-		}
-	}
-	return true
+	return l.q.know.AllAhead(func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read })
 }
 
 // nearestAhead is the newest key ahead, which a waiter names. l.mu is held.
 func (l *Lock) nearestAhead() *mvccpb.KeyValue {
-	if kvs := l.q.know.keysAhead(); len(kvs) > 0 {
+	if kvs := l.q.know.KeysAhead(); len(kvs) > 0 {
 		return &mvccpb.KeyValue{Key: kvs[0].Key, CreateRevision: kvs[0].CreateRevision}
 	}
 	return nil
@@ -944,7 +940,7 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 			return nil
 		}
 		l.mu.Lock()
-		noneBlocks := len(l.q.know.ahead) == 0
+		noneBlocks := l.q.know.AheadCount() == 0
 		l.mu.Unlock()
 		if !noneBlocks {
 			return nil
@@ -964,7 +960,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	// No older than readFloor nor what the watches handed on: an older
 	// read would show keys whose deletion no watch will send again (the
 	// view took none of another epoch's events), and wait for them.
-	minRev = max(minRev, l.q.know.readFloor(), l.w.own.seenRev.Load())
+	minRev = max(minRev, l.q.know.ReadFloor(), l.w.own.seenRev.Load())
 	if epoch%2 == 1 {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
 	}
@@ -977,7 +973,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; !l.ownsFirst(kvs) {
 		l.mu.Lock()
-		l.q.know.ownRead(resp.Header.Revision, firstKV(kvs))
+		l.q.know.OwnRead(resp.Header.Revision, firstKV(kvs))
 		l.mu.Unlock()
 		return nil, 0, ErrKeyDeleted
 	}

@@ -5,10 +5,12 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
-// The lock's watches feed its rule (knowledge), each subscription as a
-// source of its own, named by a serial the rule hands out. A lock starts
+// The lock's watches feed its rule (queue.Rule), each subscription as a
+// queue.Source of its own, named by a serial the rule hands out. A lock starts
 // and ends a subscription only here, telling the rule in the same step
 // under l.mu, so the rule never trusts a watch the lock no longer hears.
 
@@ -32,7 +34,7 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 	epoch, src := l.subscribeLocked(w, false)
 	l.mu.Unlock()
 	if src != 0 && epoch%2 == 1 {
-		l.poke() // a source came up: the rule may wait for it now
+		l.poke() // a queue.Source came up: the rule may wait for it now
 	}
 	return epoch
 }
@@ -41,12 +43,12 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 // subscription's serial (0 if l was subscribed already or has ended).
 // viaCopy subscribes to w's downs only (joinCopy), and leaves up to the
 // caller. A response handed on after the subscription waits for l.mu, so
-// it reaches the rule after the source is up.
-func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (uint64, source) {
+// it reaches the rule after the queue.Source is up.
+func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (uint64, queue.Source) {
 	keys, own := l.rangeOf(w)
-	epoch, seen, src := w.subscribe(l, viaCopy, func() source { return l.q.know.listen(keys, own) })
+	epoch, seen, src := w.subscribe(l, viaCopy, func() queue.Source { return l.q.know.Listen(keys, own) })
 	if src != 0 && epoch%2 == 1 && !viaCopy {
-		l.q.know.up(src, epoch, seen+1)
+		l.q.know.Up(src, epoch, seen+1)
 	}
 	return epoch, src
 }
@@ -62,7 +64,7 @@ func (l *Lock) unsubscribeFrom(w *keyWatch) {
 // unsubscribeLocked is unsubscribeFrom with l.mu held.
 func (l *Lock) unsubscribeLocked(w *keyWatch) {
 	if src, ok := w.unsubscribe(l); ok {
-		l.q.know.unlisten(src)
+		l.q.know.Unlisten(src)
 	}
 }
 
@@ -71,9 +73,9 @@ func (l *Lock) unsubscribeLocked(w *keyWatch) {
 // own-key watch comes up a holder reads its key again (recheck), as a
 // deletion while the watch was down went unseen; an error means that
 // read failed.
-func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src source, epoch uint64, start int64) error {
+func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoch uint64, start int64) error {
 	l.mu.Lock()
-	l.q.know.up(src, epoch, start)
+	l.q.know.Up(src, epoch, start)
 	l.mu.Unlock()
 	l.poke()
 	if w == l.w.own {
@@ -84,9 +86,9 @@ func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src source, epoch uint
 
 // sourceDown records that subscription src went down, ending epoch-1,
 // and wakes the waiter.
-func (l *Lock) sourceDown(src source, epoch uint64) {
+func (l *Lock) sourceDown(src queue.Source, epoch uint64) {
 	l.mu.Lock()
-	l.q.know.down(src, epoch)
+	l.q.know.Down(src, epoch)
 	l.mu.Unlock()
 	l.poke()
 }
@@ -97,14 +99,14 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 	return &mvccpb.KeyValue{Key: []byte(l.key), Value: []byte(l.hold.value), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
 }
 
-// feed hands the knowledge one response's events of subscription src.
+// feed hands the rule one response's events of subscription src.
 // l.mu is held.
-func (l *Lock) feed(src source, events []*clientv3.Event, epoch uint64) {
+func (l *Lock) feed(src queue.Source, events []*clientv3.Event, epoch uint64) {
 	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
 	// own before: converted one by one, for both.
 	evs := make([]*mvccpb.Event, len(events))
 	for i, ev := range events {
 		evs[i] = (*mvccpb.Event)(ev)
 	}
-	l.q.know.events(src, epoch, evs, 0)
+	l.q.know.Events(src, epoch, evs, 0)
 }

@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"testing"
+
+	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
 // A lock that has ended is not subscribed again: finish has already taken
@@ -12,8 +14,8 @@ func TestEndedLockNotSubscribedAgain(t *testing.T) {
 	live, ended := &Lock{ctx: context.Background()}, &Lock{ctx: ctx}
 	cancel()
 	w := &keyWatch{}
-	serial := source(0)
-	listen := func() source { serial++; return serial }
+	serial := queue.Source(0)
+	listen := func() queue.Source { serial++; return serial }
 	w.subscribe(live, false, listen)
 	w.subscribe(ended, false, listen)
 	if subs := w.subscribers(true); len(subs) != 1 || subs[0].l != live {

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
 // idleWatch is how long a name's watches outlive its last lock on the
@@ -314,7 +315,7 @@ func (w *keyWatch) isPaused() bool {
 // the lock's rule.
 type subscriber struct {
 	l   *Lock
-	src source
+	src queue.Source
 }
 
 // subscribers lists the subscribers to the watch's events, and with
@@ -347,7 +348,7 @@ func (w *keyWatch) listOf(l *Lock) (*[]subscriber, int) {
 // (even if the watch is not up), the revision of the last response
 // handed on (read after l joined, so l misses nothing after it), and the
 // new subscription's serial (0 if none was made).
-func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() source) (epoch uint64, seen int64, src source) {
+func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() queue.Source) (epoch uint64, seen int64, src queue.Source) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// An ended lock is not added back: finish unsubscribes only after the
@@ -389,7 +390,7 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 }
 
 // unsubscribe ends l's subscription, if any, and returns its serial.
-func (w *keyWatch) unsubscribe(l *Lock) (src source, ok bool) {
+func (w *keyWatch) unsubscribe(l *Lock) (src queue.Source, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	list, i := w.listOf(l)

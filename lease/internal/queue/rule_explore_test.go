@@ -1,4 +1,4 @@
-package lease
+package queue
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
-// The explorer drives the grant rule (knowledge) through random orders of
+// The explorer drives the grant rule (Rule) through random orders of
 // what a lock can learn about one queue history, and of what the lock does
 // around the rule: events of separate watches in no fixed order among
 // them, watches that start late, pause and resume (down, then up in a new
@@ -28,11 +28,11 @@ import (
 // complete read at each look, and leaves it (a new events subscription)
 // once the copy is gone: the watch went down, or the copy is off.
 //
-// Every decision is checked against an oracle of the real queue: a grant
+// Every Decision is checked against an oracle of the real queue: a grant
 // at G is valid only if at G the own key was this holding and no older
 // key blocked it; a loss only if the own key had been lost by then. Once
-// everything is delivered, the rule must reach the decision the final
-// queue calls for: it never hangs on a view that no source will correct,
+// everything is delivered, the rule must reach the Decision the final
+// queue calls for: it never hangs on a view that no Source will correct,
 // nor on a subscription nothing feeds.
 
 const (
@@ -219,7 +219,7 @@ func (w *watch) state() string {
 // downs but not its events or ups, as the lock waits on the Keeper's copy
 // instead (joinCopy).
 type subscription struct {
-	src     source
+	src     Source
 	viaCopy bool
 }
 
@@ -261,11 +261,11 @@ type world struct {
 	epoch             uint64
 	looked            int64 // the copy's revision the lock last took
 	finishing         bool
-	k                 *knowledge
+	k                 *Rule
 	blocks            func(*mvccpb.KeyValue) bool
 	trace             []string
 	done              bool
-	err               error // the first decision the oracle refused
+	err               error // the first Decision the oracle refused
 	joined, left      bool  // the lock joined the Keeper's copy, and left it again
 }
 
@@ -285,19 +285,19 @@ type worldShape struct {
 	keeper bool
 }
 
-func newWorldShaped(seed uint64, mutate func(*knowledge), shape worldShape) *world {
+func newWorldShaped(seed uint64, mutate func(*Rule), shape worldShape) *world {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	h := genHistory(r, !shape.queueFiltersPuts)
 	reader := r.IntN(3) == 0
 	// A key off its lease (lease 0) is no lock, and blocks nobody.
 	blocks := func(kv *mvccpb.KeyValue) bool { return kv.Lease != 0 && (!reader || string(kv.Value) != readerVal) }
 	w := &world{r: r, h: h, seed: seed, shape: shape, head: h.token, blocks: blocks}
-	w.k = newKnowledge(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
+	w.k = NewRule(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
 	// Now and then the put's answer comes late: the watches may deliver
 	// before the rule knows the token.
 	w.tokenLate = r.IntN(4) == 0
 	if !w.tokenLate {
-		w.k.setToken(h.token)
+		w.k.SetToken(h.token)
 	}
 	if mutate != nil {
 		mutate(w.k)
@@ -361,7 +361,7 @@ func (w *world) logf(format string, args ...any) {
 func (w *world) step() {
 	if w.tokenLate && w.r.IntN(4) == 0 {
 		w.tokenLate = false
-		w.k.setToken(w.h.token)
+		w.k.SetToken(w.h.token)
 		w.logf("the put returns: token %d", w.h.token)
 	}
 	switch n := w.r.IntN(13); {
@@ -418,22 +418,22 @@ func (w *world) pick() *watch { return w.watches[w.r.IntN(len(w.watches))] }
 // covers everything after the last revision the watch handed on. One via
 // the copy is left down: joinCopy brings it up.
 func (w *world) subscribe(wt *watch, viaCopy bool) *subscription {
-	s := &subscription{src: w.k.listen(wt.keys, wt.coversOwn), viaCopy: viaCopy}
+	s := &subscription{src: w.k.Listen(wt.keys, wt.coversOwn), viaCopy: viaCopy}
 	wt.sub = s
 	if wt.up && !viaCopy {
-		w.k.up(s.src, wt.gen, wt.seen+1)
+		w.k.Up(s.src, wt.gen, wt.seen+1)
 	}
 	return s
 }
 
 // unsubscribe ends the lock's subscription to wt and, in the same step,
 // the rule's trust in it (unsubscribeLocked): it hears nothing more.
-func (w *world) unsubscribe(wt *watch) source {
+func (w *world) unsubscribe(wt *watch) Source {
 	s := wt.sub
 	if s == nil {
 		return 0
 	}
-	w.k.unlisten(s.src)
+	w.k.Unlisten(s.src)
 	wt.sub = nil
 	return s.src
 }
@@ -472,7 +472,7 @@ func (w *world) toggle(wt *watch) {
 	wt.gen++
 	wt.up = false
 	if wt.sub != nil {
-		w.k.down(wt.sub.src, wt.gen)
+		w.k.Down(wt.sub.src, wt.gen)
 	}
 	if wt.copy != nil {
 		wt.copy.valid, wt.copy.counting = false, false // the copy is dropped
@@ -493,7 +493,7 @@ func (w *world) upAt(wt *watch, start int64) {
 	wt.lastStart, wt.seen, wt.upSub = start, start-1, nil
 	if s := wt.sub; s != nil && !s.viaCopy {
 		wt.upSub = s
-		w.k.up(s.src, wt.gen, start)
+		w.k.Up(s.src, wt.gen, start)
 	}
 	if wt.copy != nil {
 		*wt.copy = keeperCopy{valid: true, gen: wt.gen, base: start - 1, rev: start - 1}
@@ -511,7 +511,7 @@ func (w *world) lateUp(wt *watch) {
 	if wt.up || wt.upSub == nil {
 		return
 	}
-	w.k.up(wt.upSub.src, wt.gen-1, wt.lastStart)
+	w.k.Up(wt.upSub.src, wt.gen-1, wt.lastStart)
 	w.logf("%s late news: subscription %d up in generation %d", wt.name, wt.upSub.src, wt.gen-1)
 }
 
@@ -553,7 +553,7 @@ func (w *world) deliver(wt *watch, all bool) {
 		c.rev = max(c.rev, last) // it skips what its read already held
 	}
 	if s := wt.sub; s != nil && !s.viaCopy && len(evs) > 0 {
-		w.k.events(s.src, wt.gen, evs, 0)
+		w.k.Events(s.src, wt.gen, evs, 0)
 		w.logf("%s delivers %d events through %d to subscription %d", wt.name, len(evs), evs[len(evs)-1].Kv.ModRevision, s.src)
 	}
 }
@@ -594,7 +594,7 @@ func (w *world) tryJoin() {
 		// what the copy holds.
 		old := w.unsubscribe(w.queue)
 		s := w.subscribe(w.queue, true)
-		w.k.up(s.src, w.queue.gen, c.base+1)
+		w.k.Up(s.src, w.queue.gen, c.base+1)
 		w.logf("joins the copy (read at %d, at %d): subscription %d ended, %d via the copy", c.base, c.rev, old, s.src)
 	}
 }
@@ -612,7 +612,7 @@ func (w *world) lookInCopy() {
 	// A page of one key: the nearest that blocks, if any (mirror.snapshot).
 	kvs := w.h.at(c.rev)
 	older := w.blocking(kvs)
-	w.k.snapshot(c.rev, kvs[w.h.own], older[:min(1, len(older))], len(older) == 0)
+	w.k.Snapshot(c.rev, kvs[w.h.own], older[:min(1, len(older))], len(older) == 0)
 	if c.rev != w.looked {
 		w.looked = c.rev
 		w.logf("looks in the copy at %d", c.rev)
@@ -658,14 +658,14 @@ func (w *world) answer(rev int64) {
 		older, complete = older[:2], false
 	}
 	w.reading = false
-	w.k.snapshot(rev, kvs[w.h.own], older, complete)
+	w.k.Snapshot(rev, kvs[w.h.own], older, complete)
 	w.logf("read at %d (complete %v)", rev, complete)
 }
 
 // answerOwn reads the own key alone at rev.
 func (w *world) answerOwn(rev int64) {
 	w.reading = false
-	w.k.ownRead(rev, w.h.at(rev)[w.h.own])
+	w.k.OwnRead(rev, w.h.at(rev)[w.h.own])
 	w.logf("read the own key at %d", rev)
 }
 
@@ -677,16 +677,16 @@ func (w *world) readFollowed(rev int64) {
 	n := len(w.h.older)
 	for _, key := range w.h.older[max(0, n-2):] {
 		if kv := kvs[key]; kv != nil && kv.CreateRevision < w.h.token && w.blocks(kv) {
-			w.k.confirm(kv, rev)
+			w.k.Confirm(kv, rev)
 		} else {
-			w.k.goneBy(key, rev)
+			w.k.GoneBy(key, rev)
 		}
 	}
 	w.logf("read the followed keys at %d", rev)
 }
 
 // check is the lock looking (look): it joins the copy or takes it, as it
-// waits on it, and the rule decides. Every decision is held to the
+// waits on it, and the rule decides. Every Decision is held to the
 // oracle; a read the rule asks for is answered at a later step.
 func (w *world) check() {
 	if w.done {
@@ -698,22 +698,22 @@ func (w *world) check() {
 	if w.mirrored {
 		w.lookInCopy()
 	}
-	d := w.k.decide()
-	switch d.kind {
-	case decideGranted:
-		if d.rev > w.head || !w.h.granted(d.rev, w.blocks) {
-			w.fail("granted at %d (head %d), which the queue does not allow", d.rev, w.head)
+	d := w.k.Decide()
+	switch d.Kind {
+	case Granted:
+		if d.Rev > w.head || !w.h.granted(d.Rev, w.blocks) {
+			w.fail("granted at %d (head %d), which the queue does not allow", d.Rev, w.head)
 		}
 		w.done = true
-	case decideLost:
+	case Lost:
 		if !w.h.lostBy(w.head) {
 			w.fail("lost while the own key is still held at %d", w.head)
 		}
 		w.done = true
-	case decideRead, decideReadOwn:
+	case Read, ReadOwn:
 		if !w.reading && !w.joining {
-			w.reading, w.ownOnly, w.floor = true, d.kind == decideReadOwn, d.rev
-			w.logf("asks a read at %d or later (own key only: %v)", d.rev, w.ownOnly)
+			w.reading, w.ownOnly, w.floor = true, d.Kind == ReadOwn, d.Rev
+			w.logf("asks a read at %d or later (own key only: %v)", d.Rev, w.ownOnly)
 		}
 	}
 }
@@ -724,7 +724,7 @@ func (w *world) finish() {
 	w.head, w.finishing = w.h.end, true
 	if w.tokenLate {
 		w.tokenLate = false
-		w.k.setToken(w.h.token)
+		w.k.SetToken(w.h.token)
 	}
 	for range 4 {
 		for _, wt := range w.watches {
@@ -743,22 +743,22 @@ func (w *world) finish() {
 	w.done = true
 	switch {
 	case w.h.lostBy(w.h.end):
-		w.fail("never learned that its key was lost: the rule says %+v%s", w.k.decide(), w.unfed())
+		w.fail("never learned that its key was lost: the rule says %+v%s", w.k.Decide(), w.unfed())
 	case w.h.granted(w.h.end, w.blocks):
-		w.fail("hangs: the queue grants it at %d, and the rule says %+v%s", w.h.end, w.k.decide(), w.unfed())
+		w.fail("hangs: the queue grants it at %d, and the rule says %+v%s", w.h.end, w.k.Decide(), w.unfed())
 	}
 }
 
 // unfed names the subscriptions the rule counts as up that no watch up
 // hands anything to: ended ones, or one via a copy that is gone.
 func (w *world) unfed() string {
-	fed := map[source]bool{}
+	fed := map[Source]bool{}
 	for _, wt := range w.watches {
 		if wt.up && wt.sub != nil && (!wt.sub.viaCopy || w.mirrored) {
 			fed[wt.sub.src] = true
 		}
 	}
-	var unfed []source
+	var unfed []Source
 	for src, c := range w.k.sources {
 		if c.up && !fed[src] {
 			unfed = append(unfed, src)
@@ -803,12 +803,12 @@ type outcomes struct{ granted, lost, waiting, joined, left, onCopy int }
 
 // explore runs the explorer over seeds, each with a step budget, and
 // returns the first failure, which names its seed.
-func explore(seeds, steps int, mutate func(*knowledge)) (outcomes, error) {
+func explore(seeds, steps int, mutate func(*Rule)) (outcomes, error) {
 	return exploreShaped(seeds, steps, mutate, worldShape{})
 }
 
 // exploreShaped is explore with watches built as shape says.
-func exploreShaped(seeds, steps int, mutate func(*knowledge), shape worldShape) (outcomes, error) {
+func exploreShaped(seeds, steps int, mutate func(*Rule), shape worldShape) (outcomes, error) {
 	var o outcomes
 	for seed := range uint64(seeds) {
 		w := run(seed, steps, mutate, shape)
@@ -822,7 +822,7 @@ func exploreShaped(seeds, steps int, mutate func(*knowledge), shape worldShape) 
 
 // run is the explorer's run of one seed: up to steps random steps, then
 // everything delivered. Its err is the first failure.
-func run(seed uint64, steps int, mutate func(*knowledge), shape worldShape) *world {
+func run(seed uint64, steps int, mutate func(*Rule), shape worldShape) *world {
 	w := newWorldShaped(seed, mutate, shape)
 	w.check()
 	for i := 0; i < steps && !w.done; i++ {
@@ -840,13 +840,13 @@ func (o outcomes) String() string {
 }
 
 func (o *outcomes) count(w *world) {
-	switch d := w.k.decide(); d.kind {
-	case decideGranted:
+	switch d := w.k.Decide(); d.Kind {
+	case Granted:
 		o.granted++
 		if w.mirrored {
 			o.onCopy++
 		}
-	case decideLost:
+	case Lost:
 		o.lost++
 	default:
 		o.waiting++
@@ -880,7 +880,7 @@ func TestGrantRuleExplorer(t *testing.T) {
 // every run: it joins the copy, pauses and resumes with the shared watch,
 // and leaves the copy, and ends subscriptions only as the lock does. With
 // unlisten reverted to keep trusting an ended subscription (issue 35, bug
-// 1), the explorer finds the hang here too (knowledge_mutants_test.go).
+// 1), the explorer finds the hang here too (rule_mutants_test.go).
 func TestGrantRuleExplorerKeeper(t *testing.T) {
 	seeds := 20000
 	if testing.Short() {
@@ -903,15 +903,15 @@ func TestGrantRuleExplorerKeeper(t *testing.T) {
 func TestGrantRuleOwnKeyBeforeToken(t *testing.T) {
 	const token = 5
 	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
-	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
+	k := NewRule("q/own", func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
 	}, func(*mvccpb.KeyValue) bool { return true })
-	src := k.listen([]string{"q/own"}, true)
-	k.up(src, 1, token)
-	k.events(src, 1, []*mvccpb.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/own"), ModRevision: token + 2}}}, token+3)
-	k.setToken(token)
-	k.snapshot(token, own, nil, true)
-	if d := k.decide(); d.kind != decideLost {
+	src := k.Listen([]string{"q/own"}, true)
+	k.Up(src, 1, token)
+	k.Events(src, 1, []*mvccpb.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/own"), ModRevision: token + 2}}}, token+3)
+	k.SetToken(token)
+	k.Snapshot(token, own, nil, true)
+	if d := k.Decide(); d.Kind != Lost {
 		t.Fatalf("own key deleted at %d, before the token was known: the rule says %+v, want lost", token+2, d)
 	}
 }
@@ -944,19 +944,19 @@ func TestGrantRuleExplorerQueueWatchDeletesOnly(t *testing.T) {
 func TestGrantRuleNameGoneTwiceBeforeSnapshot(t *testing.T) {
 	const token = 6
 	own := &mvccpb.KeyValue{Key: []byte("q/own"), CreateRevision: token, ModRevision: token, Lease: ownLease}
-	k := newKnowledge("q/own", func(kv *mvccpb.KeyValue) bool {
+	k := NewRule("q/own", func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.CreateRevision == token && kv.Lease == ownLease
 	}, func(*mvccpb.KeyValue) bool { return true })
-	src := k.listen(nil, true)
-	k.up(src, 1, 1)
+	src := k.Listen(nil, true)
+	k.Up(src, 1, 1)
 	del := func(rev int64) *mvccpb.Event {
 		return &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("q/a"), ModRevision: rev}}
 	}
-	k.events(src, 1, []*mvccpb.Event{del(3)}, 0)
-	k.events(src, 1, []*mvccpb.Event{del(7)}, 0)
-	k.setToken(token)
-	k.snapshot(token, own, []*mvccpb.KeyValue{{Key: []byte("q/a"), CreateRevision: 4}}, true)
-	if d := k.decide(); d.kind != decideGranted || d.rev != 7 {
+	k.Events(src, 1, []*mvccpb.Event{del(3)}, 0)
+	k.Events(src, 1, []*mvccpb.Event{del(7)}, 0)
+	k.SetToken(token)
+	k.Snapshot(token, own, []*mvccpb.KeyValue{{Key: []byte("q/a"), CreateRevision: 4}}, true)
+	if d := k.Decide(); d.Kind != Granted || d.Rev != 7 {
 		t.Fatalf("the key ahead went at 7, after the read at %d: the rule says %+v, want granted at 7", token, d)
 	}
 }

@@ -1,4 +1,4 @@
-package lease
+package queue
 
 import (
 	"cmp"
@@ -7,7 +7,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
-// knowledge is what one lock knows of its queue, and the one rule that
+// Rule is what one lock knows of its queue, and the one rule that
 // grants it. It is pure (no I/O, clock or goroutines); nothing else
 // decides a grant.
 //
@@ -17,28 +17,28 @@ import (
 //   - a snapshot at revision R showed its own key as this holding and
 //     listed every blocking key older than it (no older key can appear
 //     after the own put, so only deletions matter after R);
-//   - every listed key has been seen gone, by any source, at revisions up
+//   - every listed key has been seen gone, by any Source, at revisions up
 //     to G, the highest of them (or R if none was listed): deleted, or
 //     left in place by a put that makes it no lock that blocks (moved off
 //     its lease, say);
 //   - the own key is known unchanged through G: by a snapshot at G or
-//     later, or by a source covering the own key that has delivered
+//     later, or by a Source covering the own key that has delivered
 //     everything up to G, with no gap since what was known before.
 //
 // A watch covers its range only from its start revision, so a snapshot
 // counts with it only if taken at start-1 or later. One watch delivers in
 // revision order, but two watches are in no order relative to each other:
 // a deletion seen on one says nothing of what another has not delivered.
-type knowledge struct {
+type Rule struct {
 	key    string
 	token  int64                          // the own key's creation revision; 0 until the put returns
 	owns   func(kv *mvccpb.KeyValue) bool // kv shows this holding: its token, the session's lease
 	blocks func(kv *mvccpb.KeyValue) bool // kv, a key older than the own, is a queue key that blocks it
 
-	base     int64                // revision of the snapshot the view rests on; 0 before the first
-	complete bool                 // ... which listed every blocking key older than the own key
-	ahead    map[string]*keyAhead // blocking keys listed by it, not yet seen gone
-	removed  map[string]int64     // listed keys seen gone, with the lowest revision known gone
+	base     int64             // revision of the snapshot the view rests on; 0 before the first
+	complete bool              // ... which listed every blocking key older than the own key
+	ahead    map[string]*Ahead // blocking keys listed by it, not yet seen gone
+	removed  map[string]int64  // listed keys seen gone, with the lowest revision known gone
 	// gone is, by key, each revision it was seen gone at, ascending: a name
 	// may go more than once, and events may come before the snapshot.
 	gone  map[string][]int64
@@ -46,24 +46,24 @@ type knowledge struct {
 	// sources are the lock's subscriptions, by serial: exactly the watches
 	// (or copies) it listens to. A subscription the lock ends is removed
 	// in the same step (unlisten), and nothing it sends after counts.
-	sources map[source]*coverage
-	serial  source          // the last serial handed out
+	sources map[Source]*coverage
+	serial  Source          // the last serial handed out
 	lost    bool            // the own key was deleted or taken over: never granted
 	early   []*mvccpb.Event // own-key events seen before the token (a watch may beat the put's answer)
 	seam    grantSeam
 }
 
-// keyAhead is a blocking key the snapshot listed.
-type keyAhead struct {
-	created int64            // its creation revision
-	kv      *mvccpb.KeyValue // as last read: the lock uses it to choose how to wait
-	through int64            // highest revision it is known still there at: the snapshot's or confirm's
+// Ahead is a blocking key the snapshot listed.
+type Ahead struct {
+	Created int64            // its creation revision
+	KV      *mvccpb.KeyValue // as last read: the lock uses it to choose how to wait
+	Through int64            // highest revision it is known still there at: the snapshot's or confirm's
 }
 
-// source is one subscription of the lock: to a watch, or to a Keeper's
+// Source is one subscription of the lock: to a watch, or to a Keeper's
 // copy of the queue. Serials are never reused within a lock, so news of a
 // subscription that ended can never be taken for a later one's.
-type source uint64
+type Source uint64
 
 // coverage is what one subscription delivers while up: every event of its
 // range from start on, in revision order, up to progress.
@@ -79,30 +79,60 @@ type coverage struct {
 
 func (c *coverage) covers(key string) bool { return c.keys == nil || c.keys[key] }
 
-// decision is what the lock does next.
-type decision struct {
-	kind decisionKind
-	rev  int64 // granted: the revision of the grant; read: the lowest revision the read may reflect
+// Base is the revision of the snapshot the view rests on; 0 before the
+// first.
+func (k *Rule) Base() int64 { return k.base }
+
+// Complete tells whether that snapshot listed every blocking key older
+// than the own key.
+func (k *Rule) Complete() bool { return k.complete }
+
+// AheadCount is how many listed keys are not yet seen gone.
+func (k *Rule) AheadCount() int { return len(k.ahead) }
+
+// AheadOf returns listed key key as last known, if it is not yet seen gone.
+func (k *Rule) AheadOf(key string) (Ahead, bool) {
+	a, ok := k.ahead[key]
+	if !ok {
+		return Ahead{}, false
+	}
+	return *a, true
 }
 
-type decisionKind int
+// AllAhead tells whether f holds for every key ahead, as last read.
+func (k *Rule) AllAhead(f func(kv *mvccpb.KeyValue) bool) bool {
+	for _, a := range k.ahead {
+		if !f(a.KV) {
+			return false
+		}
+	}
+	return true
+}
+
+// Decision is what the lock does next.
+type Decision struct {
+	Kind DecisionKind
+	Rev  int64 // granted: the revision of the grant; read: the lowest revision the read may reflect
+}
+
+type DecisionKind int
 
 const (
-	decideWait    decisionKind = iota // a source will deliver what is missing
-	decideRead                        // read a snapshot at rev or later
-	decideReadOwn                     // read the own key at rev or later
-	decideGranted                     // held since rev
-	decideLost                        // the own key is gone: never held
+	Wait    DecisionKind = iota // a Source will deliver what is missing
+	Read                        // read a snapshot at rev or later
+	ReadOwn                     // read the own key at rev or later
+	Granted                     // held since rev
+	Lost                        // the own key is gone: never held
 )
 
-func newKnowledge(key string, owns, blocks func(*mvccpb.KeyValue) bool) *knowledge {
-	return &knowledge{key: key, owns: owns, blocks: blocks,
-		ahead: map[string]*keyAhead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[source]*coverage{}}
+func NewRule(key string, owns, blocks func(*mvccpb.KeyValue) bool) *Rule {
+	return &Rule{key: key, owns: owns, blocks: blocks,
+		ahead: map[string]*Ahead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[Source]*coverage{}}
 }
 
 // setToken records the own key's creation revision, at which it is this
 // holding.
-func (k *knowledge) setToken(token int64) {
+func (k *Rule) SetToken(token int64) {
 	k.token, k.ownTo = token, max(k.ownTo, token)
 	for _, ev := range k.early {
 		k.ownEvent(ev)
@@ -113,7 +143,7 @@ func (k *knowledge) setToken(token int64) {
 
 // ownRead takes a read of the own key at rev (kv nil if absent). Found with
 // its token, it lasted from the token to rev: one made again is newer.
-func (k *knowledge) ownRead(rev int64, kv *mvccpb.KeyValue) {
+func (k *Rule) OwnRead(rev int64, kv *mvccpb.KeyValue) {
 	if k.token == 0 || rev < k.token || k.lost {
 		return
 	}
@@ -128,7 +158,7 @@ func (k *knowledge) ownRead(rev int64, kv *mvccpb.KeyValue) {
 // snapshot takes a read at rev: the own key (nil if absent) and the older
 // queue keys that block it; complete says no older key lies past what was
 // read. A snapshot older than the current base is dropped.
-func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.KeyValue, complete bool) {
+func (k *Rule) Snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.KeyValue, complete bool) {
 	if k.token == 0 || rev < k.token || rev < k.base || k.lost {
 		return
 	}
@@ -139,7 +169,7 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 	k.ownTo = max(k.ownTo, rev)
 	k.base, k.complete = rev, complete
 	k.removed = map[string]int64{}
-	k.ahead = make(map[string]*keyAhead, len(older))
+	k.ahead = make(map[string]*Ahead, len(older))
 	for _, kv := range older {
 		key := string(kv.Key)
 		if kv.CreateRevision >= k.token {
@@ -150,7 +180,7 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 			k.removed[key] = d
 			continue
 		}
-		k.ahead[key] = &keyAhead{created: kv.CreateRevision, through: rev, kv: kv}
+		k.ahead[key] = &Ahead{Created: kv.CreateRevision, Through: rev, KV: kv}
 	}
 	for key, ds := range k.gone {
 		i, _ := slices.BinarySearch(ds, rev+1)
@@ -164,7 +194,7 @@ func (k *knowledge) snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.Ke
 }
 
 // goneAfter is the first revision after rev at which key was seen gone.
-func (k *knowledge) goneAfter(key string, rev int64) (int64, bool) {
+func (k *Rule) goneAfter(key string, rev int64) (int64, bool) {
 	ds := k.gone[key]
 	i, _ := slices.BinarySearch(ds, rev+1)
 	if i == len(ds) {
@@ -175,17 +205,17 @@ func (k *knowledge) goneAfter(key string, rev int64) (int64, bool) {
 
 // confirm takes a read at rev that showed key ahead kv still there: a
 // watch of it started by rev+1 delivers its deletion.
-func (k *knowledge) confirm(kv *mvccpb.KeyValue, rev int64) {
-	if a := k.ahead[string(kv.Key)]; a != nil && a.created == kv.CreateRevision {
-		a.through, a.kv = max(a.through, rev), kv
+func (k *Rule) Confirm(kv *mvccpb.KeyValue, rev int64) {
+	if a := k.ahead[string(kv.Key)]; a != nil && a.Created == kv.CreateRevision {
+		a.Through, a.KV = max(a.Through, rev), kv
 	}
 }
 
 // keysAhead returns the keys ahead, as last read, newest first.
-func (k *knowledge) keysAhead() []*mvccpb.KeyValue {
+func (k *Rule) KeysAhead() []*mvccpb.KeyValue {
 	kvs := make([]*mvccpb.KeyValue, 0, len(k.ahead))
 	for _, a := range k.ahead {
-		kvs = append(kvs, a.kv)
+		kvs = append(kvs, a.KV)
 	}
 	slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(b.CreateRevision, a.CreateRevision) })
 	return kvs
@@ -193,13 +223,13 @@ func (k *knowledge) keysAhead() []*mvccpb.KeyValue {
 
 // goneBy takes a read at rev that showed a key ahead gone (made again,
 // newer than the own key, or no longer blocking): it counts as gone at rev.
-func (k *knowledge) goneBy(key string, rev int64) { k.sawGone(key, rev) }
+func (k *Rule) GoneBy(key string, rev int64) { k.sawGone(key, rev) }
 
 // sawGone records that key is gone by rev. The first deletion after the
 // snapshot is of the listed key (later ones are of keys made again, newer
 // than the own), so the lowest known revision counts: a delete event that
 // comes after a read found the key gone lowers the grant's revision.
-func (k *knowledge) sawGone(key string, rev int64) {
+func (k *Rule) sawGone(key string, rev int64) {
 	if rev <= k.base {
 		return
 	}
@@ -216,7 +246,7 @@ func (k *knowledge) sawGone(key string, rev int64) {
 }
 
 // deleted is the revision by which every listed key seen gone is gone.
-func (k *knowledge) deleted() int64 {
+func (k *Rule) deleted() int64 {
 	var d int64
 	for _, r := range k.removed {
 		d = max(d, r)
@@ -224,9 +254,9 @@ func (k *knowledge) deleted() int64 {
 	return d
 }
 
-// listen starts a subscription to a source of keys (nil for the whole
+// listen starts a subscription to a Source of keys (nil for the whole
 // queue) and returns its serial. It vouches for nothing until up.
-func (k *knowledge) listen(keys []string, coversOwn bool) source {
+func (k *Rule) Listen(keys []string, coversOwn bool) Source {
 	k.serial++
 	c := &coverage{coversOwn: coversOwn}
 	if keys != nil {
@@ -240,7 +270,7 @@ func (k *knowledge) listen(keys []string, coversOwn bool) source {
 }
 
 // unlisten ends subscription src: from now on it vouches for nothing.
-func (k *knowledge) unlisten(src source) {
+func (k *Rule) Unlisten(src Source) {
 	if k.seam.keepsUnlistened() {
 		return
 	}
@@ -251,7 +281,7 @@ func (k *knowledge) unlisten(src source) {
 // range from start on. A newer generation starts over; an older one, one
 // already over, a second up of the current, or an ended subscription's is
 // dropped.
-func (k *knowledge) up(src source, gen uint64, start int64) {
+func (k *Rule) Up(src Source, gen uint64, start int64) {
 	c := k.sources[src]
 	if c == nil || gen < c.over || (c.up && c.gen >= gen) {
 		return
@@ -262,7 +292,7 @@ func (k *knowledge) up(src source, gen uint64, start int64) {
 
 // down records that src stopped in generation gen (and all before it):
 // it vouches for nothing after what it delivered.
-func (k *knowledge) down(src source, gen uint64) {
+func (k *Rule) Down(src Source, gen uint64) {
 	c := k.sources[src]
 	if c == nil {
 		return
@@ -275,8 +305,8 @@ func (k *knowledge) down(src source, gen uint64) {
 
 // events takes one response of src in generation gen: every event of its
 // range up to progress (at least the last event's) is delivered. Each
-// event is applied; only a source up in gen vouches for the rest.
-func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress int64) {
+// event is applied; only a Source up in gen vouches for the rest.
+func (k *Rule) Events(src Source, gen uint64, evs []*mvccpb.Event, progress int64) {
 	for _, ev := range evs {
 		k.event(ev)
 		progress = max(progress, ev.Kv.ModRevision)
@@ -287,7 +317,7 @@ func (k *knowledge) events(src source, gen uint64, evs []*mvccpb.Event, progress
 	}
 }
 
-func (k *knowledge) event(ev *mvccpb.Event) {
+func (k *Rule) event(ev *mvccpb.Event) {
 	key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
 	if key == k.key {
 		k.ownEvent(ev)
@@ -313,7 +343,7 @@ func (k *knowledge) event(ev *mvccpb.Event) {
 // key it listed (keys older than the own cannot appear, and one that did
 // not block then is not followed). Others are not recorded, so that data
 // kept under the name, written again and again, costs the rule nothing.
-func (k *knowledge) mayList(key string) bool {
+func (k *Rule) mayList(key string) bool {
 	if k.base == 0 || !k.complete || k.ahead[key] != nil {
 		return true
 	}
@@ -323,7 +353,7 @@ func (k *knowledge) mayList(key string) bool {
 
 // ownEvent applies an own-key event: after the token, a deletion or a put
 // that makes it not this holding's ends the holding.
-func (k *knowledge) ownEvent(ev *mvccpb.Event) {
+func (k *Rule) ownEvent(ev *mvccpb.Event) {
 	if k.token == 0 {
 		k.early = append(k.early, ev)
 		return
@@ -342,7 +372,7 @@ func (k *knowledge) ownEvent(ev *mvccpb.Event) {
 
 // extend carries ownTo forward through sources covering the own key with
 // no gap: one started by ownTo+1 vouches for it up to its progress.
-func (k *knowledge) extend() {
+func (k *Rule) extend() {
 	for moved := true; moved; {
 		moved = false
 		for _, c := range k.sources {
@@ -353,48 +383,48 @@ func (k *knowledge) extend() {
 	}
 }
 
-// contiguous tells whether a source started at start follows rev with no gap.
-func (k *knowledge) contiguous(start, rev int64) bool {
+// contiguous tells whether a Source started at start follows rev with no gap.
+func (k *Rule) contiguous(start, rev int64) bool {
 	if k.seam.ignoresStart() {
 		return true
 	}
 	return start <= rev+1
 }
 
-func (k *knowledge) decide() decision {
+func (k *Rule) Decide() Decision {
 	switch {
 	case k.lost:
-		return decision{kind: decideLost}
+		return Decision{Kind: Lost}
 	case k.base == 0 || (len(k.ahead) == 0 && !k.complete):
 		// Unread, or a partial snapshot's keys are all gone: older ones
 		// may lie past what it read.
-		return decision{kind: decideRead, rev: k.readFloor()}
+		return Decision{Kind: Read, Rev: k.ReadFloor()}
 	case len(k.ahead) == 0:
 		return k.decideEmpty()
 	case k.ownWatched() && k.watched():
-		return decision{kind: decideWait}
+		return Decision{Kind: Wait}
 	}
 	// A waiter must hear at once that its own key went, and of keys
-	// ahead going: without a source on both, only a read tells.
-	return decision{kind: decideRead, rev: k.readFloor()}
+	// ahead going: without a Source on both, only a read tells.
+	return Decision{Kind: Read, Rev: k.ReadFloor()}
 }
 
 // decideEmpty decides once no key ahead is left: granted if the own key
 // is known unchanged through the last deletion.
-func (k *knowledge) decideEmpty() decision {
+func (k *Rule) decideEmpty() Decision {
 	g := max(k.base, k.deleted())
 	switch {
 	case k.ownTo >= g || k.seam.ignoresOwn():
-		return decision{kind: decideGranted, rev: g}
+		return Decision{Kind: Granted, Rev: g}
 	case k.ownWillReach():
-		return decision{kind: decideWait}
+		return Decision{Kind: Wait}
 	}
-	return decision{kind: decideReadOwn, rev: g}
+	return Decision{Kind: ReadOwn, Rev: g}
 }
 
 // readFloor is the lowest revision a useful read may reflect: no older than
-// what the view has seen, nor than any source's start-1 (no gap).
-func (k *knowledge) readFloor() int64 {
+// what the view has seen, nor than any Source's start-1 (no gap).
+func (k *Rule) ReadFloor() int64 {
 	floor := max(k.token, k.base, k.deleted())
 	for _, ds := range k.gone {
 		floor = max(floor, ds[len(ds)-1])
@@ -407,12 +437,12 @@ func (k *knowledge) readFloor() int64 {
 	return floor
 }
 
-// watched tells whether a source up covers some key ahead with no gap:
+// watched tells whether a Source up covers some key ahead with no gap:
 // while that key stays, uncovered ones cannot grant the lock.
-func (k *knowledge) watched() bool {
+func (k *Rule) watched() bool {
 	for key, a := range k.ahead {
 		for _, c := range k.sources {
-			if c.up && c.covers(key) && k.contiguous(c.start, a.through) {
+			if c.up && c.covers(key) && k.contiguous(c.start, a.Through) {
 				return true
 			}
 		}
@@ -420,9 +450,9 @@ func (k *knowledge) watched() bool {
 	return false
 }
 
-// ownWatched tells whether a source up covers the own key with no gap
+// ownWatched tells whether a Source up covers the own key with no gap
 // since ownTo: a change of it will be delivered.
-func (k *knowledge) ownWatched() bool {
+func (k *Rule) ownWatched() bool {
 	for _, c := range k.sources {
 		if c.up && c.coversOwn && k.contiguous(c.start, k.ownTo) {
 			return true
@@ -431,10 +461,10 @@ func (k *knowledge) ownWatched() bool {
 	return false
 }
 
-// ownWillReach tells whether a source up covers the own key and the whole
+// ownWillReach tells whether a Source up covers the own key and the whole
 // queue with no gap: it delivers the last deletion in order with any own
 // key change before it, so waiting carries ownTo to the grant.
-func (k *knowledge) ownWillReach() bool {
+func (k *Rule) ownWillReach() bool {
 	for _, c := range k.sources {
 		if c.up && c.coversOwn && c.keys == nil && k.contiguous(c.start, k.ownTo) {
 			return true

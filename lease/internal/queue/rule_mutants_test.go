@@ -1,6 +1,6 @@
 //go:build leasefence_mutants
 
-package lease
+package queue
 
 import (
 	"strings"
@@ -26,7 +26,7 @@ func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
 		{"a Keeper's waiter trusts the watch it left for the copy", grantKeepsUnlistened, worldShape{keeper: true}, "hangs: the queue grants it"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			mutate := func(k *knowledge) { k.seam.mutation = m.mutation }
+			mutate := func(k *Rule) { k.seam.mutation = m.mutation }
 			for seed := range uint64(seeds) {
 				if w := run(seed, 60, mutate, m.shape); w.err != nil && strings.Contains(w.err.Error(), m.want) {
 					t.Logf("caught: %.200s", w.err)

@@ -1,9 +1,9 @@
 //go:build !leasefence_mutants
 
-package lease
+package queue
 
 // grantSeam is empty in release builds: the grant rule's checks are
-// always the ones knowledge.go states. knowledge_mutants.go has the
+// always the ones rule.go states. seams_mutants.go has the
 // deliberate bugs the explorer must catch.
 type grantSeam struct{}
 

@@ -1,6 +1,6 @@
 //go:build leasefence_mutants
 
-package lease
+package queue
 
 // grantSeam carries a deliberate bug in the grant rule, for the explorer
 // to show that it catches it.
