@@ -6,6 +6,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
 // followKeys is how many keys ahead a far waiter follows: the two newest.
@@ -40,7 +42,7 @@ type followed struct {
 // subscribe makes l a subscriber of every watch kept, as a view is about
 // to be read, and returns their epochs: a key whose watch was up (odd
 // epoch) through the read is followed from the read on.
-func (f *follows) subscribe(l *Lock) map[string]uint64 {
+func (f *follows) subscribe(l *Lock) map[string]queue.Epoch {
 	f.mu.Lock()
 	ws := make(map[string]*keyWatch, len(f.m))
 	for k, fw := range f.m {
@@ -52,7 +54,7 @@ func (f *follows) subscribe(l *Lock) map[string]uint64 {
 	}
 	// Outside f.mu: subscribing takes l.mu, and f.mu is taken under l.mu
 	// (followingLocked).
-	epochs := make(map[string]uint64, len(ws))
+	epochs := make(map[string]queue.Epoch, len(ws))
 	for k, w := range ws {
 		epochs[k] = l.subscribeTo(w)
 	}
@@ -60,25 +62,25 @@ func (f *follows) subscribe(l *Lock) map[string]uint64 {
 }
 
 // epochOf is the current epoch of the watch of key, if one is kept.
-func (f *follows) epochOf(key string) (uint64, bool) {
+func (f *follows) epochOf(key string) (queue.Epoch, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fw, ok := f.m[key]
 	if !ok {
 		return 0, false
 	}
-	return fw.w.epoch.Load(), true
+	return fw.w.epochNow(), true
 }
 
 // ensure takes the watches of keys, subscribes l and waits until each is
 // up. It returns their epochs and the highest revision one came up at or
 // handed on: a read no older than it misses no deletion of the keys.
-func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[string]uint64, int64, error) {
+func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[string]queue.Epoch, int64, error) {
 	ws, err := f.take(keys)
 	if err != nil {
 		return nil, 0, err
 	}
-	epochs := make(map[string]uint64, len(keys))
+	epochs := make(map[string]queue.Epoch, len(keys))
 	var upRev int64
 	for i, w := range ws {
 		l.subscribeTo(w)
@@ -183,7 +185,7 @@ func (l *Lock) followingLocked() bool {
 	}
 	for _, k := range keys {
 		read, ok := l.q.followEpochs[k]
-		if !ok || read%2 == 0 {
+		if !ok || !queue.Epoch(read).Up() {
 			return false
 		}
 		if cur, ok := l.w.follows.epochOf(k); !ok || cur != read {
@@ -236,7 +238,7 @@ func (l *Lock) follow(ctx context.Context) error {
 		default:
 			l.q.know.Confirm(kvs[0], resp.Header.Revision)
 			if l.q.followEpochs == nil {
-				l.q.followEpochs = make(map[string]uint64, followKeys)
+				l.q.followEpochs = make(map[string]queue.Epoch, followKeys)
 			}
 			l.q.followEpochs[k] = epochs[k]
 		}

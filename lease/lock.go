@@ -82,9 +82,9 @@ type waiting struct {
 	// the keys ahead then. Fewer now means one went: read the view again.
 	far          bool
 	listed       int
-	followEpochs map[string]uint64
-	epoch        uint64 // of the queue watch, as the view was read
-	ownEpoch     uint64 // of the own-key watch, as the view was read
+	followEpochs map[string]queue.Epoch
+	epoch        queue.Epoch // of the queue watch, as the view was read
+	ownEpoch     queue.Epoch // of the own-key watch, as the view was read
 	// fresh: the view read with the put (or copy), not yet looked at.
 	fresh bool
 	// atOnce: granted on a fresh view; onlyKey: the copy held no other key.
@@ -475,7 +475,7 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 // ends the subscription to the watch's events and starts one to the
 // copy, up in epoch only, covering what the copy holds. It reports false
 // if the watch has left epoch meanwhile. l.mu is held.
-func (l *Lock) joinCopy(epoch uint64) bool {
+func (l *Lock) joinCopy(epoch queue.Epoch) bool {
 	w := l.w.queue
 	l.unsubscribeLocked(w)
 	l.q.mirrored = true
@@ -561,7 +561,7 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 // deleted feeds one watch response's events, in revision order and epoch,
 // to the rule, and wakes the waiter. A change of the own key after the
 // token that takes it from this holding ends the lock, waiting or held.
-func (l *Lock) deleted(w *keyWatch, src queue.Source, events []*clientv3.Event, epoch uint64) {
+func (l *Lock) deleted(w *keyWatch, src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.feed(src, events, epoch)
@@ -661,7 +661,7 @@ func (l *Lock) look() view {
 		unread:   l.q.know.Base() == 0,
 		ownStale: l.ownStale(),
 		near:     l.w.shared != nil || (l.q.know.Complete() && (l.q.know.AheadCount()+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
-		current:  l.q.epoch%2 == 1 && l.q.epoch == l.w.queue.epoch.Load(),
+		current:  l.q.epoch.Up() && l.q.epoch == l.w.queue.epochNow(),
 		pred:     l.nearestAhead(),
 	}
 	// Once far, a waiter stays far until a key it follows goes: it then
@@ -695,8 +695,8 @@ const ownWatchDelay = 50 * time.Millisecond
 // ownStale tells whether the own-key watch was down since the view was
 // read; a fresh view is fine until the watch comes up. l.mu is held.
 func (l *Lock) ownStale() bool {
-	cur := l.w.own.epoch.Load()
-	if cur%2 == 1 {
+	cur := l.w.own.epochNow()
+	if queue.Epoch(cur).Up() {
 		return cur != l.q.ownEpoch
 	}
 	// Down now: an up-time since the read delivered its deletions, and
@@ -729,7 +729,7 @@ func (l *Lock) restOwn() bool {
 // watch is not up, it is opened after ownWatchDelay. l.mu is held.
 func (l *Lock) grant() {
 	l.hold.granted = true
-	if l.w.own.epoch.Load()%2 == 0 && l.hold.watchOwn == nil {
+	if !l.w.own.epochNow().Up() && l.hold.watchOwn == nil {
 		l.hold.watchOwn = time.AfterFunc(ownWatchDelay, l.w.own.resume)
 	}
 }
@@ -903,7 +903,7 @@ func (l *Lock) reread(ctx context.Context, minRev int64) error {
 	if err != nil {
 		return err
 	}
-	return l.readView(ctx, ownEpoch, l.w.queue.epoch.Load(), minRev)
+	return l.readView(ctx, ownEpoch, l.w.queue.epochNow(), minRev)
 }
 
 // rereadNear reads the view once the queue watch is up, to keep it current.
@@ -921,7 +921,7 @@ func (l *Lock) rereadNear(ctx context.Context) error {
 
 // readView reads the view under the given watch epochs, reading older
 // pages past a page of keys that do not block the lock.
-func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int64) error {
+func (l *Lock) readView(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev int64) error {
 	l.leaveCopy()
 	pfx := l.name + "/"
 	maxRev := l.token - 1
@@ -953,7 +953,7 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch uint64, minRev int6
 // later, under the given watch epochs (deliveries wait until the view is
 // set). ErrKeyDeleted if the key is no longer this holding's: such a
 // waiter must never be granted.
-func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
+func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
 	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
 	l.q.ownEpoch, l.q.epoch, l.q.followEpochs = ownEpoch, epoch, follows
@@ -961,7 +961,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch uint64, minRev i
 	// read would show keys whose deletion no watch will send again (the
 	// view took none of another epoch's events), and wait for them.
 	minRev = max(minRev, l.q.know.ReadFloor(), l.w.own.seenRev.Load())
-	if epoch%2 == 1 {
+	if queue.Epoch(epoch).Up() {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
 	}
 	l.mu.Unlock()

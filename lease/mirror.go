@@ -9,6 +9,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
 // mirrorLimit is the most keys a queue mirror keeps. Above it the mirror
@@ -36,12 +38,12 @@ const compactSlack = 64
 // waiter's subscription hears of it.
 type queueMirror struct {
 	mu       sync.Mutex
-	valid    bool   // the copy is complete for epoch
-	counting bool   // the copy is off for epoch: too many keys
-	count    int    // how many keys are under the name at rev, while counting
-	epoch    uint64 // the watch epoch the copy (or the count) belongs to
-	base     int64  // the revision of the read the copy (or the count) started from
-	rev      int64  // the newest revision applied
+	valid    bool        // the copy is complete for epoch
+	counting bool        // the copy is off for epoch: too many keys
+	count    int         // how many keys are under the name at rev, while counting
+	epoch    queue.Epoch // the watch epoch the copy (or the count) belongs to
+	base     int64       // the revision of the read the copy (or the count) started from
+	rev      int64       // the newest revision applied
 	keys     map[string]*mvccpb.KeyValue
 	advanced chan struct{} // closed, and replaced, when rev moves or the copy is dropped
 	// src is what reload reads from: the watch's client, and its epoch's
@@ -79,7 +81,7 @@ func newQueueMirror() *queueMirror {
 
 // load reads the keys under prefix at created or later, and makes them the
 // copy (or count) of epoch. It reports false if the read failed.
-func (m *queueMirror) load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch uint64) bool {
+func (m *queueMirror) load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch queue.Epoch) bool {
 	page, rev, err := readMirror(ctx, cli, prefix, created)
 	if err != nil {
 		return false
@@ -104,7 +106,7 @@ func readMirror(ctx context.Context, cli *clientv3.Client, prefix string, minRev
 }
 
 // install makes page, read at rev, the copy (or count) of epoch. m.mu is held.
-func (m *queueMirror) install(prefix string, page *pb.RangeResponse, rev int64, epoch uint64) {
+func (m *queueMirror) install(prefix string, page *pb.RangeResponse, rev int64, epoch queue.Epoch) {
 	defer m.advance()
 	m.epoch, m.base, m.rev = epoch, rev, rev
 	if page.More {
@@ -147,7 +149,7 @@ func (m *queueMirror) rebuildOrder(prefix string) {
 
 // apply moves the copy of epoch forward by events and wakes the waiters a
 // deletion may grant; while the copy is off it counts keys instead.
-func (m *queueMirror) apply(prefix string, events []*clientv3.Event, epoch uint64) {
+func (m *queueMirror) apply(prefix string, events []*clientv3.Event, epoch queue.Epoch) {
 	m.mu.Lock()
 	reload := false
 	switch {
@@ -239,7 +241,7 @@ func (m *queueMirror) applyCount(events []*clientv3.Event) (reload bool) {
 // reload reads the copy of epoch again, no older than the events counted.
 // It runs on the watch's goroutine, so no event is applied meanwhile. On
 // failure the copy stays off and the next events try again.
-func (m *queueMirror) reload(prefix string, epoch uint64) {
+func (m *queueMirror) reload(prefix string, epoch queue.Epoch) {
 	m.mu.Lock()
 	src, rev := m.src, m.rev
 	m.mu.Unlock()
@@ -336,7 +338,7 @@ type mirrorView struct {
 // wakes it, so the nearest key is all its rule needs; the copy finds it in
 // its order lists at no cost per key ahead. ok is false if there is no
 // copy of epoch.
-func (m *queueMirror) snapshot(epoch uint64, l *Lock) mirrorView {
+func (m *queueMirror) snapshot(epoch queue.Epoch, l *Lock) mirrorView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.valid || m.epoch != epoch {
@@ -423,7 +425,7 @@ func (m *queueMirror) advance() {
 // join waits until the copy of epoch has applied l's own put, then
 // registers l as a waiter. It reports false at once if there is no copy of
 // epoch, or when ctx or done ends: l then reads its view.
-func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch uint64, l *Lock) bool {
+func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch queue.Epoch, l *Lock) bool {
 	for {
 		m.mu.Lock()
 		if !m.valid || m.epoch != epoch {

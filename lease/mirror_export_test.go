@@ -37,7 +37,7 @@ func AwaitKeeperMirror(ctx context.Context, k *Keeper, name string, cond func(Ke
 		m.mu.Lock()
 		st := KeeperMirrorState{Valid: m.valid, Counting: m.counting, Count: m.count, Keys: len(m.keys),
 			Queue: len(m.queue.entries), QueueCap: cap(m.queue.entries), Writers: len(m.writers.entries),
-			Rev: m.rev, Epoch: m.epoch, WatchEpoch: e.v.epoch.Load()}
+			Rev: m.rev, Epoch: uint64(m.epoch), WatchEpoch: e.v.epoch.Load()}
 		moved := m.advanced
 		m.mu.Unlock()
 		if cond(st) {

@@ -29,11 +29,11 @@ func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
 // subscribeTo makes l a subscriber of w, unless it is one, and returns w's
 // epoch. A new subscription to a watch that is up covers l from the
 // revision after the last response it handed on.
-func (l *Lock) subscribeTo(w *keyWatch) uint64 {
+func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
 	l.mu.Lock()
 	epoch, src := l.subscribeLocked(w, false)
 	l.mu.Unlock()
-	if src != 0 && epoch%2 == 1 {
+	if src != 0 && queue.Epoch(epoch).Up() {
 		l.poke() // a queue.Source came up: the rule may wait for it now
 	}
 	return epoch
@@ -44,10 +44,10 @@ func (l *Lock) subscribeTo(w *keyWatch) uint64 {
 // viaCopy subscribes to w's downs only (joinCopy), and leaves up to the
 // caller. A response handed on after the subscription waits for l.mu, so
 // it reaches the rule after the queue.Source is up.
-func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (uint64, queue.Source) {
+func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (queue.Epoch, queue.Source) {
 	keys, own := l.rangeOf(w)
 	epoch, seen, src := w.subscribe(l, viaCopy, func() queue.Source { return l.q.know.Listen(keys, own) })
-	if src != 0 && epoch%2 == 1 && !viaCopy {
+	if src != 0 && queue.Epoch(epoch).Up() && !viaCopy {
 		l.q.know.Up(src, epoch, seen+1)
 	}
 	return epoch, src
@@ -73,7 +73,7 @@ func (l *Lock) unsubscribeLocked(w *keyWatch) {
 // own-key watch comes up a holder reads its key again (recheck), as a
 // deletion while the watch was down went unseen; an error means that
 // read failed.
-func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoch uint64, start int64) error {
+func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
 	l.mu.Lock()
 	l.q.know.Up(src, epoch, start)
 	l.mu.Unlock()
@@ -86,7 +86,7 @@ func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoc
 
 // sourceDown records that subscription src went down, ending epoch-1,
 // and wakes the waiter.
-func (l *Lock) sourceDown(src queue.Source, epoch uint64) {
+func (l *Lock) sourceDown(src queue.Source, epoch queue.Epoch) {
 	l.mu.Lock()
 	l.q.know.Down(src, epoch)
 	l.mu.Unlock()
@@ -101,7 +101,7 @@ func (l *Lock) ownKV() *mvccpb.KeyValue {
 
 // feed hands the rule one response's events of subscription src.
 // l.mu is held.
-func (l *Lock) feed(src queue.Source, events []*clientv3.Event, epoch uint64) {
+func (l *Lock) feed(src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
 	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
 	// own before: converted one by one, for both.
 	evs := make([]*mvccpb.Event, len(events))

@@ -72,6 +72,9 @@ type watchOwner interface {
 	untrack()
 }
 
+// epochNow is the watch's epoch as of now.
+func (w *keyWatch) epochNow() queue.Epoch { return queue.Epoch(w.epoch.Load()) }
+
 func (s *Session) untrack() { s.wg.Done() }
 
 // startWatch starts a watch of key, owned by the session: it stops when
@@ -181,12 +184,12 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			if !w.isUp(ctx) {
 				return cameUp
 			}
-			if w.mirror != nil && !w.mirror.load(ctx, w.client, w.key, wr.Header.Revision, w.epoch.Load()) {
+			if w.mirror != nil && !w.mirror.load(ctx, w.client, w.key, wr.Header.Revision, w.epochNow()) {
 				return cameUp
 			}
 			continue
 		}
-		epoch := w.epoch.Load()
+		epoch := w.epochNow()
 		if w.mirror != nil {
 			w.mirror.apply(w.key, wr.Events, epoch)
 		}
@@ -201,11 +204,11 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 // false if one could not catch up (sourceUp): the watch starts over.
 func (w *keyWatch) isUp(ctx context.Context) bool {
 	w.mu.Lock()
-	if w.epoch.Load()%2 == 0 {
+	if !w.epochNow().Up() {
 		w.epoch.Add(1)
 		close(w.up)
 	}
-	epoch := w.epoch.Load()
+	epoch := w.epochNow()
 	w.mu.Unlock()
 	// With no start revision, it reports every change after upRev. A lock
 	// that listens through the copy does so in one epoch only (joinCopy).
@@ -231,11 +234,11 @@ func (w *keyWatch) refuse(err error) {
 // down records that the watch is down.
 func (w *keyWatch) down() {
 	w.mu.Lock()
-	if w.epoch.Load()%2 == 1 {
+	if w.epochNow().Up() {
 		w.epoch.Add(1)
 		w.up = make(chan struct{})
 	}
-	epoch := w.epoch.Load()
+	epoch := w.epochNow()
 	w.mu.Unlock()
 	if w.mirror != nil {
 		w.mirror.drop()
@@ -348,7 +351,7 @@ func (w *keyWatch) listOf(l *Lock) (*[]subscriber, int) {
 // (even if the watch is not up), the revision of the last response
 // handed on (read after l joined, so l misses nothing after it), and the
 // new subscription's serial (0 if none was made).
-func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() queue.Source) (epoch uint64, seen int64, src queue.Source) {
+func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() queue.Source) (epoch queue.Epoch, seen int64, src queue.Source) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// An ended lock is not added back: finish unsubscribes only after the
@@ -363,12 +366,12 @@ func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() queue.Source) 
 			w.subs = append(w.subs, sub)
 		}
 	}
-	return w.epoch.Load(), w.seenRev.Load(), src
+	return w.epochNow(), w.seenRev.Load(), src
 }
 
 // upEpoch opens the watch if paused and returns its epoch once it is up;
 // it fails if etcd refuses the watch, or ctx or the lock ends.
-func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
+func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (queue.Epoch, error) {
 	w.resume()
 	for {
 		w.mu.Lock()
@@ -383,7 +386,7 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (uint64, error) {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
-		if epoch := w.epoch.Load(); epoch%2 == 1 {
+		if epoch := w.epochNow(); queue.Epoch(epoch).Up() {
 			return epoch, nil
 		}
 	}

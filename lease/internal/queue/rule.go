@@ -69,8 +69,8 @@ type Source uint64
 // range from start on, in revision order, up to progress.
 type coverage struct {
 	up        bool
-	gen       uint64 // the generation it is up in (a watch's epoch)
-	over      uint64 // generations below this are over: news of their up may come after their down
+	gen       Epoch // the generation it is up in (a watch's epoch)
+	over      Epoch // generations below this are over: news of their up may come after their down
 	start     int64
 	progress  int64
 	coversOwn bool            // its range holds the own key
@@ -281,7 +281,7 @@ func (k *Rule) Unlisten(src Source) {
 // range from start on. A newer generation starts over; an older one, one
 // already over, a second up of the current, or an ended subscription's is
 // dropped.
-func (k *Rule) Up(src Source, gen uint64, start int64) {
+func (k *Rule) Up(src Source, gen Epoch, start int64) {
 	c := k.sources[src]
 	if c == nil || gen < c.over || (c.up && c.gen >= gen) {
 		return
@@ -292,7 +292,7 @@ func (k *Rule) Up(src Source, gen uint64, start int64) {
 
 // down records that src stopped in generation gen (and all before it):
 // it vouches for nothing after what it delivered.
-func (k *Rule) Down(src Source, gen uint64) {
+func (k *Rule) Down(src Source, gen Epoch) {
 	c := k.sources[src]
 	if c == nil {
 		return
@@ -306,7 +306,7 @@ func (k *Rule) Down(src Source, gen uint64) {
 // events takes one response of src in generation gen: every event of its
 // range up to progress (at least the last event's) is delivered. Each
 // event is applied; only a Source up in gen vouches for the rest.
-func (k *Rule) Events(src Source, gen uint64, evs []*mvccpb.Event, progress int64) {
+func (k *Rule) Events(src Source, gen Epoch, evs []*mvccpb.Event, progress int64) {
 	for _, ev := range evs {
 		k.event(ev)
 		progress = max(progress, ev.Kv.ModRevision)

@@ -192,10 +192,10 @@ type watch struct {
 	// watch once did (WithFilterPut; worldShape).
 	filterPut bool
 	up        bool
-	gen       uint64 // odd while up, as a keyWatch's epoch
-	next      int    // index in the history's events of the next one to hand on
-	lastStart int64  // where its last generation up started
-	seen      int64  // the last revision it handed on (keyWatch.seenRev)
+	gen       Epoch // odd while up, as a keyWatch's epoch
+	next      int   // index in the history's events of the next one to hand on
+	lastStart int64 // where its last generation up started
+	seen      int64 // the last revision it handed on (keyWatch.seenRev)
 	sub       *subscription
 	// upSub is the events subscription that was told of the last up: the
 	// news may reach the rule late, after the down, or after the lock
@@ -231,9 +231,9 @@ type subscription struct {
 type keeperCopy struct {
 	valid    bool
 	counting bool
-	gen      uint64 // the watch generation it belongs to
-	base     int64  // the revision it was read at
-	rev      int64  // the newest revision applied
+	gen      Epoch // the watch generation it belongs to
+	base     int64 // the revision it was read at
+	rev      int64 // the newest revision applied
 }
 
 // world is one run: the history, the store's current revision, the
@@ -258,7 +258,7 @@ type world struct {
 	// the put (joining), then waits on the copy (mirrored) until it is
 	// gone or the lock reads.
 	joining, mirrored bool
-	epoch             uint64
+	epoch             Epoch
 	looked            int64 // the copy's revision the lock last took
 	finishing         bool
 	k                 *Rule
