@@ -185,7 +185,7 @@ func (l *Lock) followingLocked() bool {
 	}
 	for _, k := range keys {
 		read, ok := l.q.followEpochs[k]
-		if !ok || !queue.Epoch(read).Up() {
+		if !ok || !read.Up() {
 			return false
 		}
 		if cur, ok := l.w.follows.epochOf(k); !ok || cur != read {

@@ -696,7 +696,7 @@ const ownWatchDelay = 50 * time.Millisecond
 // read; a fresh view is fine until the watch comes up. l.mu is held.
 func (l *Lock) ownStale() bool {
 	cur := l.w.own.epochNow()
-	if queue.Epoch(cur).Up() {
+	if cur.Up() {
 		return cur != l.q.ownEpoch
 	}
 	// Down now: an up-time since the read delivered its deletions, and
@@ -961,7 +961,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, min
 	// read would show keys whose deletion no watch will send again (the
 	// view took none of another epoch's events), and wait for them.
 	minRev = max(minRev, l.q.know.ReadFloor(), l.w.own.seenRev.Load())
-	if queue.Epoch(epoch).Up() {
+	if epoch.Up() {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
 	}
 	l.mu.Unlock()

@@ -33,7 +33,7 @@ func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
 	l.mu.Lock()
 	epoch, src := l.subscribeLocked(w, false)
 	l.mu.Unlock()
-	if src != 0 && queue.Epoch(epoch).Up() {
+	if src != 0 && epoch.Up() {
 		l.poke() // a queue.Source came up: the rule may wait for it now
 	}
 	return epoch
@@ -47,7 +47,7 @@ func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
 func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (queue.Epoch, queue.Source) {
 	keys, own := l.rangeOf(w)
 	epoch, seen, src := w.subscribe(l, viaCopy, func() queue.Source { return l.q.know.Listen(keys, own) })
-	if src != 0 && queue.Epoch(epoch).Up() && !viaCopy {
+	if src != 0 && epoch.Up() && !viaCopy {
 		l.q.know.Up(src, epoch, seen+1)
 	}
 	return epoch, src

@@ -386,7 +386,7 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (queue.Epoch, error) {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
-		if epoch := w.epochNow(); queue.Epoch(epoch).Up() {
+		if epoch := w.epochNow(); epoch.Up() {
 			return epoch, nil
 		}
 	}
