@@ -167,7 +167,7 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 
 // newestAhead is the n newest keys ahead, newest first. l.mu is held.
 func (l *Lock) newestAhead(n int) []string {
-	kvs := l.q.know.KeysAhead()
+	kvs := l.q.Rule.KeysAhead()
 	keys := make([]string, 0, n)
 	for _, kv := range kvs[:min(n, len(kvs))] {
 		keys = append(keys, string(kv.Key))
@@ -202,9 +202,9 @@ func (l *Lock) followingLocked() bool {
 func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	keys := l.newestAhead(followKeys)
-	minRev := l.q.know.ReadFloor()
+	minRev := l.q.Rule.ReadFloor()
 	for _, k := range keys {
-		a, _ := l.q.know.AheadOf(k)
+		a, _ := l.q.Rule.AheadOf(k)
 		minRev = max(minRev, a.Through)
 	}
 	l.mu.Unlock()
@@ -225,7 +225,7 @@ func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, k := range keys {
-		a, ok := l.q.know.AheadOf(k)
+		a, ok := l.q.Rule.AheadOf(k)
 		if !ok {
 			continue // its deletion came meanwhile
 		}
@@ -234,9 +234,9 @@ func (l *Lock) follow(ctx context.Context) error {
 		case len(kvs) == 0 || kvs[0].CreateRevision != a.Created || !l.blocksKV(kvs[0]):
 			// Gone, made again, or changed by a put since it was listed so
 			// that it no longer blocks (moved off its lease, say).
-			l.q.know.GoneBy(k, resp.Header.Revision)
+			l.q.Rule.GoneBy(k, resp.Header.Revision)
 		default:
-			l.q.know.Confirm(kvs[0], resp.Header.Revision)
+			l.q.Rule.Confirm(kvs[0], resp.Header.Revision)
 			if l.q.followEpochs == nil {
 				l.q.followEpochs = make(map[string]queue.Epoch, followKeys)
 			}
@@ -288,7 +288,7 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 // it is listed already, unchanged: the same creation and modification
 // revisions. A keys-only read cannot tell whether a key blocks, but it
 // shows that a put changed one (moved it off its lease, say), which no
-// queue.Source may report: the full read then says what the key is now.
+// source may report: the full read then says what the key is now.
 // Otherwise it reports false.
 func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 	pfx := l.name + "/"
@@ -299,13 +299,13 @@ func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
 		if !isChildKey(pfx, kv) {
 			continue
 		}
-		a, ok := l.q.know.AheadOf(string(kv.Key))
+		a, ok := l.q.Rule.AheadOf(string(kv.Key))
 		if !ok || a.Created != kv.CreateRevision || a.KV.ModRevision != kv.ModRevision {
 			return false
 		}
 		listed = append(listed, a.KV)
 	}
-	l.q.know.Snapshot(rev, l.ownKV(), listed, true)
-	l.q.listed, l.q.sharing = l.q.know.AheadCount(), 0
+	l.q.Rule.Snapshot(rev, l.ownKV(), listed, true)
+	l.q.listed, l.q.sharing = l.q.Rule.AheadCount(), 0
 	return true
 }

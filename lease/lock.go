@@ -69,13 +69,12 @@ type keyState struct {
 
 // waiting is how a lock waits for its turn. Lock.mu guards it.
 type waiting struct {
-	// know is the rule that decides the grant; the rest picks how to wait.
-	know *queue.Rule
+	// Waiter holds the rule that decides the grant and the subscriptions
+	// that feed it; the rest picks how to wait.
+	queue.Waiter
 	// sharing counts the older queue keys that do not block (readers',
 	// for a reader): their deletions reach a queue-watch waiter too.
 	sharing int
-	// mirrored: the lock waits on its Keeper's copy of the queue.
-	mirrored bool
 	// far: the lock follows only the newest keys ahead (follows) until
 	// one of them goes; it then reads the view again with the queue watch
 	// up (rereadFar), and is near if few enough are ahead. followEpochs: their watches' epochs as of the read; listed:
@@ -202,7 +201,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w, trace: trace}
 	l.kw = s.keyWrites(name, l.key)
 	l.hold.value, l.hold.gate = value, release
-	l.q.know = queue.NewRule(l.key, l.owns, l.blocksKV)
+	l.q.Waiter = queue.NewWaiter(queue.NewRule(l.key, l.owns, l.blocksKV))
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -449,7 +448,7 @@ func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
 	l.token, l.q.fresh = token, true
-	l.q.know.SetToken(token)
+	l.q.Rule.SetToken(token)
 	l.mu.Unlock()
 }
 
@@ -471,21 +470,16 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	}
 }
 
-// joinCopy moves the lock's queue subscription onto the copy: one step
-// ends the subscription to the watch's events and starts one to the
-// copy, up in epoch only, covering what the copy holds. It reports false
-// if the watch has left epoch meanwhile. l.mu is held.
+// joinCopy moves the lock's queue subscription onto the copy
+// (queue.Waiter.JoinCopy), up in epoch only, covering what the copy
+// holds. It reports false if the watch has left epoch meanwhile or the
+// copy is gone. l.mu is held.
 func (l *Lock) joinCopy(epoch queue.Epoch) bool {
 	w := l.w.queue
-	l.unsubscribeLocked(w)
-	l.q.mirrored = true
-	cur, src := l.subscribeLocked(w, true)
-	mv := w.mirror.snapshot(epoch, l)
-	if cur != epoch || src == 0 || !mv.ok {
-		return false
-	}
-	l.q.know.Up(src, epoch, mv.base+1)
-	return true
+	return l.q.JoinCopy(feed{l, w}, epoch, func() (int64, bool) {
+		mv := w.mirror.snapshot(epoch, l)
+		return mv.base, mv.ok
+	})
 }
 
 // leaveCopy puts a lock that waited on the copy back on the queue watch's
@@ -500,13 +494,9 @@ func (l *Lock) leaveCopy() {
 
 // leaveCopyLocked is leaveCopy with l.mu held.
 func (l *Lock) leaveCopyLocked() {
-	if !l.q.mirrored {
-		return
+	if l.q.LeaveCopy(feed{l, l.w.queue}) {
+		l.w.queue.mirror.leave(l, l.token)
 	}
-	l.q.mirrored = false
-	l.w.queue.mirror.leave(l, l.token)
-	l.unsubscribeLocked(l.w.queue)
-	l.subscribeLocked(l.w.queue, false)
 }
 
 // oldestFirst reads the first page of keys under pfx, oldest first. Not
@@ -554,8 +544,8 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	}
 	// The page ended before the oldest key: older ones may be past it.
 	complete := page == nil || !page.More || older == 0
-	l.q.know.Snapshot(rev, l.ownKV(), listed, complete)
-	l.q.listed = l.q.know.AheadCount()
+	l.q.Rule.Snapshot(rev, l.ownKV(), listed, complete)
+	l.q.listed = l.q.Rule.AheadCount()
 }
 
 // deleted feeds one watch response's events, in revision order and epoch,
@@ -565,31 +555,20 @@ func (l *Lock) deleted(w *keyWatch, src queue.Source, events []*clientv3.Event, 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.feed(src, events, epoch)
-	defer l.wake()
-	if l.token == 0 {
-		return // the rule keeps the own key's events until the token is known
-	}
-	for _, ev := range events {
-		if string(ev.Kv.Key) == l.key {
-			l.ownChanged(ev)
-		}
-	}
+	l.lostLocked()
+	l.wake()
 }
 
-// ownChanged ends the lock if ev, after the token, deleted its key, made
-// it another holding's or moved it off the session's lease. l.mu is held.
-func (l *Lock) ownChanged(ev *clientv3.Event) {
-	if ev.Kv.ModRevision > l.token && !l.owns(ownAfter(ev)) {
-		l.keyGoneLocked()
+// lostLocked ends the lock, waiting or held, once the rule has learnt
+// that its key was deleted, made another holding's or moved off the
+// session's lease after the token: the one place a lock ends for a fact
+// about its key. It reports whether it did. l.mu is held.
+func (l *Lock) lostLocked() bool {
+	if l.token == 0 || !l.q.Rule.Lost() {
+		return false // the rule keeps the own key's events until the token is known
 	}
-}
-
-// ownAfter is the own key as ev left it: nil if deleted.
-func ownAfter(ev *clientv3.Event) *mvccpb.KeyValue {
-	if ev.Type == mvccpb.DELETE {
-		return nil
-	}
-	return ev.Kv
+	l.keyGoneLocked()
+	return true
 }
 
 // wake is poke for news of the queue: a watch's events, or the copy's
@@ -649,7 +628,7 @@ func (l *Lock) look() view {
 	}
 	// Only the first look may count as granted at once (restQueue).
 	defer func() { l.q.fresh = false }()
-	if l.q.mirrored {
+	if l.q.Mirrored() {
 		if v, ok := l.lookInMirror(); ok {
 			return v
 		}
@@ -657,10 +636,10 @@ func (l *Lock) look() view {
 		l.leaveCopyLocked()
 	}
 	v := view{
-		d:        l.q.know.Decide(),
-		unread:   l.q.know.Base() == 0,
+		d:        l.q.Rule.Decide(),
+		unread:   l.q.Rule.Base() == 0,
 		ownStale: l.ownStale(),
-		near:     l.w.shared != nil || (l.q.know.Complete() && (l.q.know.AheadCount()+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
+		near:     l.w.shared != nil || (l.q.Rule.Complete() && (l.q.Rule.AheadCount()+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
 		current:  l.q.epoch.Up() && l.q.epoch == l.w.queue.epochNow(),
 		pred:     l.nearestAhead(),
 	}
@@ -669,7 +648,7 @@ func (l *Lock) look() view {
 	// view shows few enough ahead.
 	if l.w.shared == nil && (l.q.far || !v.near) {
 		l.q.far = true
-		v.far, v.followed, v.refollow = true, l.followingLocked(), l.q.know.AheadCount() < l.q.listed
+		v.far, v.followed, v.refollow = true, l.followingLocked(), l.q.Rule.AheadCount() < l.q.listed
 	}
 	l.decided(&v)
 	return v
@@ -682,7 +661,7 @@ func (l *Lock) decided(v *view) {
 		l.q.atOnce = l.q.fresh
 		l.grant()
 	case queue.Lost:
-		l.keyGoneLocked()
+		l.lostLocked()
 		v.ended = true
 	}
 }
@@ -743,8 +722,8 @@ func (l *Lock) lookInMirror() (v view, ok bool) {
 	if !mv.ok {
 		return view{}, false
 	}
-	l.q.know.Snapshot(mv.rev, mv.own, mv.older, mv.complete)
-	v = view{d: l.q.know.Decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
+	l.q.Rule.Snapshot(mv.rev, mv.own, mv.older, mv.complete)
+	v = view{d: l.q.Rule.Decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
 	l.decided(&v)
 	if v.held() {
 		l.q.onlyKey = l.w.queue.mirror.only(l)
@@ -853,10 +832,17 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 	if err != nil {
 		return err
 	}
+	return l.ownRead(rev, kv)
+}
+
+// ownRead feeds the rule a read of the own key at rev (kv nil if absent).
+// If the rule then knows the key is no longer this holding's, the lock
+// ends (lostLocked) and ownRead returns ErrKeyDeleted.
+func (l *Lock) ownRead(rev int64, kv *mvccpb.KeyValue) error {
 	l.mu.Lock()
-	l.q.know.OwnRead(rev, kv)
-	l.mu.Unlock()
-	if !l.owns(kv) {
+	defer l.mu.Unlock()
+	l.q.Rule.OwnRead(rev, kv)
+	if l.lostLocked() {
 		return ErrKeyDeleted
 	}
 	return nil
@@ -866,12 +852,12 @@ func (l *Lock) readOwn(ctx context.Context, minRev int64) error {
 // leave in any order, so a writer behind them follows every deletion
 // rather than read again after each. l.mu is held.
 func (l *Lock) onlyReadersAhead() bool {
-	return l.q.know.AllAhead(func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read })
+	return l.q.Rule.AllAhead(func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read })
 }
 
 // nearestAhead is the newest key ahead, which a waiter names. l.mu is held.
 func (l *Lock) nearestAhead() *mvccpb.KeyValue {
-	if kvs := l.q.know.KeysAhead(); len(kvs) > 0 {
+	if kvs := l.q.Rule.KeysAhead(); len(kvs) > 0 {
 		return &mvccpb.KeyValue{Key: kvs[0].Key, CreateRevision: kvs[0].CreateRevision}
 	}
 	return nil
@@ -940,7 +926,7 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev
 			return nil
 		}
 		l.mu.Lock()
-		noneBlocks := l.q.know.AheadCount() == 0
+		noneBlocks := l.q.Rule.AheadCount() == 0
 		l.mu.Unlock()
 		if !noneBlocks {
 			return nil
@@ -960,7 +946,7 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, min
 	// No older than readFloor nor what the watches handed on: an older
 	// read would show keys whose deletion no watch will send again (the
 	// view took none of another epoch's events), and wait for them.
-	minRev = max(minRev, l.q.know.ReadFloor(), l.w.own.seenRev.Load())
+	minRev = max(minRev, l.q.Rule.ReadFloor(), l.w.own.seenRev.Load())
 	if epoch.Up() {
 		minRev = max(minRev, l.w.queue.seenRev.Load())
 	}
@@ -972,10 +958,11 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, min
 		return nil, 0, err
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; !l.ownsFirst(kvs) {
-		l.mu.Lock()
-		l.q.know.OwnRead(resp.Header.Revision, firstKV(kvs))
-		l.mu.Unlock()
-		return nil, 0, ErrKeyDeleted
+		// The read is at the token or later (the rule's read floor), so
+		// the rule takes it as the key's end.
+		if err := l.ownRead(resp.Header.Revision, firstKV(kvs)); err != nil {
+			return nil, 0, err
+		}
 	}
 	return resp.Responses[1].GetResponseRange(), resp.Header.Revision, nil
 }
@@ -991,15 +978,12 @@ func (l *Lock) recheck(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.s.ttl)
 	defer cancel()
-	kv, _, err := l.readOwnKey(rctx, l.w.own.upRev.Load())
+	kv, rev, err := l.readOwnKey(rctx, l.w.own.upRev.Load())
 	if err != nil {
 		return err
 	}
-	if !l.owns(kv) {
-		l.mu.Lock()
-		l.keyGoneLocked()
-		l.mu.Unlock()
-	}
+	// A key gone ends the lock (ownRead); that is no failure of the read.
+	_ = l.ownRead(rev, kv)
 	return nil
 }
 

@@ -10,7 +10,7 @@ import (
 )
 
 // The lock's watches feed its rule (queue.Rule), each subscription as a
-// queue.Source of its own, named by a serial the rule hands out. A lock starts
+// source of its own, named by a serial the rule hands out. A lock starts
 // and ends a subscription only here, telling the rule in the same step
 // under l.mu, so the rule never trusts a watch the lock no longer hears.
 
@@ -26,46 +26,41 @@ func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
 	return []string{w.key}, false
 }
 
-// subscribeTo makes l a subscriber of w, unless it is one, and returns w's
-// epoch. A new subscription to a watch that is up covers l from the
-// revision after the last response it handed on.
-func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
-	l.mu.Lock()
-	epoch, src := l.subscribeLocked(w, false)
-	l.mu.Unlock()
-	if src != 0 && epoch.Up() {
-		l.poke() // a queue.Source came up: the rule may wait for it now
-	}
-	return epoch
+// feed is watch w as lock l subscribes to it (queue.Feed).
+type feed struct {
+	l *Lock
+	w *keyWatch
 }
 
-// subscribeLocked is subscribeTo with l.mu held, returning also the new
-// subscription's serial (0 if l was subscribed already or has ended).
-// viaCopy subscribes to w's downs only (joinCopy), and leaves up to the
-// caller. A response handed on after the subscription waits for l.mu, so
-// it reaches the rule after the queue.Source is up.
-func (l *Lock) subscribeLocked(w *keyWatch, viaCopy bool) (queue.Epoch, queue.Source) {
-	keys, own := l.rangeOf(w)
-	epoch, seen, src := w.subscribe(l, viaCopy, func() queue.Source { return l.q.know.Listen(keys, own) })
-	if src != 0 && epoch.Up() && !viaCopy {
-		l.q.know.Up(src, epoch, seen+1)
+func (f feed) Range() ([]string, bool) { return f.l.rangeOf(f.w) }
+
+func (f feed) Subscribe(viaCopy bool, listen func() queue.Source) (queue.Epoch, int64, queue.Source) {
+	return f.w.subscribe(f.l, viaCopy, listen)
+}
+
+func (f feed) Unsubscribe() (queue.Source, bool) { return f.w.unsubscribe(f.l) }
+
+// subscribeTo makes l a subscriber of w, unless it is one, and returns w's
+// epoch. A new subscription to a watch that is up covers l from the
+// revision after the last response it handed on. A response handed on
+// after the subscription waits for l.mu, so it reaches the rule after the
+// subscription is up.
+func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
+	l.mu.Lock()
+	epoch, src := l.q.Subscribe(feed{l, w}, false)
+	l.mu.Unlock()
+	if src != 0 && epoch.Up() {
+		l.poke() // a source came up: the rule may wait for it now
 	}
-	return epoch, src
+	return epoch
 }
 
 // unsubscribeFrom ends l's subscription to w, and the rule's trust in it.
 func (l *Lock) unsubscribeFrom(w *keyWatch) {
 	l.mu.Lock()
-	l.unsubscribeLocked(w)
+	l.q.Unsubscribe(feed{l, w})
 	l.mu.Unlock()
 	l.poke()
-}
-
-// unsubscribeLocked is unsubscribeFrom with l.mu held.
-func (l *Lock) unsubscribeLocked(w *keyWatch) {
-	if src, ok := w.unsubscribe(l); ok {
-		l.q.know.Unlisten(src)
-	}
 }
 
 // sourceUp records that subscription src came up in epoch, delivering
@@ -75,7 +70,7 @@ func (l *Lock) unsubscribeLocked(w *keyWatch) {
 // read failed.
 func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
 	l.mu.Lock()
-	l.q.know.Up(src, epoch, start)
+	l.q.Rule.Up(src, epoch, start)
 	l.mu.Unlock()
 	l.poke()
 	if w == l.w.own {
@@ -88,7 +83,7 @@ func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoc
 // and wakes the waiter.
 func (l *Lock) sourceDown(src queue.Source, epoch queue.Epoch) {
 	l.mu.Lock()
-	l.q.know.Down(src, epoch)
+	l.q.Rule.Down(src, epoch)
 	l.mu.Unlock()
 	l.poke()
 }
@@ -108,5 +103,5 @@ func (l *Lock) feed(src queue.Source, events []*clientv3.Event, epoch queue.Epoc
 	for i, ev := range events {
 		evs[i] = (*mvccpb.Event)(ev)
 	}
-	l.q.know.Events(src, epoch, evs, 0)
+	l.q.Rule.Events(src, epoch, evs, 0)
 }

@@ -92,7 +92,7 @@ func (l *Lock) reportQueued() {
 		return
 	}
 	l.mu.Lock()
-	mirrored, n := l.q.mirrored, l.q.know.AheadCount()
+	mirrored, n := l.q.Mirrored(), l.q.Rule.AheadCount()
 	l.mu.Unlock()
 	if mirrored {
 		if m, ok := l.w.queue.mirror.ahead(l); ok {

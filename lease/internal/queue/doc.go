@@ -5,8 +5,14 @@
 // Rule is the one rule that grants a lock (its invariant is stated on the
 // type): the facts it is fed are snapshots of the queue, reads of the own
 // key and keys ahead, and the events of the subscriptions the lock listens
-// to; it answers with a Decision. Nothing outside this package decides a
-// grant. The explorer in this package's tests drives it through random
-// orders of those facts against a history of the queue, and the build tag
-// leasefence_mutants plants bugs in it that the explorer must catch.
+// to; it answers with a Decision, and says when the own key is lost.
+// Nothing outside this package decides a grant. Waiter holds a lock's
+// rule with its subscriptions: the lock starts and ends one only through
+// the waiter, which tells the rule in the same step, and moves between a
+// watch's events and a Keeper's copy of the queue the same way.
+//
+// The explorer in this package's tests drives them through random orders
+// of those facts against a history of the queue, subscribing and joining
+// the copy through the real Waiter; the build tag leasefence_mutants
+// plants bugs in both that the explorer must catch.
 package queue

@@ -17,12 +17,12 @@ import (
 //   - a snapshot at revision R showed its own key as this holding and
 //     listed every blocking key older than it (no older key can appear
 //     after the own put, so only deletions matter after R);
-//   - every listed key has been seen gone, by any Source, at revisions up
+//   - every listed key has been seen gone, by any source, at revisions up
 //     to G, the highest of them (or R if none was listed): deleted, or
 //     left in place by a put that makes it no lock that blocks (moved off
 //     its lease, say);
 //   - the own key is known unchanged through G: by a snapshot at G or
-//     later, or by a Source covering the own key that has delivered
+//     later, or by a source covering the own key that has delivered
 //     everything up to G, with no gap since what was known before.
 //
 // A watch covers its range only from its start revision, so a snapshot
@@ -99,6 +99,10 @@ func (k *Rule) AheadOf(key string) (Ahead, bool) {
 	return *a, true
 }
 
+// Lost tells whether the own key is known deleted or taken over after the
+// token: the lock is never granted, and a held one has ended.
+func (k *Rule) Lost() bool { return k.lost }
+
 // AllAhead tells whether f holds for every key ahead, as last read.
 func (k *Rule) AllAhead(f func(kv *mvccpb.KeyValue) bool) bool {
 	for _, a := range k.ahead {
@@ -118,7 +122,7 @@ type Decision struct {
 type DecisionKind int
 
 const (
-	Wait    DecisionKind = iota // a Source will deliver what is missing
+	Wait    DecisionKind = iota // a source will deliver what is missing
 	Read                        // read a snapshot at rev or later
 	ReadOwn                     // read the own key at rev or later
 	Granted                     // held since rev
@@ -130,7 +134,7 @@ func NewRule(key string, owns, blocks func(*mvccpb.KeyValue) bool) *Rule {
 		ahead: map[string]*Ahead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[Source]*coverage{}}
 }
 
-// setToken records the own key's creation revision, at which it is this
+// SetToken records the own key's creation revision, at which it is this
 // holding.
 func (k *Rule) SetToken(token int64) {
 	k.token, k.ownTo = token, max(k.ownTo, token)
@@ -141,7 +145,7 @@ func (k *Rule) SetToken(token int64) {
 	k.extend()
 }
 
-// ownRead takes a read of the own key at rev (kv nil if absent). Found with
+// OwnRead takes a read of the own key at rev (kv nil if absent). Found with
 // its token, it lasted from the token to rev: one made again is newer.
 func (k *Rule) OwnRead(rev int64, kv *mvccpb.KeyValue) {
 	if k.token == 0 || rev < k.token || k.lost {
@@ -155,7 +159,7 @@ func (k *Rule) OwnRead(rev int64, kv *mvccpb.KeyValue) {
 	k.extend()
 }
 
-// snapshot takes a read at rev: the own key (nil if absent) and the older
+// Snapshot takes a read at rev: the own key (nil if absent) and the older
 // queue keys that block it; complete says no older key lies past what was
 // read. A snapshot older than the current base is dropped.
 func (k *Rule) Snapshot(rev int64, own *mvccpb.KeyValue, older []*mvccpb.KeyValue, complete bool) {
@@ -203,7 +207,7 @@ func (k *Rule) goneAfter(key string, rev int64) (int64, bool) {
 	return ds[i], true
 }
 
-// confirm takes a read at rev that showed key ahead kv still there: a
+// Confirm takes a read at rev that showed key ahead kv still there: a
 // watch of it started by rev+1 delivers its deletion.
 func (k *Rule) Confirm(kv *mvccpb.KeyValue, rev int64) {
 	if a := k.ahead[string(kv.Key)]; a != nil && a.Created == kv.CreateRevision {
@@ -211,7 +215,7 @@ func (k *Rule) Confirm(kv *mvccpb.KeyValue, rev int64) {
 	}
 }
 
-// keysAhead returns the keys ahead, as last read, newest first.
+// KeysAhead returns the keys ahead, as last read, newest first.
 func (k *Rule) KeysAhead() []*mvccpb.KeyValue {
 	kvs := make([]*mvccpb.KeyValue, 0, len(k.ahead))
 	for _, a := range k.ahead {
@@ -221,7 +225,7 @@ func (k *Rule) KeysAhead() []*mvccpb.KeyValue {
 	return kvs
 }
 
-// goneBy takes a read at rev that showed a key ahead gone (made again,
+// GoneBy takes a read at rev that showed a key ahead gone (made again,
 // newer than the own key, or no longer blocking): it counts as gone at rev.
 func (k *Rule) GoneBy(key string, rev int64) { k.sawGone(key, rev) }
 
@@ -254,7 +258,7 @@ func (k *Rule) deleted() int64 {
 	return d
 }
 
-// listen starts a subscription to a Source of keys (nil for the whole
+// Listen starts a subscription to a source of keys (nil for the whole
 // queue) and returns its serial. It vouches for nothing until up.
 func (k *Rule) Listen(keys []string, coversOwn bool) Source {
 	k.serial++
@@ -269,15 +273,10 @@ func (k *Rule) Listen(keys []string, coversOwn bool) Source {
 	return k.serial
 }
 
-// unlisten ends subscription src: from now on it vouches for nothing.
-func (k *Rule) Unlisten(src Source) {
-	if k.seam.keepsUnlistened() {
-		return
-	}
-	delete(k.sources, src)
-}
+// Unlisten ends subscription src: from now on it vouches for nothing.
+func (k *Rule) Unlisten(src Source) { delete(k.sources, src) }
 
-// up records that src, in generation gen, delivers every event of its
+// Up records that src, in generation gen, delivers every event of its
 // range from start on. A newer generation starts over; an older one, one
 // already over, a second up of the current, or an ended subscription's is
 // dropped.
@@ -290,7 +289,7 @@ func (k *Rule) Up(src Source, gen Epoch, start int64) {
 	k.extend()
 }
 
-// down records that src stopped in generation gen (and all before it):
+// Down records that src stopped in generation gen (and all before it):
 // it vouches for nothing after what it delivered.
 func (k *Rule) Down(src Source, gen Epoch) {
 	c := k.sources[src]
@@ -303,9 +302,9 @@ func (k *Rule) Down(src Source, gen Epoch) {
 	c.over = max(c.over, gen+1)
 }
 
-// events takes one response of src in generation gen: every event of its
+// Events takes one response of src in generation gen: every event of its
 // range up to progress (at least the last event's) is delivered. Each
-// event is applied; only a Source up in gen vouches for the rest.
+// event is applied; only a source up in gen vouches for the rest.
 func (k *Rule) Events(src Source, gen Epoch, evs []*mvccpb.Event, progress int64) {
 	for _, ev := range evs {
 		k.event(ev)
@@ -383,7 +382,7 @@ func (k *Rule) extend() {
 	}
 }
 
-// contiguous tells whether a Source started at start follows rev with no gap.
+// contiguous tells whether a source started at start follows rev with no gap.
 func (k *Rule) contiguous(start, rev int64) bool {
 	if k.seam.ignoresStart() {
 		return true
@@ -405,7 +404,7 @@ func (k *Rule) Decide() Decision {
 		return Decision{Kind: Wait}
 	}
 	// A waiter must hear at once that its own key went, and of keys
-	// ahead going: without a Source on both, only a read tells.
+	// ahead going: without a source on both, only a read tells.
 	return Decision{Kind: Read, Rev: k.ReadFloor()}
 }
 
@@ -422,8 +421,8 @@ func (k *Rule) decideEmpty() Decision {
 	return Decision{Kind: ReadOwn, Rev: g}
 }
 
-// readFloor is the lowest revision a useful read may reflect: no older than
-// what the view has seen, nor than any Source's start-1 (no gap).
+// ReadFloor is the lowest revision a useful read may reflect: no older than
+// what the view has seen, nor than any source's start-1 (no gap).
 func (k *Rule) ReadFloor() int64 {
 	floor := max(k.token, k.base, k.deleted())
 	for _, ds := range k.gone {
@@ -437,7 +436,7 @@ func (k *Rule) ReadFloor() int64 {
 	return floor
 }
 
-// watched tells whether a Source up covers some key ahead with no gap:
+// watched tells whether a source up covers some key ahead with no gap:
 // while that key stays, uncovered ones cannot grant the lock.
 func (k *Rule) watched() bool {
 	for key, a := range k.ahead {
@@ -450,7 +449,7 @@ func (k *Rule) watched() bool {
 	return false
 }
 
-// ownWatched tells whether a Source up covers the own key with no gap
+// ownWatched tells whether a source up covers the own key with no gap
 // since ownTo: a change of it will be delivered.
 func (k *Rule) ownWatched() bool {
 	for _, c := range k.sources {
@@ -461,7 +460,7 @@ func (k *Rule) ownWatched() bool {
 	return false
 }
 
-// ownWillReach tells whether a Source up covers the own key and the whole
+// ownWillReach tells whether a source up covers the own key and the whole
 // queue with no gap: it delivers the last deletion in order with any own
 // key change before it, so waiting carries ownTo to the grant.
 func (k *Rule) ownWillReach() bool {

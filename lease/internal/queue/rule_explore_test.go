@@ -32,7 +32,7 @@ import (
 // at G is valid only if at G the own key was this holding and no older
 // key blocked it; a loss only if the own key had been lost by then. Once
 // everything is delivered, the rule must reach the Decision the final
-// queue calls for: it never hangs on a view that no Source will correct,
+// queue calls for: it never hangs on a view that no source will correct,
 // nor on a subscription nothing feeds.
 
 const (
@@ -257,16 +257,17 @@ type world struct {
 	// its epoch (the queue watch's generation it subscribed in) to apply
 	// the put (joining), then waits on the copy (mirrored) until it is
 	// gone or the lock reads.
-	joining, mirrored bool
-	epoch             Epoch
-	looked            int64 // the copy's revision the lock last took
-	finishing         bool
-	k                 *Rule
-	blocks            func(*mvccpb.KeyValue) bool
-	trace             []string
-	done              bool
-	err               error // the first Decision the oracle refused
-	joined, left      bool  // the lock joined the Keeper's copy, and left it again
+	joining      bool
+	epoch        Epoch
+	looked       int64 // the copy's revision the lock last took
+	finishing    bool
+	q            Waiter // the lock's waiter: its rule and its subscriptions
+	k            *Rule  // the waiter's rule
+	blocks       func(*mvccpb.KeyValue) bool
+	trace        []string
+	done         bool
+	err          error // the first Decision the oracle refused
+	joined, left bool  // the lock joined the Keeper's copy, and left it again
 }
 
 // worldShape says how the explorer's worlds are built.
@@ -285,14 +286,15 @@ type worldShape struct {
 	keeper bool
 }
 
-func newWorldShaped(seed uint64, mutate func(*Rule), shape worldShape) *world {
+func newWorldShaped(seed uint64, mutate func(*Waiter), shape worldShape) *world {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	h := genHistory(r, !shape.queueFiltersPuts)
 	reader := r.IntN(3) == 0
 	// A key off its lease (lease 0) is no lock, and blocks nobody.
 	blocks := func(kv *mvccpb.KeyValue) bool { return kv.Lease != 0 && (!reader || string(kv.Value) != readerVal) }
 	w := &world{r: r, h: h, seed: seed, shape: shape, head: h.token, blocks: blocks}
-	w.k = NewRule(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks)
+	w.q = NewWaiter(NewRule(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks))
+	w.k = w.q.Rule
 	// Now and then the put's answer comes late: the watches may deliver
 	// before the rule knows the token.
 	w.tokenLate = r.IntN(4) == 0
@@ -300,7 +302,7 @@ func newWorldShaped(seed uint64, mutate func(*Rule), shape worldShape) *world {
 		w.k.SetToken(h.token)
 	}
 	if mutate != nil {
-		mutate(w.k)
+		mutate(&w.q)
 	}
 	w.startWatches()
 	w.enqueue()
@@ -413,29 +415,48 @@ func (w *world) endSubscription() {
 
 func (w *world) pick() *watch { return w.watches[w.r.IntN(len(w.watches))] }
 
-// subscribe starts a subscription of the lock to wt, as subscribeLocked
-// does: the rule hands out its serial, and one to a watch that is up
-// covers everything after the last revision the watch handed on. One via
-// the copy is left down: joinCopy brings it up.
-func (w *world) subscribe(wt *watch, viaCopy bool) *subscription {
-	s := &subscription{src: w.k.Listen(wt.keys, wt.coversOwn), viaCopy: viaCopy}
-	wt.sub = s
-	if wt.up && !viaCopy {
-		w.k.Up(s.src, wt.gen, wt.seen+1)
+// The world's watches are the waiter's feeds (Feed), as keyWatch is in
+// package lease: the waiter subscribes and unsubscribes the lock, and
+// tells its rule, through its own methods.
+
+func (wt *watch) Range() ([]string, bool) { return wt.keys, wt.coversOwn }
+
+// Subscribe makes the lock a subscriber, unless it is one: the watch keeps
+// one subscription of the lock's.
+func (wt *watch) Subscribe(viaCopy bool, listen func() Source) (Epoch, int64, Source) {
+	if wt.sub != nil {
+		return wt.gen, wt.seen, 0
 	}
-	return s
+	wt.sub = &subscription{src: listen(), viaCopy: viaCopy}
+	return wt.gen, wt.seen, wt.sub.src
 }
 
-// unsubscribe ends the lock's subscription to wt and, in the same step,
-// the rule's trust in it (unsubscribeLocked): it hears nothing more.
-func (w *world) unsubscribe(wt *watch) Source {
+func (wt *watch) Unsubscribe() (Source, bool) {
 	s := wt.sub
 	if s == nil {
-		return 0
+		return 0, false
 	}
-	w.k.Unlisten(s.src)
 	wt.sub = nil
-	return s.src
+	return s.src, true
+}
+
+// subscribe starts a subscription of the lock to wt through its waiter
+// (Waiter.Subscribe): one to a watch that is up covers everything after
+// the last revision the watch handed on; one via the copy is left down.
+func (w *world) subscribe(wt *watch, viaCopy bool) *subscription {
+	w.q.Subscribe(wt, viaCopy)
+	return wt.sub
+}
+
+// unsubscribe ends the lock's subscription to wt through its waiter
+// (Waiter.Unsubscribe), and returns its serial for the trace.
+func (w *world) unsubscribe(wt *watch) Source {
+	var src Source
+	if wt.sub != nil {
+		src = wt.sub.src
+	}
+	w.q.Unsubscribe(wt)
+	return src
 }
 
 // resubscribe ends the lock's events subscription to wt and starts a new
@@ -588,14 +609,19 @@ func (w *world) tryJoin() {
 		w.joining = false
 		w.logf("no copy of epoch %d to join: the lock reads", w.epoch)
 	case !w.tokenLate && c.rev >= w.h.token && (w.finishing || w.r.IntN(2) == 0):
-		w.joining, w.mirrored, w.joined = false, true, true
-		// joinCopy: one step ends the subscription to the watch's events
-		// and starts one via the copy, up in this epoch only, covering
-		// what the copy holds.
-		old := w.unsubscribe(w.queue)
-		s := w.subscribe(w.queue, true)
-		w.k.Up(s.src, w.queue.gen, c.base+1)
-		w.logf("joins the copy (read at %d, at %d): subscription %d ended, %d via the copy", c.base, c.rev, old, s.src)
+		w.joining, w.joined = false, true
+		// Waiter.JoinCopy: one step ends the subscription to the watch's
+		// events and starts one via the copy, up in this epoch only,
+		// covering what the copy holds (viewFromMirror in package lease).
+		var old Source
+		if w.queue.sub != nil {
+			old = w.queue.sub.src
+		}
+		if !w.q.JoinCopy(w.queue, w.epoch, func() (int64, bool) { return c.base, c.valid && c.gen == w.epoch }) {
+			w.leave()
+			return
+		}
+		w.logf("joins the copy (read at %d, at %d): subscription %d ended, %d via the copy", c.base, c.rev, old, w.queue.sub.src)
 	}
 }
 
@@ -624,10 +650,15 @@ func (w *world) lookInCopy() {
 // last the watch handed on if it is up. What the lock missed meanwhile,
 // the rule reads.
 func (w *world) leave() {
-	w.mirrored, w.left = false, true
-	old := w.unsubscribe(w.queue)
-	s := w.subscribe(w.queue, false)
-	w.logf("leaves the copy: subscription %d ended, %d started (%s)", old, s.src, w.queue.state())
+	var old Source
+	if w.queue.sub != nil {
+		old = w.queue.sub.src
+	}
+	if !w.q.LeaveCopy(w.queue) {
+		return
+	}
+	w.left = true
+	w.logf("leaves the copy: subscription %d ended, %d started (%s)", old, w.queue.sub.src, w.queue.state())
 }
 
 // blocking lists the keys older than the own one that block it in kvs,
@@ -648,7 +679,7 @@ func (w *world) blocking(kvs map[string]*mvccpb.KeyValue) []*mvccpb.KeyValue {
 // the two newest of them. A lock waiting on the copy leaves it as it
 // reads (readView).
 func (w *world) answer(rev int64) {
-	if w.mirrored {
+	if w.q.Mirrored() {
 		w.leave()
 	}
 	kvs := w.h.at(rev)
@@ -695,7 +726,7 @@ func (w *world) check() {
 	if w.joining {
 		w.tryJoin()
 	}
-	if w.mirrored {
+	if w.q.Mirrored() {
 		w.lookInCopy()
 	}
 	d := w.k.Decide()
@@ -754,7 +785,7 @@ func (w *world) finish() {
 func (w *world) unfed() string {
 	fed := map[Source]bool{}
 	for _, wt := range w.watches {
-		if wt.up && wt.sub != nil && (!wt.sub.viaCopy || w.mirrored) {
+		if wt.up && wt.sub != nil && (!wt.sub.viaCopy || w.q.Mirrored()) {
 			fed[wt.sub.src] = true
 		}
 	}
@@ -803,12 +834,12 @@ type outcomes struct{ granted, lost, waiting, joined, left, onCopy int }
 
 // explore runs the explorer over seeds, each with a step budget, and
 // returns the first failure, which names its seed.
-func explore(seeds, steps int, mutate func(*Rule)) (outcomes, error) {
+func explore(seeds, steps int, mutate func(*Waiter)) (outcomes, error) {
 	return exploreShaped(seeds, steps, mutate, worldShape{})
 }
 
 // exploreShaped is explore with watches built as shape says.
-func exploreShaped(seeds, steps int, mutate func(*Rule), shape worldShape) (outcomes, error) {
+func exploreShaped(seeds, steps int, mutate func(*Waiter), shape worldShape) (outcomes, error) {
 	var o outcomes
 	for seed := range uint64(seeds) {
 		w := run(seed, steps, mutate, shape)
@@ -822,7 +853,7 @@ func exploreShaped(seeds, steps int, mutate func(*Rule), shape worldShape) (outc
 
 // run is the explorer's run of one seed: up to steps random steps, then
 // everything delivered. Its err is the first failure.
-func run(seed uint64, steps int, mutate func(*Rule), shape worldShape) *world {
+func run(seed uint64, steps int, mutate func(*Waiter), shape worldShape) *world {
 	w := newWorldShaped(seed, mutate, shape)
 	w.check()
 	for i := 0; i < steps && !w.done; i++ {
@@ -843,7 +874,7 @@ func (o *outcomes) count(w *world) {
 	switch d := w.k.Decide(); d.Kind {
 	case Granted:
 		o.granted++
-		if w.mirrored {
+		if w.q.Mirrored() {
 			o.onCopy++
 		}
 	case Lost:

@@ -7,28 +7,30 @@ import (
 	"testing"
 )
 
-// Each deliberate bug in the grant rule must make the explorer fail. An
-// ended subscription that still vouches is bug 1 of issue 35 with its fix
-// reverted: in the Keeper's world, where only joining and leaving the
-// copy end subscriptions, the explorer must find it as the hang it was,
-// a waiter behind a free lock trusting a watch it no longer hears.
+// Each deliberate bug in the grant rule or in a waiter must make the
+// explorer fail. A waiter that ends its subscription to the queue watch's
+// events as it joins the copy, without telling its rule, is bug 1 of
+// issue 35 with its fix reverted, where the bug was: in the Keeper's
+// world the explorer must find it as the hang it was, a waiter behind a
+// free lock trusting a watch it no longer hears.
 func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
 	const seeds = 20000
+	grant := func(m grantMutation) func(*Waiter) { return func(q *Waiter) { q.Rule.seam.mutation = m } }
+	waiter := func(m waiterMutation) func(*Waiter) { return func(q *Waiter) { q.seam.mutation = m } }
 	for _, m := range []struct {
-		name     string
-		mutation grantMutation
-		shape    worldShape
-		want     string // what the failure must say; any failure if empty
+		name   string
+		mutate func(*Waiter)
+		shape  worldShape
+		want   string // what the failure must say; any failure if empty
 	}{
-		{"watch vouches before its start", grantIgnoresStart, worldShape{}, ""},
-		{"grant without the own key past the snapshot", grantIgnoresOwn, worldShape{}, ""},
-		{"an ended subscription still vouches", grantKeepsUnlistened, worldShape{}, ""},
-		{"a Keeper's waiter trusts the watch it left for the copy", grantKeepsUnlistened, worldShape{keeper: true}, "hangs: the queue grants it"},
+		{"watch vouches before its start", grant(grantIgnoresStart), worldShape{}, ""},
+		{"grant without the own key past the snapshot", grant(grantIgnoresOwn), worldShape{}, ""},
+		{"joining the copy keeps trusting the watch's events", waiter(waiterJoinKeepsTrust), worldShape{}, ""},
+		{"a Keeper's waiter trusts the watch it left for the copy", waiter(waiterJoinKeepsTrust), worldShape{keeper: true}, "hangs: the queue grants it"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			mutate := func(k *Rule) { k.seam.mutation = m.mutation }
 			for seed := range uint64(seeds) {
-				if w := run(seed, 60, mutate, m.shape); w.err != nil && strings.Contains(w.err.Error(), m.want) {
+				if w := run(seed, 60, m.mutate, m.shape); w.err != nil && strings.Contains(w.err.Error(), m.want) {
 					t.Logf("caught: %.200s", w.err)
 					return
 				}

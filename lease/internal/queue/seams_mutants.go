@@ -18,13 +18,26 @@ const (
 	// grantIgnoresOwn grants with no knowledge of the own key past the
 	// snapshot (a far waiter granted after its own key went).
 	grantIgnoresOwn
-	// grantKeepsUnlistened keeps trusting a subscription the lock ended
-	// (issue 35, bug 1 with its fix reverted: a waiter that joined the
-	// Keeper's copy still counted the shared watch it no longer heard as
-	// up, and hung once that watch paused).
-	grantKeepsUnlistened
 )
 
-func (s grantSeam) ignoresStart() bool    { return s.mutation == grantIgnoresStart }
-func (s grantSeam) ignoresOwn() bool      { return s.mutation == grantIgnoresOwn }
-func (s grantSeam) keepsUnlistened() bool { return s.mutation == grantKeepsUnlistened }
+func (s grantSeam) ignoresStart() bool { return s.mutation == grantIgnoresStart }
+func (s grantSeam) ignoresOwn() bool   { return s.mutation == grantIgnoresOwn }
+
+// waiterSeam carries a deliberate bug in a waiter's handling of its
+// subscriptions, for the explorer to show that it catches it.
+type waiterSeam struct{ mutation waiterMutation }
+
+// waiterMutation names a deliberate bug in a waiter.
+type waiterMutation int
+
+const (
+	_ waiterMutation = iota // the plain waiter
+	// waiterJoinKeepsTrust ends the subscription to the queue watch's
+	// events as the lock joins the copy without telling the rule (bug 1
+	// of issue 35, where it was: a waiter that joined the Keeper's copy
+	// still counted the shared watch it no longer heard as up, and hung
+	// once that watch paused).
+	waiterJoinKeepsTrust
+)
+
+func (s waiterSeam) joinKeepsTrust() bool { return s.mutation == waiterJoinKeepsTrust }

@@ -7,6 +7,11 @@ package queue
 // deliberate bugs the explorer must catch.
 type grantSeam struct{}
 
-func (grantSeam) ignoresStart() bool    { return false }
-func (grantSeam) ignoresOwn() bool      { return false }
-func (grantSeam) keepsUnlistened() bool { return false }
+func (grantSeam) ignoresStart() bool { return false }
+func (grantSeam) ignoresOwn() bool   { return false }
+
+// waiterSeam is empty in release builds: a waiter does what waiter.go
+// says. seams_mutants.go has the deliberate bugs the explorer must catch.
+type waiterSeam struct{}
+
+func (waiterSeam) joinKeepsTrust() bool { return false }
