@@ -548,10 +548,10 @@ func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
 	l.q.listed = l.q.Rule.AheadCount()
 }
 
-// deleted feeds one watch response's events, in revision order and epoch,
+// events feeds one watch response's events, in revision order and epoch,
 // to the rule, and wakes the waiter. A change of the own key after the
 // token that takes it from this holding ends the lock, waiting or held.
-func (l *Lock) deleted(w *keyWatch, src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
+func (l *Lock) events(w *keyWatch, src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.feed(src, events, epoch)

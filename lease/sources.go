@@ -14,6 +14,11 @@ import (
 // and ends a subscription only here, telling the rule in the same step
 // under l.mu, so the rule never trusts a watch the lock no longer hears.
 
+// done is closed once the lock has ended, and cause says why (listener).
+func (l *Lock) done() <-chan struct{} { return l.ctx.Done() }
+
+func (l *Lock) cause() error { return context.Cause(l.ctx) }
+
 // rangeOf is what watch w covers: its keys (nil for the whole queue) and
 // whether the own key is among them.
 func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
@@ -55,20 +60,21 @@ func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
 	return epoch
 }
 
-// unsubscribeFrom ends l's subscription to w, and the rule's trust in it.
-func (l *Lock) unsubscribeFrom(w *keyWatch) {
+// unsubscribed ends l's subscription to w, stopped for good, and the
+// rule's trust in it (listener).
+func (l *Lock) unsubscribed(w *keyWatch) {
 	l.mu.Lock()
 	l.q.Unsubscribe(feed{l, w})
 	l.mu.Unlock()
 	l.poke()
 }
 
-// sourceUp records that subscription src came up in epoch, delivering
+// up records that subscription src came up in epoch, delivering
 // every change of w's range from start on, and wakes the waiter. As the
 // own-key watch comes up a holder reads its key again (recheck), as a
 // deletion while the watch was down went unseen; an error means that
 // read failed.
-func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
+func (l *Lock) up(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
 	l.mu.Lock()
 	l.q.Rule.Up(src, epoch, start)
 	l.mu.Unlock()
@@ -79,9 +85,9 @@ func (l *Lock) sourceUp(ctx context.Context, w *keyWatch, src queue.Source, epoc
 	return nil
 }
 
-// sourceDown records that subscription src went down, ending epoch-1,
+// down records that subscription src went down, ending epoch-1,
 // and wakes the waiter.
-func (l *Lock) sourceDown(src queue.Source, epoch queue.Epoch) {
+func (l *Lock) down(src queue.Source, epoch queue.Epoch) {
 	l.mu.Lock()
 	l.q.Rule.Down(src, epoch)
 	l.mu.Unlock()

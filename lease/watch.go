@@ -194,14 +194,14 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			w.mirror.apply(w.key, wr.Events, epoch)
 		}
 		for _, sub := range w.subscribers(false) {
-			sub.l.deleted(w, sub.src, wr.Events, epoch)
+			sub.l.events(w, sub.src, wr.Events, epoch)
 		}
 	}
 	return cameUp
 }
 
 // isUp records that the watch is up and tells its subscribers. It reports
-// false if one could not catch up (sourceUp): the watch starts over.
+// false if one could not catch up (listener.up): the watch starts over.
 func (w *keyWatch) isUp(ctx context.Context) bool {
 	w.mu.Lock()
 	if !w.epochNow().Up() {
@@ -213,7 +213,7 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 	// With no start revision, it reports every change after upRev. A lock
 	// that listens through the copy does so in one epoch only (joinCopy).
 	for _, sub := range w.subscribers(false) {
-		if sub.l.sourceUp(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
+		if sub.l.up(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
 			return false
 		}
 	}
@@ -248,9 +248,9 @@ func (w *keyWatch) down() {
 	ended := w.ctx.Err() != nil
 	for _, sub := range w.subscribers(true) {
 		if ended {
-			sub.l.unsubscribeFrom(w)
+			sub.l.unsubscribed(w)
 		} else {
-			sub.l.sourceDown(sub.src, epoch)
+			sub.l.down(sub.src, epoch)
 		}
 	}
 }
@@ -314,11 +314,40 @@ func (w *keyWatch) isPaused() bool {
 	return w.paused
 }
 
+// listener is a lock as its watches see it: what a watch tells a
+// subscriber, and when the subscriber has ended. A watch calls it with no
+// lock of its own held.
+type listener interface {
+	// events hands on one response's events of subscription src, in
+	// revision order, in epoch.
+	events(w *keyWatch, src queue.Source, evs []*clientv3.Event, epoch queue.Epoch)
+	// up says that src came up in epoch, delivering every change of w's
+	// range from start on; an error ends the watch's turn at the news.
+	up(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error
+	// down says that src went down, ending epoch-1.
+	down(src queue.Source, epoch queue.Epoch)
+	// unsubscribed says that w, stopped for good, ended the subscription.
+	unsubscribed(w *keyWatch)
+	// done is closed once the subscriber has ended, with cause saying why.
+	done() <-chan struct{}
+	cause() error
+}
+
 // subscriber is one lock's subscription to the watch: src names it to
 // the lock's rule.
 type subscriber struct {
-	l   *Lock
+	l   listener
 	src queue.Source
+}
+
+// ended tells whether l has ended.
+func ended(l listener) bool {
+	select {
+	case <-l.done():
+		return true
+	default:
+		return false
+	}
 }
 
 // subscribers lists the subscribers to the watch's events, and with
@@ -335,7 +364,7 @@ func (w *keyWatch) subscribers(viaCopy bool) []subscriber {
 
 // listOf is the list of subscribers l is in, and its index there; nil if
 // none. w.mu is held.
-func (w *keyWatch) listOf(l *Lock) (*[]subscriber, int) {
+func (w *keyWatch) listOf(l listener) (*[]subscriber, int) {
 	is := func(s subscriber) bool { return s.l == l }
 	if i := slices.IndexFunc(w.subs, is); i >= 0 {
 		return &w.subs, i
@@ -351,13 +380,13 @@ func (w *keyWatch) listOf(l *Lock) (*[]subscriber, int) {
 // (even if the watch is not up), the revision of the last response
 // handed on (read after l joined, so l misses nothing after it), and the
 // new subscription's serial (0 if none was made).
-func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() queue.Source) (epoch queue.Epoch, seen int64, src queue.Source) {
+func (w *keyWatch) subscribe(l listener, viaCopy bool, listen func() queue.Source) (epoch queue.Epoch, seen int64, src queue.Source) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// An ended lock is not added back: finish unsubscribes only after the
 	// lock's context ends, so a late subscribe (a lock re-reading as it
 	// ends) would otherwise stay on a Keeper's shared watch for good.
-	if list, _ := w.listOf(l); l.ctx.Err() == nil && list == nil {
+	if list, _ := w.listOf(l); !ended(l) && list == nil {
 		src = listen()
 		sub := subscriber{l: l, src: src}
 		if viaCopy {
@@ -371,7 +400,7 @@ func (w *keyWatch) subscribe(l *Lock, viaCopy bool, listen func() queue.Source) 
 
 // upEpoch opens the watch if paused and returns its epoch once it is up;
 // it fails if etcd refuses the watch, or ctx or the lock ends.
-func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (queue.Epoch, error) {
+func (w *keyWatch) upEpoch(ctx context.Context, l listener) (queue.Epoch, error) {
 	w.resume()
 	for {
 		w.mu.Lock()
@@ -381,8 +410,8 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (queue.Epoch, error) {
 		case <-up:
 		case <-w.refused:
 			return 0, w.refusal
-		case <-l.ctx.Done():
-			return 0, context.Cause(l.ctx)
+		case <-l.done():
+			return 0, l.cause()
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
@@ -393,7 +422,7 @@ func (w *keyWatch) upEpoch(ctx context.Context, l *Lock) (queue.Epoch, error) {
 }
 
 // unsubscribe ends l's subscription, if any, and returns its serial.
-func (w *keyWatch) unsubscribe(l *Lock) (src queue.Source, ok bool) {
+func (w *keyWatch) unsubscribe(l listener) (src queue.Source, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	list, i := w.listOf(l)
