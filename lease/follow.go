@@ -10,18 +10,6 @@ import (
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
-// followKeys is how many keys ahead a far waiter follows: the two newest.
-// When the older goes, the newer usually holds the lock and the waiter
-// reads its view meanwhile, so no read lies between the holder's delete
-// and the grant, as it would when following one key.
-const followKeys = 2
-
-// keptFollows is how many watches of keys ahead a session keeps per name,
-// closing the least recently used. Steady contenders queue behind the same
-// two sessions each round; more watches send deletions nobody waits for
-// (16 contenders: 4.5 events per handoff with four kept, 3 with two).
-const keptFollows = followKeys
-
 // follows are a name's watches of single queue keys ahead, kept across the
 // session's locks of the name: lock keys are named by session, so a far
 // waiter behind the same sessions as the last one opens nothing to start.

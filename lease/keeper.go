@@ -10,10 +10,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// keeperBatch is how early a Keeper may renew a lease, so that renewals due
-// close together share a wake-up. Renewing early is always safe.
-const keeperBatch = 100 * time.Millisecond
-
 // Keeper renews the leases of many sessions of one client together, and
 // lets their locks of one name share what they hear from etcd, so that a
 // change in a queue reaches the process once, however many of its sessions

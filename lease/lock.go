@@ -313,14 +313,6 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 	return fmt.Errorf("%w: %s (token %d)", ErrLocked, kv.Key, kv.CreateRevision)
 }
 
-// queuePage is how many keys one read of a queue returns.
-const queuePage = 16
-
-// sharedPage is queuePage for a lock on a Keeper's shared queue watch: it
-// hears every deletion ahead at no cost per waiter, so it reads the whole
-// queue ahead once. etcd reads the whole range to sort it either way.
-const sharedPage = 1024
-
 // page is how many keys ahead the lock's reads return.
 func (l *Lock) page() int64 {
 	if l.w.shared != nil {
@@ -328,13 +320,6 @@ func (l *Lock) page() int64 {
 	}
 	return queuePage
 }
-
-// nearAhead is how many keys ahead a waiter may have and still follow
-// every deletion through the queue watch; further back it follows only
-// followKeys keys, lest every deletion reach every waiter. Readers' keys
-// count for a reader too: their deletions pushed etcd's watchers into its
-// 100 ms catch-up loop.
-const nearAhead = 3
 
 // create puts the lock key and reads the keys just ahead of it; with try
 // set it first puts the key only if no key exists under the name.
@@ -387,11 +372,6 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		}
 	}
 }
-
-// putTries is how many times enqueue puts its key again after finding its
-// marker moved, a key its session's late put left, or a key at its path
-// that is no lock: once is expected, twice is a race.
-const putTries = 3
 
 // notPut sees to what kept enqueue's put from applying, so that it may
 // try again (keyWrites.notPut): it removes a key at the lock's own path
@@ -665,11 +645,6 @@ func (l *Lock) decided(v *view) {
 		v.ended = true
 	}
 }
-
-// ownWatchDelay is how long a lock granted with its own-key watch down is
-// held before the watch opens: a deletion by someone else is seen late by
-// up to this much. The fence, not this report, keeps a late writer out.
-const ownWatchDelay = 50 * time.Millisecond
 
 // ownStale tells whether the own-key watch was down since the view was
 // read; a fresh view is fine until the watch comes up. l.mu is held.

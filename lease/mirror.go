@@ -13,18 +13,6 @@ import (
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
-// mirrorLimit is the most keys a queue mirror keeps. Above it the mirror
-// only counts keys, and its locks read their view.
-const mirrorLimit = 4096
-
-// mirrorResume is how few keys bring the copy back: half the limit, so
-// each full read again follows at least 2048 deletions.
-const mirrorResume = mirrorLimit / 2
-
-// compactSlack is how many dead entries an order list may hold beyond
-// twice the live keys, so a short queue is not compacted at every deletion.
-const compactSlack = 64
-
 // queueMirror is a Keeper's copy of every key under one lock name, kept by
 // the name's shared queue watch. A Keeper's lock waits on the copy (join,
 // blocked) instead of reading the queue, so its enqueue is a put alone.

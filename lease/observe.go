@@ -160,10 +160,6 @@ func (o *Observer) run() {
 	}
 }
 
-// observerResync is how long an Observer trusts a silent watch before it
-// reads afresh: a stream a reconnect left stuck would hide the leader.
-const observerResync = 2 * time.Second
-
 // follow watches the election from rev on until the leader must be read
 // afresh: it went or may have appeared, or the watch broke or went silent.
 func (o *Observer) follow(cur *Leader, last *Leader, rev int64) {

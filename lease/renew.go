@@ -267,9 +267,6 @@ type lagMeter struct {
 	cur, prev time.Duration
 }
 
-// lagWindow spans many renewals of a 2 s session (one every 667 ms).
-const lagWindow = 10 * time.Second
-
 func (m *lagMeter) observe(now time.Time, late time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -243,12 +243,6 @@ func modRevision(kv *mvccpb.KeyValue) int64 {
 	return kv.ModRevision
 }
 
-// withdrawRefusals bounds the withdrawal's answered refusals: each means
-// the marker or the key moved between its read and its write, which only
-// late copies of the session's own requests and other clients do, so a
-// few suffice.
-const withdrawRefusals = 8
-
 // withdrawal is what a withdrawal compares and does: the marker at rev,
 // the key at keyRev (0: absent), deleted if del.
 type withdrawal struct {

@@ -13,11 +13,6 @@ import (
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
-// idleWatch is how long a name's watches outlive its last lock on the
-// session, so a lock taken again and again opens them once. Not longer: an
-// idle session is still sent every event of the others' handoffs.
-const idleWatch = time.Second
-
 // keyWatch is one long-lived watch, of the session's own key for a name,
 // of the queue under the name, or of one key ahead, serving the session's
 // locks of that name in turn (or a Keeper's sessions). Usually up before
@@ -285,14 +280,6 @@ func (w *keyWatch) resume() {
 	default:
 	}
 }
-
-// restAfter is how many locks of a name in a row that did not need its
-// queue watch, or its own-key watch, pause that watch (granted). Running,
-// the queue watch sends every put and deletion under the name, and the
-// own-key watch those of its key: all the stream traffic of an uncontended
-// name. Eight keep a name contended now and then from closing and opening
-// them for each lock.
-const restAfter = 8
 
 // granted is told by each lock of the name whether it did not need the
 // watch; restAfter such in a row pause it. It reports whether this one did.
