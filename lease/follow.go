@@ -41,7 +41,7 @@ func (f *follows) subscribe(l *Lock) map[string]queue.Epoch {
 		return nil // no far wait yet: nothing to allocate for
 	}
 	// Outside f.mu: subscribing takes l.mu, and f.mu is taken under l.mu
-	// (followingLocked).
+	// (look, through epochOf).
 	epochs := make(map[string]queue.Epoch, len(ws))
 	for k, w := range ws {
 		epochs[k] = l.subscribeTo(w)
@@ -153,48 +153,14 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 	return s.startWatch(key, false)
 }
 
-// newestAhead is the n newest keys ahead, newest first. l.mu is held.
-func (l *Lock) newestAhead(n int) []string {
-	kvs := l.q.Rule.KeysAhead()
-	keys := make([]string, 0, n)
-	for _, kv := range kvs[:min(n, len(kvs))] {
-		keys = append(keys, string(kv.Key))
-	}
-	return keys
-}
-
-// followingLocked tells whether each of the newest followKeys keys ahead
-// has a watch up since before the read that showed or confirmed it, so
-// that its deletion wakes the waiter. l.mu is held.
-func (l *Lock) followingLocked() bool {
-	keys := l.newestAhead(followKeys)
-	if len(keys) == 0 {
-		return false
-	}
-	for _, k := range keys {
-		read, ok := l.q.followEpochs[k]
-		if !ok || !read.Up() {
-			return false
-		}
-		if cur, ok := l.w.follows.epochOf(k); !ok || cur != read {
-			return false
-		}
-	}
-	return true
-}
-
 // follow starts following the newest keys ahead of a far waiter: once
 // their watches are up it reads the keys, as a deletion before then went
 // unseen, and a put since the view may have changed one. A key found gone
 // counts as deleted; one that no longer blocks is dropped.
 func (l *Lock) follow(ctx context.Context) error {
 	l.mu.Lock()
-	keys := l.newestAhead(followKeys)
-	minRev := l.q.Rule.ReadFloor()
-	for _, k := range keys {
-		a, _ := l.q.Rule.AheadOf(k)
-		minRev = max(minRev, a.Through)
-	}
+	keys := l.q.FollowKeys()
+	minRev := l.q.FollowFloor(keys)
 	l.mu.Unlock()
 	epochs, upRev, err := l.w.follows.ensure(ctx, l, keys)
 	if err != nil {
@@ -210,27 +176,13 @@ func (l *Lock) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i, k := range keys {
-		a, ok := l.q.Rule.AheadOf(k)
-		if !ok {
-			continue // its deletion came meanwhile
-		}
-		kvs := resp.Responses[i].GetResponseRange().Kvs
-		switch {
-		case len(kvs) == 0 || kvs[0].CreateRevision != a.Created || !l.blocksKV(kvs[0]):
-			// Gone, made again, or changed by a put since it was listed so
-			// that it no longer blocks (moved off its lease, say).
-			l.q.Rule.GoneBy(k, resp.Header.Revision)
-		default:
-			l.q.Rule.Confirm(kvs[0], resp.Header.Revision)
-			if l.q.followEpochs == nil {
-				l.q.followEpochs = make(map[string]queue.Epoch, followKeys)
-			}
-			l.q.followEpochs[k] = epochs[k]
-		}
+	kvs := make([]*mvccpb.KeyValue, len(keys))
+	for i := range keys {
+		kvs[i] = firstKV(resp.Responses[i].GetResponseRange().Kvs)
 	}
+	l.mu.Lock()
+	l.q.Followed(resp.Header.Revision, keys, kvs, epochs)
+	l.mu.Unlock()
 	return nil
 }
 
@@ -247,7 +199,7 @@ func (l *Lock) follow(ctx context.Context) error {
 // following (look), pausing the queue watch.
 func (l *Lock) rereadFar(ctx context.Context) error {
 	l.mu.Lock()
-	l.q.far = false
+	l.q.FarDone()
 	l.mu.Unlock()
 	epoch, err := l.w.queue.upEpoch(ctx, l)
 	if err != nil {
@@ -272,28 +224,10 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 }
 
 // relist makes kvs, a keys-only read at rev of the keys older than the
-// lock's own, the rule's snapshot if each key directly under the name in
-// it is listed already, unchanged: the same creation and modification
-// revisions. A keys-only read cannot tell whether a key blocks, but it
-// shows that a put changed one (moved it off its lease, say), which no
-// source may report: the full read then says what the key is now.
-// Otherwise it reports false.
+// lock's own, the rule's snapshot if it shows nothing the waiter does not
+// know (queue.Waiter.Relist), and otherwise reports false.
 func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
-	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	listed := make([]*mvccpb.KeyValue, 0, len(kvs))
-	for _, kv := range kvs {
-		if !isChildKey(pfx, kv) {
-			continue
-		}
-		a, ok := l.q.Rule.AheadOf(string(kv.Key))
-		if !ok || a.Created != kv.CreateRevision || a.KV.ModRevision != kv.ModRevision {
-			return false
-		}
-		listed = append(listed, a.KV)
-	}
-	l.q.Rule.Snapshot(rev, l.ownKV(), listed, true)
-	l.q.listed, l.q.sharing = l.q.Rule.AheadCount(), 0
-	return true
+	return l.q.Relist(rev, l.ownKV(), kvs)
 }

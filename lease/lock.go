@@ -67,27 +67,10 @@ type keyState struct {
 	watchOwn *time.Timer
 }
 
-// waiting is how a lock waits for its turn. Lock.mu guards it.
+// waiting is how a lock waits for its turn: its queue.Waiter, which
+// decides every step. Lock.mu guards it.
 type waiting struct {
-	// Waiter holds the rule that decides the grant and the subscriptions
-	// that feed it; the rest picks how to wait.
 	queue.Waiter
-	// sharing counts the older queue keys that do not block (readers',
-	// for a reader): their deletions reach a queue-watch waiter too.
-	sharing int
-	// far: the lock follows only the newest keys ahead (follows) until
-	// one of them goes; it then reads the view again with the queue watch
-	// up (rereadFar), and is near if few enough are ahead. followEpochs: their watches' epochs as of the read; listed:
-	// the keys ahead then. Fewer now means one went: read the view again.
-	far          bool
-	listed       int
-	followEpochs map[string]queue.Epoch
-	epoch        queue.Epoch // of the queue watch, as the view was read
-	ownEpoch     queue.Epoch // of the own-key watch, as the view was read
-	// fresh: the view read with the put (or copy), not yet looked at.
-	fresh bool
-	// atOnce: granted on a fresh view; onlyKey: the copy held no other key.
-	atOnce, onlyKey bool
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -201,7 +184,13 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w, trace: trace}
 	l.kw = s.keyWrites(name, l.key)
 	l.hold.value, l.hold.gate = value, release
-	l.q.Waiter = queue.NewWaiter(queue.NewRule(l.key, l.owns, l.blocksKV))
+	pfx := name + "/"
+	l.q.Waiter = queue.NewWaiter(queue.NewRule(l.key, l.owns, l.blocksKV), queue.Config{
+		Shared: w.shared != nil, Near: nearAhead, Follow: followKeys,
+		IsReader:   func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read },
+		IsQueueKey: func(kv *mvccpb.KeyValue) bool { return isQueueKey(pfx, kv) },
+		IsChild:    func(kv *mvccpb.KeyValue) bool { return isChildKey(pfx, kv) },
+	})
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -241,7 +230,7 @@ func (l *Lock) start() error {
 	epoch := l.subscribeTo(l.w.queue)
 	follows := l.w.follows.subscribe(l)
 	l.mu.Lock()
-	l.q.ownEpoch, l.q.epoch, l.q.followEpochs = ownEpoch, epoch, follows
+	l.q.Read(ownEpoch, epoch, follows, 0)
 	l.mu.Unlock()
 	return nil
 }
@@ -287,13 +276,13 @@ func (l *Lock) queue(ctx context.Context, try bool) error {
 // await waits for the lock's turn; with try set it only checks that no
 // key is ahead (tryEmpty may have seen only keys that do not block).
 func (l *Lock) await(ctx context.Context, try bool) error {
-	v := l.look()
+	st, ended := l.look(try)
 	l.reportQueued()
 	switch {
-	case v.held():
-		return nil
-	case v.ended:
+	case ended:
 		return context.Cause(l.ctx)
+	case st.Kind == queue.StepHeld:
+		return nil
 	}
 	if !try {
 		l.s.hooks.waiting(l.name, +1)
@@ -427,8 +416,8 @@ func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 // Under l.mu: watch deliveries and finish read it on other goroutines.
 func (l *Lock) setToken(token int64) {
 	l.mu.Lock()
-	l.token, l.q.fresh = token, true
-	l.q.Rule.SetToken(token)
+	l.token = token
+	l.q.SetToken(token)
 	l.mu.Unlock()
 }
 
@@ -438,7 +427,7 @@ func (l *Lock) setToken(token int64) {
 // queue watch's events through the copy alone (joinCopy).
 func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.mu.Lock()
-	epoch := l.q.epoch
+	epoch := l.q.Epoch()
 	l.mu.Unlock()
 	if !l.w.queue.mirror.join(ctx, l.ctx.Done(), epoch, l) {
 		return
@@ -498,34 +487,11 @@ func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOptio
 }
 
 // setAhead makes page, read at rev with the own key, the rule's snapshot
-// of the older keys that block. A page of only other keys is followed by
-// older pages (readView); kinds never change, so the last page stands for
-// all of them.
+// of the older keys that block (queue.Waiter.Page); nil: no key is there.
 func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
-	pfx := l.name + "/"
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.q.sharing = 0
-	var listed []*mvccpb.KeyValue
-	older := 0
-	if page != nil {
-		for _, kv := range page.Kvs {
-			if kv.CreateRevision >= l.token {
-				continue
-			}
-			older++
-			switch {
-			case l.blocksKV(kv):
-				listed = append(listed, kv)
-			case isQueueKey(pfx, kv):
-				l.q.sharing++
-			}
-		}
-	}
-	// The page ended before the oldest key: older ones may be past it.
-	complete := page == nil || !page.More || older == 0
-	l.q.Rule.Snapshot(rev, l.ownKV(), listed, complete)
-	l.q.listed = l.q.Rule.AheadCount()
+	l.q.Page(rev, l.ownKV(), page.GetKvs(), page.GetMore())
 }
 
 // events feeds one watch response's events, in revision order and epoch,
@@ -577,85 +543,34 @@ func (l *Lock) keyGoneLocked() {
 	l.cancel(ErrKeyDeleted) // reported, with every other end, by reportEnd
 }
 
-// view is the rule's decision plus what a waiter needs to act on it.
-type view struct {
-	d        queue.Decision   // the rule's: granted, lost, wait, or read at d.rev or later
-	ended    bool             // the lock has ended (see its context's cause): it is never held
-	unread   bool             // no read of the queue has been taken yet
-	ownStale bool             // the own-key watch was not up all along since the view was read
-	near     bool             // few enough ahead (or only readers) to follow every deletion, or a Keeper shares the watch
-	current  bool             // the queue watch has kept the view current since it was read
-	far      bool             // the lock follows only the newest keys ahead (see waiting.far)
-	followed bool             // ... and their watches keep the view current
-	refollow bool             // ... and one of them went: the view must be read again
-	pred     *mvccpb.KeyValue // the nearest key ahead; nil if the view holds none
-	mirrored bool             // the lock waits on its Keeper's copy of the queue, which is up
-}
-
-func (v view) held() bool { return v.d.Kind == queue.Granted }
-
-// look asks the rule whether the lock is held. Once granted it stays held
-// for recheck: no older key can appear, and the own-key watch reports the
+// look asks the lock's waiter for its next step (queue.Waiter.Next),
+// and records a grant or ends a lost lock. Once granted it stays held for
+// recheck: no older key can appear, and the own-key watch reports the
 // key's end. A lock granted with that watch down opens it only after
 // ownWatchDelay (grant), sparing a short holding the event of its own
-// Unlock, an uncontended lock's largest cost after its requests.
-func (l *Lock) look() view {
+// Unlock, an uncontended lock's largest cost after its requests. ended:
+// the lock has ended (see its context's cause), and is never held.
+func (l *Lock) look(try bool) (st queue.Step, ended bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
 		// Ended while waiting: never granted, whatever the view says.
-		return view{ended: true}
+		return queue.Step{}, true
 	}
-	// Only the first look may count as granted at once (restQueue).
-	defer func() { l.q.fresh = false }()
-	if l.q.Mirrored() {
-		if v, ok := l.lookInMirror(); ok {
-			return v
-		}
-		// The copy of the lock's epoch is gone: back to the watch's events.
-		l.leaveCopyLocked()
-	}
-	v := view{
-		d:        l.q.Rule.Decide(),
-		unread:   l.q.Rule.Base() == 0,
-		ownStale: l.ownStale(),
-		near:     l.w.shared != nil || (l.q.Rule.Complete() && (l.q.Rule.AheadCount()+l.q.sharing <= nearAhead || l.onlyReadersAhead())),
-		current:  l.q.epoch.Up() && l.q.epoch == l.w.queue.epochNow(),
-		pred:     l.nearestAhead(),
-	}
-	// Once far, a waiter stays far until a key it follows goes: it then
-	// reads again with the queue watch up (rereadFar), and is near if the
-	// view shows few enough ahead.
-	if l.w.shared == nil && (l.q.far || !v.near) {
-		l.q.far = true
-		v.far, v.followed, v.refollow = true, l.followingLocked(), l.q.Rule.AheadCount() < l.q.listed
-	}
-	l.decided(&v)
-	return v
-}
-
-// decided records a grant, or ends a lost lock. l.mu is held.
-func (l *Lock) decided(v *view) {
-	switch v.d.Kind {
-	case queue.Granted:
-		l.q.atOnce = l.q.fresh
+	mirrored := l.q.Mirrored() && l.lookInMirror()
+	st = l.q.Next(queue.Now{Own: l.w.own.epochNow(), Queue: l.w.queue.epochNow(), Follow: l.w.follows.epochOf}, try, mirrored)
+	switch st.Kind {
+	case queue.StepHeld:
 		l.grant()
-	case queue.Lost:
+		if mirrored {
+			l.q.Copied(l.w.queue.mirror.only(l))
+			l.w.queue.mirror.leave(l, l.token)
+		}
+	case queue.StepLost:
 		l.lostLocked()
-		v.ended = true
+		return st, true
 	}
-}
-
-// ownStale tells whether the own-key watch was down since the view was
-// read; a fresh view is fine until the watch comes up. l.mu is held.
-func (l *Lock) ownStale() bool {
-	cur := l.w.own.epochNow()
-	if cur.Up() {
-		return cur != l.q.ownEpoch
-	}
-	// Down now: an up-time since the read delivered its deletions, and
-	// its next coming up rechecks a held lock.
-	return !l.q.fresh
+	return st, false
 }
 
 // restQueue tells the queue watch whether the lock was granted with
@@ -663,7 +578,7 @@ func (l *Lock) ownStale() bool {
 // Keeper's watch serves other sessions, whose waiters only its copy sees.
 func (l *Lock) restQueue() {
 	l.mu.Lock()
-	alone := l.q.atOnce && (l.w.shared == nil || l.q.onlyKey)
+	alone := l.q.Alone()
 	l.mu.Unlock()
 	l.w.queue.granted(alone)
 }
@@ -674,7 +589,7 @@ func (l *Lock) restQueue() {
 // longer reopens the watch anyway: pausing would add a close and an open.
 func (l *Lock) restOwn() bool {
 	l.mu.Lock()
-	brief := l.q.atOnce && time.Since(l.hold.grantedAt) < ownWatchDelay
+	brief := l.q.AtOnce() && time.Since(l.hold.grantedAt) < ownWatchDelay
 	l.mu.Unlock()
 	return l.w.own.granted(brief)
 }
@@ -688,63 +603,72 @@ func (l *Lock) grant() {
 	}
 }
 
-// lookInMirror is look on the Keeper's copy, which holds every key under
-// the name: the rule takes the copy as a read of the queue at its
-// revision, and decides. ok is false once the copy of the lock's epoch is
-// gone. l.mu is held.
-func (l *Lock) lookInMirror() (v view, ok bool) {
-	mv := l.w.queue.mirror.snapshot(l.q.epoch, l)
+// lookInMirror has the rule take the Keeper's copy, which holds every
+// key under the name, as a read of the queue at its revision. It reports
+// false once the copy of the lock's epoch is gone, and then puts the lock
+// back on the queue watch's events. l.mu is held.
+func (l *Lock) lookInMirror() bool {
+	mv := l.w.queue.mirror.snapshot(l.q.Epoch(), l)
 	if !mv.ok {
-		return view{}, false
+		l.leaveCopyLocked()
+		return false
 	}
 	l.q.Rule.Snapshot(mv.rev, mv.own, mv.older, mv.complete)
-	v = view{d: l.q.Rule.Decide(), ownStale: l.ownStale(), near: true, current: true, mirrored: true, pred: l.nearestAhead()}
-	l.decided(&v)
-	if v.held() {
-		l.q.onlyKey = l.w.queue.mirror.only(l)
-		l.w.queue.mirror.leave(l, l.token)
-	}
-	return v, true
+	return true
 }
 
-// wait blocks until the rule grants the lock. Near the head it follows the
-// queue watch's deletions; further back, the newest keys ahead (follow),
-// reading again as one goes. With try set it returns ErrLocked once it
-// sees a key ahead. If ctx ends, the error names the key it waited behind.
+// wait blocks until the rule grants the lock, carrying out each step its
+// waiter decides: near the head it follows the queue watch's deletions;
+// further back, the newest keys ahead (follow), reading again as one goes.
+// With try set it returns ErrLocked once it sees a key ahead. If ctx ends,
+// the error names the key it waited behind.
 func (l *Lock) wait(ctx context.Context, try bool) error {
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	for {
-		v := l.look()
-		if v.far {
+		st, ended := l.look(try)
+		if ended {
+			return context.Cause(l.ctx)
+		}
+		if st.PauseQueue {
 			// Far: the queue watch would only send every deletion.
 			l.w.queue.pause()
 		}
-		var err error
-		switch {
-		case v.held():
+		switch st.Kind {
+		case queue.StepHeld:
 			return nil
-		case v.ended:
-			return context.Cause(l.ctx)
-		case try && !v.unread && v.pred != nil:
-			// Held by another, whatever became of the own key.
-			return lockedBy(v.pred)
-		case v.d.Kind == queue.Wait && !v.ownStale && !(v.far && !v.followed):
-			// A watch will deliver what the rule lacks. The own-key watch
-			// stays up even where the queue watch or the copy covers the own
-			// key: the copy wakes only waiters a deletion may grant, and
-			// neither carries a put that moves the key off the lease.
-			select {
-			case <-l.changed:
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		default:
-			err = l.read(ctx, v)
+		case queue.StepLocked:
+			return lockedBy(st.Pred)
 		}
-		if err := retried(ctx, &retry, err); err != nil {
-			return behind(v.pred, err)
+		if err := retried(ctx, &retry, l.do(ctx, st)); err != nil {
+			return behind(st.Pred, err)
 		}
 	}
+}
+
+// do carries out a step of a waiter: wait for news, or read what the rule
+// lacks.
+func (l *Lock) do(ctx context.Context, st queue.Step) error {
+	switch st.Kind {
+	case queue.StepWait:
+		select {
+		case <-l.changed:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	case queue.StepReadOwn:
+		return l.readOwn(ctx, st.MinRev)
+	case queue.StepConfirmOwn:
+		return l.confirmOwn(ctx)
+	case queue.StepRereadFar:
+		return l.rereadFar(ctx)
+	case queue.StepFollow:
+		return l.follow(ctx)
+	case queue.StepReadNear:
+		l.w.queue.resume()
+		return l.rereadNear(ctx)
+	}
+	return l.reread(ctx, st.MinRev)
 }
 
 // retried returns nil once a failed step of wait may run again after a
@@ -761,29 +685,6 @@ func retried(ctx context.Context, retry *backoff, err error) error {
 	return retry.wait(ctx)
 }
 
-// read reads what the rule lacks: the own key, the view or followed keys.
-func (l *Lock) read(ctx context.Context, v view) error {
-	switch {
-	case v.d.Kind == queue.ReadOwn:
-		// The last deletion ahead came from a watch that does not cover the
-		// own key: a waiter whose key went first must never be granted.
-		return l.readOwn(ctx, v.d.Rev)
-	case v.ownStale && !v.unread:
-		return l.confirmOwn(ctx)
-	case v.unread || v.pred == nil:
-		// Unread, or the page held no queue key but older ones lie past it.
-		return l.reread(ctx, v.d.Rev)
-	case v.far && v.refollow:
-		return l.rereadFar(ctx)
-	case v.far:
-		return l.follow(ctx)
-	case !v.current:
-		l.w.queue.resume()
-		return l.rereadNear(ctx)
-	}
-	return l.reread(ctx, v.d.Rev)
-}
-
 // confirmOwn opens the own-key watch of a lock that has to wait, and reads
 // its key once the watch is up: a deletion before then went unseen.
 func (l *Lock) confirmOwn(ctx context.Context) error {
@@ -795,7 +696,7 @@ func (l *Lock) confirmOwn(ctx context.Context) error {
 		return err
 	}
 	l.mu.Lock()
-	l.q.ownEpoch = ownEpoch
+	l.q.ConfirmedOwn(ownEpoch)
 	l.mu.Unlock()
 	return nil
 }
@@ -819,21 +720,6 @@ func (l *Lock) ownRead(rev int64, kv *mvccpb.KeyValue) error {
 	l.q.Rule.OwnRead(rev, kv)
 	if l.lostLocked() {
 		return ErrKeyDeleted
-	}
-	return nil
-}
-
-// onlyReadersAhead tells whether every key ahead is a reader's: readers
-// leave in any order, so a writer behind them follows every deletion
-// rather than read again after each. l.mu is held.
-func (l *Lock) onlyReadersAhead() bool {
-	return l.q.Rule.AllAhead(func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read })
-}
-
-// nearestAhead is the newest key ahead, which a waiter names. l.mu is held.
-func (l *Lock) nearestAhead() *mvccpb.KeyValue {
-	if kvs := l.q.Rule.KeysAhead(); len(kvs) > 0 {
-		return &mvccpb.KeyValue{Key: kvs[0].Key, CreateRevision: kvs[0].CreateRevision}
 	}
 	return nil
 }
@@ -916,15 +802,16 @@ func (l *Lock) readView(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev
 // waiter must never be granted.
 func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
 	follows := l.w.follows.subscribe(l)
-	l.mu.Lock()
-	l.q.ownEpoch, l.q.epoch, l.q.followEpochs = ownEpoch, epoch, follows
-	// No older than readFloor nor what the watches handed on: an older
-	// read would show keys whose deletion no watch will send again (the
-	// view took none of another epoch's events), and wait for them.
-	minRev = max(minRev, l.q.Rule.ReadFloor(), l.w.own.seenRev.Load())
+	// No older than the rule's read floor nor what the watches handed on:
+	// an older read would show keys whose deletion no watch will send
+	// again (the view took none of another epoch's events), and wait for
+	// them.
+	seen := l.w.own.seenRev.Load()
 	if epoch.Up() {
-		minRev = max(minRev, l.w.queue.seenRev.Load())
+		seen = max(seen, l.w.queue.seenRev.Load())
 	}
+	l.mu.Lock()
+	minRev = max(minRev, l.q.Read(ownEpoch, epoch, follows, seen))
 	l.mu.Unlock()
 	resp, err := readAtLeast(ctx, l.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(l.key, opts...), rng(opts...)}

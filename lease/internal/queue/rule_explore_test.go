@@ -293,7 +293,7 @@ func newWorldShaped(seed uint64, mutate func(*Waiter), shape worldShape) *world 
 	// A key off its lease (lease 0) is no lock, and blocks nobody.
 	blocks := func(kv *mvccpb.KeyValue) bool { return kv.Lease != 0 && (!reader || string(kv.Value) != readerVal) }
 	w := &world{r: r, h: h, seed: seed, shape: shape, head: h.token, blocks: blocks}
-	w.q = NewWaiter(NewRule(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks))
+	w.q = NewWaiter(NewRule(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks), Config{})
 	w.k = w.q.Rule
 	// Now and then the put's answer comes late: the watches may deliver
 	// before the rule knows the token.

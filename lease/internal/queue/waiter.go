@@ -1,5 +1,7 @@
 package queue
 
+import "go.etcd.io/etcd/api/v3/mvccpb"
+
 // Waiter is how one lock waits for its turn: its Rule, and its
 // subscriptions to the watches that feed the rule. The lock starts and
 // ends a subscription only through these methods, which tell the rule in
@@ -7,14 +9,47 @@ package queue
 // hears. Its caller guards it (package lease: the lock's mutex).
 type Waiter struct {
 	Rule *Rule
+	cfg  Config
 	// mirrored: the lock waits on its Keeper's copy of the queue, through
 	// a subscription to the queue watch's downs only (JoinCopy).
 	mirrored bool
-	seam     waiterSeam
+	// sharing counts the older queue keys that do not block (readers',
+	// for a reader): their deletions reach a queue-watch waiter too.
+	sharing int
+	// far: the lock follows only the newest keys ahead until one of them
+	// goes; it then reads the view again with the queue watch up
+	// (StepRereadFar), and is near if few enough are ahead. listed: the
+	// keys ahead then; fewer now means one went.
+	far    bool
+	listed int
+	// The watches' epochs as the view was read (Read): the own key's, the
+	// queue's, and those of the keys a far waiter follows.
+	ownEpoch, epoch Epoch
+	followEpochs    map[string]Epoch
+	// fresh: the view read with the put (or copy), not yet looked at.
+	fresh bool
+	// atOnce: granted on a fresh view; onlyKey: the copy held no other key.
+	atOnce, onlyKey bool
+	seam            waiterSeam
 }
 
-// NewWaiter makes the waiter of a lock whose key is key (see NewRule).
-func NewWaiter(rule *Rule) Waiter { return Waiter{Rule: rule} }
+// Config is what a waiter is told of its lock once, as it is made.
+type Config struct {
+	// Shared: the lock waits on a Keeper's shared queue watch, which
+	// hears every deletion at no cost per waiter: it is never far.
+	Shared bool
+	// Near is how many keys (blocking or sharing) may be ahead of a
+	// waiter that follows every deletion through the queue watch; Follow
+	// is how many of the newest keys ahead a far waiter follows.
+	Near, Follow int
+	// IsReader tells a reader's key; IsQueueKey a key of the name's queue
+	// (a lock key directly under the name); IsChild a key directly under
+	// the name, as a keys-only read shows it (with no lease).
+	IsReader, IsQueueKey, IsChild func(kv *mvccpb.KeyValue) bool
+}
+
+// NewWaiter makes the waiter of a lock whose rule is rule.
+func NewWaiter(rule *Rule, cfg Config) Waiter { return Waiter{Rule: rule, cfg: cfg} }
 
 // Feed is a watch as a waiter subscribes to it: the watch's side of a
 // subscription, which package lease implements on its watches and the
