@@ -11,8 +11,15 @@
 // the waiter, which tells the rule in the same step, and moves between a
 // watch's events and a Keeper's copy of the queue the same way.
 //
-// The explorer in this package's tests drives them through random orders
-// of those facts against a history of the queue, subscribing and joining
-// the copy through the real Waiter; the build tag leasefence_mutants
-// plants bugs in both that the explorer must catch.
+// Waiter.Next turns the rule's decision and the state of the lock's
+// watches into the lock's next step: held, lost, TryLock's refusal, wait,
+// or which read to make; package lease carries the step out.
+//
+// Two explorers in this package's tests drive them through random orders
+// of facts against histories of the queue: the rule's, subscribing and
+// joining the copy through the real Waiter, and the steps', which carries
+// out every step Next hands out and checks that each can be carried out,
+// and that once everything is delivered the waiter is held or lost within
+// a bounded number of steps. The build tag leasefence_mutants plants bugs
+// in the rule and the waiter that the explorers must catch.
 package queue

@@ -174,7 +174,7 @@ func (q *Waiter) Followed(rev int64, keys []string, kvs []*mvccpb.KeyValue, epoc
 
 // FarDone records that a far waiter is about to read its view again with
 // the queue watch up: it is near again unless the view says otherwise.
-func (q *Waiter) FarDone() { q.far = false }
+func (q *Waiter) FarDone() { q.far = q.far && q.seam.keepsFar() }
 
 // Copied records whether the Keeper's copy held no key but the lock's as
 // it was granted on it.
@@ -222,7 +222,7 @@ func (q *Waiter) Next(now Now, try, mirrored bool) Step {
 	// the view shows few enough ahead.
 	if !mirrored && !q.cfg.Shared && (q.far || !v.near) {
 		q.far = true
-		v.far, v.followed, v.refollow = true, q.following(now), q.Rule.AheadCount() < q.listed
+		v.far, v.followed, v.refollow = true, q.following(now), q.Rule.AheadCount() < q.listed && !q.seam.dropsRefollow()
 	}
 	st := q.step(v, try)
 	st.Pred, st.PauseQueue = v.pred, v.far
@@ -257,7 +257,7 @@ func (q *Waiter) read(v view) Step {
 	switch {
 	case v.d.Kind == ReadOwn:
 		return Step{Kind: StepReadOwn, MinRev: v.d.Rev}
-	case v.ownStale && !v.unread:
+	case v.ownStale && !v.unread && !q.seam.skipsConfirmOwn():
 		return Step{Kind: StepConfirmOwn}
 	case v.unread || v.pred == nil:
 		// Unread, or the page held no queue key but older ones lie past it.

@@ -39,3 +39,28 @@ func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
 		})
 	}
 }
+
+// Each deliberate bug in how a waiter waits must make the step explorer
+// fail: a hang once everything is delivered, or a grant the queue does
+// not allow.
+func TestWaiterStepExplorerCatchesMutants(t *testing.T) {
+	const seeds = 20000
+	for _, m := range []struct {
+		name     string
+		mutation waiterMutation
+	}{
+		{"a followed key's going goes unseen", waiterDropsRefollow},
+		{"a far waiter stays far", waiterKeepsFar},
+		{"the own key is not confirmed after its watch was down", waiterSkipsConfirmOwn},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			for seed := range uint64(seeds) {
+				if w := runSteps(seed, 60, func(q *Waiter) { q.seam.mutation = m.mutation }); w.err != nil {
+					t.Logf("caught: %.300s", w.err)
+					return
+				}
+			}
+			t.Fatalf("the step explorer did not catch %q in %d runs", m.name, seeds)
+		})
+	}
+}

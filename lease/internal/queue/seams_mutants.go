@@ -38,6 +38,18 @@ const (
 	// still counted the shared watch it no longer heard as up, and hung
 	// once that watch paused).
 	waiterJoinKeepsTrust
+	// waiterDropsRefollow never sees that a key a far waiter follows
+	// went: it keeps waiting on the follow watches it has.
+	waiterDropsRefollow
+	// waiterKeepsFar never clears far as a far waiter reads its view
+	// again: it follows to the end, however few are ahead.
+	waiterKeepsFar
+	// waiterSkipsConfirmOwn reads on without confirming the own key after
+	// the own-key watch was down since the view was read.
+	waiterSkipsConfirmOwn
 )
 
-func (s waiterSeam) joinKeepsTrust() bool { return s.mutation == waiterJoinKeepsTrust }
+func (s waiterSeam) joinKeepsTrust() bool  { return s.mutation == waiterJoinKeepsTrust }
+func (s waiterSeam) dropsRefollow() bool   { return s.mutation == waiterDropsRefollow }
+func (s waiterSeam) keepsFar() bool        { return s.mutation == waiterKeepsFar }
+func (s waiterSeam) skipsConfirmOwn() bool { return s.mutation == waiterSkipsConfirmOwn }

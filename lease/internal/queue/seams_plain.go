@@ -14,4 +14,7 @@ func (grantSeam) ignoresOwn() bool   { return false }
 // says. seams_mutants.go has the deliberate bugs the explorer must catch.
 type waiterSeam struct{}
 
-func (waiterSeam) joinKeepsTrust() bool { return false }
+func (waiterSeam) joinKeepsTrust() bool  { return false }
+func (waiterSeam) dropsRefollow() bool   { return false }
+func (waiterSeam) keepsFar() bool        { return false }
+func (waiterSeam) skipsConfirmOwn() bool { return false }
