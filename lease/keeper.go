@@ -119,7 +119,7 @@ func (k *Keeper) openQueue(name string) (*keyWatch, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.mirror = newQueueMirror()
+	w.mirror = newQueueMirror(name + "/")
 	return w, nil
 }
 

@@ -447,7 +447,7 @@ func (l *Lock) joinCopy(epoch queue.Epoch) bool {
 	w := l.w.queue
 	return l.q.JoinCopy(feed{l, w}, epoch, func() (int64, bool) {
 		mv := w.mirror.snapshot(epoch, l)
-		return mv.base, mv.ok
+		return mv.Base, mv.OK
 	})
 }
 
@@ -609,11 +609,11 @@ func (l *Lock) grant() {
 // back on the queue watch's events. l.mu is held.
 func (l *Lock) lookInMirror() bool {
 	mv := l.w.queue.mirror.snapshot(l.q.Epoch(), l)
-	if !mv.ok {
+	if !mv.OK {
 		l.leaveCopyLocked()
 		return false
 	}
-	l.q.Rule.Snapshot(mv.rev, mv.own, mv.older, mv.complete)
+	l.q.Rule.Snapshot(mv.Rev, mv.Own, mv.Older, mv.Complete)
 	return true
 }
 
@@ -806,11 +806,11 @@ func (l *Lock) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, min
 	// an older read would show keys whose deletion no watch will send
 	// again (the view took none of another epoch's events), and wait for
 	// them.
+	l.mu.Lock()
 	seen := l.w.own.seenRev.Load()
 	if epoch.Up() {
 		seen = max(seen, l.w.queue.seenRev.Load())
 	}
-	l.mu.Lock()
 	minRev = max(minRev, l.q.Read(ownEpoch, epoch, follows, seen))
 	l.mu.Unlock()
 	resp, err := readAtLeast(ctx, l.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {

@@ -35,9 +35,10 @@ func AwaitKeeperMirror(ctx context.Context, k *Keeper, name string, cond func(Ke
 		}
 		m := e.v.mirror
 		m.mu.Lock()
-		st := KeeperMirrorState{Valid: m.valid, Counting: m.counting, Count: m.count, Keys: len(m.keys),
-			Queue: len(m.queue.entries), QueueCap: cap(m.queue.entries), Writers: len(m.writers.entries),
-			Rev: m.rev, Epoch: uint64(m.epoch), WatchEpoch: e.v.epoch.Load()}
+		c := m.c.State()
+		st := KeeperMirrorState{Valid: c.Valid, Counting: c.Counting, Count: c.Count, Keys: c.Keys,
+			Queue: c.Queue, QueueCap: c.QueueCap, Writers: c.Writers,
+			Rev: c.Rev, Epoch: uint64(c.Epoch), WatchEpoch: e.v.epoch.Load()}
 		moved := m.advanced
 		m.mu.Unlock()
 		if cond(st) {

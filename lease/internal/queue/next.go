@@ -21,10 +21,12 @@ type Step struct {
 type StepKind int
 
 const (
-	StepHeld   StepKind = iota // granted: the lock is held
-	StepLost                   // the own key is gone or another's: the lock ends
-	StepLocked                 // TryLock's refusal: a key ahead holds the name (Pred)
-	StepWait                   // a watch will deliver what the rule lacks: wait for news
+	// StepWait: a watch will deliver what the rule lacks: wait for news.
+	// It is the zero Step, which grants nothing.
+	StepWait   StepKind = iota
+	StepHeld            // granted: the lock is held
+	StepLost            // the own key is gone or another's: the lock ends
+	StepLocked          // TryLock's refusal: a key ahead holds the name (Pred)
 	// StepReadOwn: read the own key at MinRev or later. The last deletion
 	// ahead came from a watch that does not cover it, and a waiter whose
 	// key went first must never be granted.

@@ -20,13 +20,18 @@ import (
 //
 // Each watch hands its events only to the lock's subscription listening
 // when it hands them on, and the lock ends a subscription and starts
-// another as it does (sources.go): the new one up from the revision after
+// another through its real Waiter: the new one up from the revision after
 // the last the watch handed on, the ended one hearing nothing more, not
-// even the watch's down. A Keeper's lock queues with a put alone, joins
-// the Keeper's copy of the queue once the copy holds the put (its events
-// subscription ends, one via the copy starts), takes the copy as a
-// complete read at each look, and leaves it (a new events subscription)
-// once the copy is gone: the watch went down, or the copy is off.
+// even the watch's down. A Keeper's queue watch keeps the real Copy of
+// the queue, with a limit of a few keys so that it goes off and is read
+// again. A Keeper's lock queues with a put alone, joins the copy once the
+// copy holds the put (Waiter.JoinCopy: its events subscription ends, one
+// via the copy starts), and leaves it (a new events subscription) once
+// the copy is gone: the watch went down, or the copy is off. While it
+// waits on the copy it looks only when woken (by the copy, its own-key
+// watch, a watch's coming up or going down, or a read of its own coming
+// back), and then takes the copy as a complete read. Once the history is
+// over, every watch comes back up.
 //
 // Every Decision is checked against an oracle of the real queue: a grant
 // at G is valid only if at G the own key was this holding and no older
@@ -201,7 +206,7 @@ type watch struct {
 	// news may reach the rule late, after the down, or after the lock
 	// ended that subscription (lateUp).
 	upSub *subscription
-	copy  *keeperCopy // the Keeper's copy of the queue, kept by a Keeper's queue watch; nil for others
+	copy  *Copy // the Keeper's copy of the queue, kept by a Keeper's queue watch (the real one); nil for others
 }
 
 func (w *watch) covers(key string) bool { return w.keys == nil || slices.Contains(w.keys, key) }
@@ -221,19 +226,6 @@ func (w *watch) state() string {
 type subscription struct {
 	src     Source
 	viaCopy bool
-}
-
-// keeperCopy is a Keeper's copy of the queue, kept by the shared queue
-// watch (queueMirror): read as the watch comes up, at the revision before
-// its start, it applies every event the watch hands on after that, so it
-// is exactly the queue at rev. It is dropped as the watch goes down, and
-// too many keys turn it off (counting) until it is read again (reload).
-type keeperCopy struct {
-	valid    bool
-	counting bool
-	gen      Epoch // the watch generation it belongs to
-	base     int64 // the revision it was read at
-	rev      int64 // the newest revision applied
 }
 
 // world is one run: the history, the store's current revision, the
@@ -268,6 +260,13 @@ type world struct {
 	done         bool
 	err          error // the first Decision the oracle refused
 	joined, left bool  // the lock joined the Keeper's copy, and left it again
+	reader       bool  // the lock is a reader's: only writers block it
+	// woken: something woke the lock since it last looked (events, a
+	// watch's up or down, the copy's wake). A lock on the copy looks only
+	// when woken: the copy must wake it when a deletion may grant it.
+	woken   bool
+	blocked bool    // the lock's last decision was to wait
+	heads   []int64 // the copy's wake buffer
 }
 
 // worldShape says how the explorer's worlds are built.
@@ -286,13 +285,13 @@ type worldShape struct {
 	keeper bool
 }
 
-func newWorldShaped(seed uint64, mutate func(*Waiter), shape worldShape) *world {
+func newWorldShaped(seed uint64, mutate func(*world), shape worldShape) *world {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	h := genHistory(r, !shape.queueFiltersPuts)
 	reader := r.IntN(3) == 0
 	// A key off its lease (lease 0) is no lock, and blocks nobody.
 	blocks := func(kv *mvccpb.KeyValue) bool { return kv.Lease != 0 && (!reader || string(kv.Value) != readerVal) }
-	w := &world{r: r, h: h, seed: seed, shape: shape, head: h.token, blocks: blocks}
+	w := &world{r: r, h: h, seed: seed, shape: shape, head: h.token, blocks: blocks, reader: reader, woken: true}
 	w.q = NewWaiter(NewRule(h.own, func(kv *mvccpb.KeyValue) bool { return isOwnKV(h, kv) }, blocks), Config{})
 	w.k = w.q.Rule
 	// Now and then the put's answer comes late: the watches may deliver
@@ -301,10 +300,10 @@ func newWorldShaped(seed uint64, mutate func(*Waiter), shape worldShape) *world 
 	if !w.tokenLate {
 		w.k.SetToken(h.token)
 	}
-	if mutate != nil {
-		mutate(&w.q)
-	}
 	w.startWatches()
+	if mutate != nil {
+		mutate(w)
+	}
 	w.enqueue()
 	return w
 }
@@ -328,7 +327,14 @@ func (w *world) startWatches() {
 	}
 	// A Keeper's lock: its shared queue watch keeps puts, and the copy.
 	if w.queue != nil && !w.queue.filterPut && (w.shape.keeper || w.r.IntN(3) != 0) {
-		w.queue.copy = &keeperCopy{}
+		// A limit of a few keys, so that the copy goes off (counting) and
+		// is read again now and then, as too many keys make it do.
+		limit := 2 + w.r.IntN(8)
+		w.queue.copy = NewCopy(CopyConfig{
+			IsQueueKey: func(kv *mvccpb.KeyValue) bool { return kv.Lease != 0 },
+			IsWriter:   func(kv *mvccpb.KeyValue) bool { return string(kv.Value) != readerVal },
+			Limit:      limit, Resume: limit / 2, Slack: 1,
+		})
 	}
 	// A watch the lock subscribed to before its put (kept by its session
 	// across locks) delivers from a revision before the token.
@@ -380,8 +386,6 @@ func (w *world) step() {
 		w.lateUp(w.pick())
 	case n == 10 && w.head > w.h.token:
 		w.readFollowed(w.h.token + w.r.Int64N(w.head-w.h.token+1))
-	case n == 11 && w.r.IntN(3) == 0:
-		w.flipCopy()
 	case n == 12 && !w.shape.keeper:
 		w.endSubscription()
 	}
@@ -494,9 +498,10 @@ func (w *world) toggle(wt *watch) {
 	wt.up = false
 	if wt.sub != nil {
 		w.k.Down(wt.sub.src, wt.gen)
+		w.woken = true // Lock.down pokes
 	}
 	if wt.copy != nil {
-		wt.copy.valid, wt.copy.counting = false, false // the copy is dropped
+		w.wake(wt.copy.Drop()) // the copy is dropped
 	}
 	w.logf("%s down", wt.name)
 }
@@ -515,9 +520,10 @@ func (w *world) upAt(wt *watch, start int64) {
 	if s := wt.sub; s != nil && !s.viaCopy {
 		wt.upSub = s
 		w.k.Up(s.src, wt.gen, start)
+		w.woken = true // Lock.up pokes
 	}
 	if wt.copy != nil {
-		*wt.copy = keeperCopy{valid: true, gen: wt.gen, base: start - 1, rev: start - 1}
+		w.install(wt, start-1)
 	}
 	w.logf("%s up at %d (generation %d)", wt.name, start, wt.gen)
 }
@@ -533,24 +539,29 @@ func (w *world) lateUp(wt *watch) {
 		return
 	}
 	w.k.Up(wt.upSub.src, wt.gen-1, wt.lastStart)
+	w.woken = true
 	w.logf("%s late news: subscription %d up in generation %d", wt.name, wt.upSub.src, wt.gen-1)
 }
 
-// flipCopy turns the Keeper's copy off, as too many keys do (goCounting),
-// or reads a copy that is off again, at the revision it counted to or
-// later (reload).
-func (w *world) flipCopy() {
-	if w.queue == nil || w.queue.copy == nil || !w.queue.up {
-		return
+// install reads the Keeper's copy of wt's epoch at rev (load, reload).
+func (w *world) install(wt *watch, rev int64) {
+	var kvs []*mvccpb.KeyValue
+	for _, kv := range w.h.at(rev) {
+		kvs = append(kvs, kv)
 	}
-	switch c := w.queue.copy; {
-	case c.valid:
-		c.valid, c.counting = false, true
-		w.logf("the copy goes counting at %d", c.rev)
-	case c.counting:
-		rev := c.rev + w.r.Int64N(w.head-c.rev+1)
-		c.valid, c.counting, c.base, c.rev = true, false, rev, rev
-		w.logf("the copy is read again at %d", rev)
+	more := len(kvs) > wt.copy.cfg.Limit
+	w.wake(wt.copy.Install(kvs[:min(len(kvs), wt.copy.cfg.Limit)], more, len(kvs), rev, wt.gen))
+	w.logf("the copy is read at %d (%d keys)", rev, len(kvs))
+}
+
+// wake takes whom the copy wakes: the lock, if all are or its token is a
+// head.
+func (w *world) wake(wk Wake) {
+	if wk.Heads != nil {
+		w.heads = wk.Heads
+	}
+	if wk.All || slices.Contains(wk.Heads, w.h.token) {
+		w.woken = true
 	}
 }
 
@@ -570,10 +581,15 @@ func (w *world) deliver(wt *watch, all bool) {
 		return
 	}
 	wt.seen = max(wt.seen, last)
-	if c := wt.copy; c != nil && (c.valid || c.counting) && c.gen == wt.gen {
-		c.rev = max(c.rev, last) // it skips what its read already held
+	if c := wt.copy; c != nil && len(evs) > 0 {
+		wk, reload := c.Apply(Events{N: len(evs), At: func(i int) *mvccpb.Event { return evs[i] }}, wt.gen, w.heads)
+		w.wake(wk)
+		if rev, ok := c.Reloadable(wt.gen); reload && ok {
+			w.install(wt, rev+w.r.Int64N(w.head-rev+1)) // reload, on the watch's turn
+		}
 	}
 	if s := wt.sub; s != nil && !s.viaCopy && len(evs) > 0 {
+		w.woken = true
 		w.k.Events(s.src, wt.gen, evs, 0)
 		w.logf("%s delivers %d events through %d to subscription %d", wt.name, len(evs), evs[len(evs)-1].Kv.ModRevision, s.src)
 	}
@@ -604,45 +620,55 @@ func (wt *watch) response(all []*mvccpb.Event, head int64, revs int) (evs []*mvc
 // applied the put (and the lock knows its token), the lock joins it, at
 // once or at a later step; with no such copy it reads its view instead.
 func (w *world) tryJoin() {
-	switch c := w.queue.copy; {
-	case !c.valid || c.gen != w.epoch:
+	c := w.queue.copy
+	if w.tokenLate || !(w.finishing || w.r.IntN(2) == 0) {
+		return // the put's answer, or the copy's applying it, comes later
+	}
+	joined, wait := c.Join(w.epoch, w.h.token, w.reader)
+	switch {
+	case wait:
+		return
+	case !joined:
 		w.joining = false
 		w.logf("no copy of epoch %d to join: the lock reads", w.epoch)
-	case !w.tokenLate && c.rev >= w.h.token && (w.finishing || w.r.IntN(2) == 0):
-		w.joining, w.joined = false, true
-		// Waiter.JoinCopy: one step ends the subscription to the watch's
-		// events and starts one via the copy, up in this epoch only,
-		// covering what the copy holds (viewFromMirror in package lease).
-		var old Source
-		if w.queue.sub != nil {
-			old = w.queue.sub.src
-		}
-		if !w.q.JoinCopy(w.queue, w.epoch, func() (int64, bool) { return c.base, c.valid && c.gen == w.epoch }) {
-			w.leave()
-			return
-		}
-		w.logf("joins the copy (read at %d, at %d): subscription %d ended, %d via the copy", c.base, c.rev, old, w.queue.sub.src)
+		return
 	}
+	w.joining, w.joined = false, true
+	// Waiter.JoinCopy: one step ends the subscription to the watch's
+	// events and starts one via the copy, up in this epoch only, covering
+	// what the copy holds (viewFromMirror in package lease).
+	var old Source
+	if w.queue.sub != nil {
+		old = w.queue.sub.src
+	}
+	var base int64
+	if !w.q.JoinCopy(w.queue, w.epoch, func() (int64, bool) {
+		v := c.Snapshot(w.epoch, w.h.own, w.h.token, w.reader)
+		base = v.Base
+		return v.Base, v.OK
+	}) {
+		w.leave()
+		return
+	}
+	w.logf("joins the copy (read at %d): subscription %d ended, %d via the copy", base, old, w.queue.sub.src)
 }
 
 // lookInCopy is lookInMirror: the rule takes the copy of the lock's epoch
 // as a read of the queue at its revision, a page of the nearest key that
 // blocks the lock (complete if none does); once that copy is gone
 // (the watch went down, or the copy is off) the lock leaves it.
-func (w *world) lookInCopy() {
-	c := w.queue.copy
-	if !c.valid || c.gen != w.epoch {
+func (w *world) lookInCopy() bool {
+	v := w.queue.copy.Snapshot(w.epoch, w.h.own, w.h.token, w.reader)
+	if !v.OK {
 		w.leave()
-		return
+		return false
 	}
-	// A page of one key: the nearest that blocks, if any (mirror.snapshot).
-	kvs := w.h.at(c.rev)
-	older := w.blocking(kvs)
-	w.k.Snapshot(c.rev, kvs[w.h.own], older[:min(1, len(older))], len(older) == 0)
-	if c.rev != w.looked {
-		w.looked = c.rev
-		w.logf("looks in the copy at %d", c.rev)
+	w.k.Snapshot(v.Rev, v.Own, v.Older, v.Complete)
+	if v.Rev != w.looked {
+		w.looked = v.Rev
+		w.logf("looks in the copy at %d", v.Rev)
 	}
+	return true
 }
 
 // leave is leaveCopy: one step ends the subscription via the copy and
@@ -657,6 +683,7 @@ func (w *world) leave() {
 	if !w.q.LeaveCopy(w.queue) {
 		return
 	}
+	w.queue.copy.Leave(w.h.token)
 	w.left = true
 	w.logf("leaves the copy: subscription %d ended, %d started (%s)", old, w.queue.sub.src, w.queue.state())
 }
@@ -688,14 +715,14 @@ func (w *world) answer(rev int64) {
 	if len(older) > 2 && w.r.IntN(3) == 0 {
 		older, complete = older[:2], false
 	}
-	w.reading = false
+	w.reading, w.woken = false, true
 	w.k.Snapshot(rev, kvs[w.h.own], older, complete)
 	w.logf("read at %d (complete %v)", rev, complete)
 }
 
 // answerOwn reads the own key alone at rev.
 func (w *world) answerOwn(rev int64) {
-	w.reading = false
+	w.reading, w.woken = false, true
 	w.k.OwnRead(rev, w.h.at(rev)[w.h.own])
 	w.logf("read the own key at %d", rev)
 }
@@ -713,6 +740,7 @@ func (w *world) readFollowed(rev int64) {
 			w.k.GoneBy(key, rev)
 		}
 	}
+	w.woken = true // the lock's read is done: it looks again
 	w.logf("read the followed keys at %d", rev)
 }
 
@@ -727,9 +755,16 @@ func (w *world) check() {
 		w.tryJoin()
 	}
 	if w.q.Mirrored() {
+		// A lock on the copy that waits blocks until woken (Lock.wait);
+		// it then takes the copy, and leaves it if it is gone.
+		if w.blocked && !w.woken {
+			return
+		}
+		w.woken = false
 		w.lookInCopy()
 	}
 	d := w.k.Decide()
+	w.blocked = d.Kind == Wait
 	switch d.Kind {
 	case Granted:
 		if d.Rev > w.head || !w.h.granted(d.Rev, w.blocks) {
@@ -756,6 +791,13 @@ func (w *world) finish() {
 	if w.tokenLate {
 		w.tokenLate = false
 		w.k.SetToken(w.h.token)
+	}
+	// Watches come back: a watch that is down reconnects in the end, and
+	// its coming up wakes the lock.
+	for _, wt := range w.watches {
+		if !wt.up {
+			w.upAt(wt, w.head+1)
+		}
 	}
 	for range 4 {
 		for _, wt := range w.watches {
@@ -834,12 +876,12 @@ type outcomes struct{ granted, lost, waiting, joined, left, onCopy int }
 
 // explore runs the explorer over seeds, each with a step budget, and
 // returns the first failure, which names its seed.
-func explore(seeds, steps int, mutate func(*Waiter)) (outcomes, error) {
+func explore(seeds, steps int, mutate func(*world)) (outcomes, error) {
 	return exploreShaped(seeds, steps, mutate, worldShape{})
 }
 
 // exploreShaped is explore with watches built as shape says.
-func exploreShaped(seeds, steps int, mutate func(*Waiter), shape worldShape) (outcomes, error) {
+func exploreShaped(seeds, steps int, mutate func(*world), shape worldShape) (outcomes, error) {
 	var o outcomes
 	for seed := range uint64(seeds) {
 		w := run(seed, steps, mutate, shape)
@@ -853,7 +895,7 @@ func exploreShaped(seeds, steps int, mutate func(*Waiter), shape worldShape) (ou
 
 // run is the explorer's run of one seed: up to steps random steps, then
 // everything delivered. Its err is the first failure.
-func run(seed uint64, steps int, mutate func(*Waiter), shape worldShape) *world {
+func run(seed uint64, steps int, mutate func(*world), shape worldShape) *world {
 	w := newWorldShaped(seed, mutate, shape)
 	w.check()
 	for i := 0; i < steps && !w.done; i++ {

@@ -7,19 +7,26 @@ import (
 	"testing"
 )
 
-// Each deliberate bug in the grant rule or in a waiter must make the
-// explorer fail. A waiter that ends its subscription to the queue watch's
+// Each deliberate bug in the grant rule, a waiter or a Keeper's copy must
+// make the explorer fail. A waiter that ends its subscription to the queue watch's
 // events as it joins the copy, without telling its rule, is bug 1 of
 // issue 35 with its fix reverted, where the bug was: in the Keeper's
 // world the explorer must find it as the hang it was, a waiter behind a
 // free lock trusting a watch it no longer hears.
 func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
 	const seeds = 20000
-	grant := func(m grantMutation) func(*Waiter) { return func(q *Waiter) { q.Rule.seam.mutation = m } }
-	waiter := func(m waiterMutation) func(*Waiter) { return func(q *Waiter) { q.seam.mutation = m } }
+	grant := func(m grantMutation) func(*world) { return func(w *world) { w.q.Rule.seam.mutation = m } }
+	waiter := func(m waiterMutation) func(*world) { return func(w *world) { w.q.seam.mutation = m } }
+	copyOf := func(m copyMutation) func(*world) {
+		return func(w *world) {
+			if w.queue != nil && w.queue.copy != nil {
+				w.queue.copy.seam.mutation = m
+			}
+		}
+	}
 	for _, m := range []struct {
 		name   string
-		mutate func(*Waiter)
+		mutate func(*world)
 		shape  worldShape
 		want   string // what the failure must say; any failure if empty
 	}{
@@ -27,6 +34,7 @@ func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
 		{"grant without the own key past the snapshot", grant(grantIgnoresOwn), worldShape{}, ""},
 		{"joining the copy keeps trusting the watch's events", waiter(waiterJoinKeepsTrust), worldShape{}, ""},
 		{"a Keeper's waiter trusts the watch it left for the copy", waiter(waiterJoinKeepsTrust), worldShape{keeper: true}, "hangs: the queue grants it"},
+		{"the copy does not wake its new head", copyOf(copyMissesHead), worldShape{keeper: true}, "hangs: the queue grants it"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			for seed := range uint64(seeds) {

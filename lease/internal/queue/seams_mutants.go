@@ -53,3 +53,20 @@ func (s waiterSeam) joinKeepsTrust() bool  { return s.mutation == waiterJoinKeep
 func (s waiterSeam) dropsRefollow() bool   { return s.mutation == waiterDropsRefollow }
 func (s waiterSeam) keepsFar() bool        { return s.mutation == waiterKeepsFar }
 func (s waiterSeam) skipsConfirmOwn() bool { return s.mutation == waiterSkipsConfirmOwn }
+
+// copySeam carries a deliberate bug in a Keeper's copy, for the explorer
+// to show that it catches it.
+type copySeam struct{ mutation copyMutation }
+
+// copyMutation names a deliberate bug in a copy.
+type copyMutation int
+
+const (
+	_ copyMutation = iota // the plain copy
+	// copyMissesHead never wakes the waiter of the oldest key as a
+	// deletion makes it the head: the copy's statement of who may hold
+	// the lock goes wrong, and that waiter sleeps on a free lock.
+	copyMissesHead
+)
+
+func (s copySeam) missesHead() bool { return s.mutation == copyMissesHead }
