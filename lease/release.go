@@ -1,0 +1,205 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/internal/rpcerr"
+)
+
+// leave hands the name's local gate on, once.
+func (l *Lock) leave() {
+	l.mu.Lock()
+	release := l.hold.gate
+	l.hold.gate = nil
+	l.mu.Unlock()
+	if release != nil {
+		release()
+	}
+}
+
+// abandon removes the key of a lock never handed to the caller, if it
+// still carries the token, and ends the lock. With a lock delay, a record
+// that it held the name becomes a release, so the next holder sees no
+// loss.
+func (l *Lock) abandon() {
+	l.cleanup(l.abandonOps()...)
+	l.end(ErrUnlocked)
+}
+
+// cleanup deletes the key, with ops, if it still carries the token,
+// retrying until done or the session ends, whatever the caller's ctx: a
+// key left while the session lives holds up every later waiter; the
+// session's end takes it.
+func (l *Lock) cleanup(ops ...clientv3.Op) {
+	retry := newBackoff(20*time.Millisecond, time.Second)
+	then := l.removeOps(ops...)
+	for {
+		resp, err := l.s.keys.Txn(l.s.ctx).If(l.tokenCmp()).Then(then...).Commit()
+		if err == nil {
+			if resp.Succeeded {
+				l.kw.released()
+			}
+			return
+		}
+		if rpcerr.Refused(err) {
+			// Refused outright (no permission, say): retrying changes nothing.
+			l.s.lg.Error("lock key left until this session's next lock of the name or its end",
+				zap.String("key", l.key), zap.Error(err))
+			return
+		}
+		if retry.wait(l.s.ctx) != nil {
+			l.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", l.key), zap.Error(err))
+			return
+		}
+	}
+}
+
+// removeOps delete the holding's key, and its marker unless it is kept
+// (keyWrites.releaseOps), then do ops: cleanup's and Unlock's Then, under
+// tokenCmp. Once they applied, keyWrites.released records it.
+func (l *Lock) removeOps(ops ...clientv3.Op) []clientv3.Op {
+	return append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), ops...)
+}
+
+// tokenCmp holds while the key is this holding's: a later holding of the
+// session has a later creation revision.
+func (l *Lock) tokenCmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)
+}
+
+// Unlock releases the lock: it deletes the key only if the key's creation
+// revision is still the token, so it never removes a later holder's key,
+// even when a retry arrives late. Done then closes and Err is ErrUnlocked.
+//
+// If the lock has already ended, Unlock sends nothing and returns an error
+// saying how: wrapping ErrUnlocked, ErrSessionClosed or ErrLost. If the key
+// was found gone or replaced, the error wraps ErrKeyDeleted. If Unlock
+// returns etcd's error (no answer, or ctx ended), the lock is still
+// considered held, and Unlock may be called again.
+func (l *Lock) Unlock(ctx context.Context) error {
+	ctx, done := l.traceRelease(ctx, "Unlock")
+	err := l.unlock(ctx)
+	if err != nil {
+		err = failed(fmt.Sprintf("unlock %q", l.name), err)
+	}
+	done(err)
+	return err
+}
+
+func (l *Lock) unlock(ctx context.Context) error {
+	l.writing.Lock()
+	defer l.writing.Unlock()
+	if l.ctx.Err() != nil {
+		return context.Cause(l.ctx)
+	}
+	l.setPhase(releasing)
+	rested := l.restOwn()
+	resp, err := l.s.keys.Txn(ctx).
+		If(l.tokenCmp()).
+		Then(l.removeOps(l.releaseOps()...)...).
+		Commit()
+	if err == nil && resp.Succeeded {
+		l.kw.released()
+	}
+
+	l.mu.Lock()
+	released := (err == nil && resp.Succeeded) || (err != nil && l.hold.phase == releasedOrTaken)
+	finishHere := false
+	if released {
+		// Before the phase goes back: the own-key watch may see our own delete
+		// at any moment after, and must not call it a loss.
+		finishHere = l.cancelWith(ErrUnlocked)
+	}
+	l.hold.phase = steady
+	l.mu.Unlock()
+	switch {
+	case released:
+		l.finishOrWait(finishHere)
+		return nil
+	case err == nil:
+		l.end(ErrKeyDeleted)
+		return ErrKeyDeleted
+	default:
+		if rested {
+			// Still held, perhaps: its key's deletion must be heard.
+			l.w.own.resume()
+		}
+		return err
+	}
+}
+
+// put sets the key's value, guarded by its creation revision and lease: it
+// never creates a key, touches a successor's, or puts back on the lease a
+// key someone moved off it (which ended the holding). A key found gone or
+// moved ends the lock.
+func (l *Lock) put(ctx context.Context, value string) error {
+	l.writing.Lock()
+	defer l.writing.Unlock()
+	if l.ctx.Err() != nil {
+		return context.Cause(l.ctx)
+	}
+	resp, err := l.s.client.Txn(ctx).
+		If(l.heldCmps()...).
+		Then(clientv3.OpPut(l.key, value, clientv3.WithLease(l.s.id))).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		l.end(ErrKeyDeleted)
+		return context.Cause(l.ctx)
+	}
+	l.mu.Lock()
+	l.hold.value = value
+	l.mu.Unlock()
+	return nil
+}
+
+// heldCmps are the comparisons that hold while the key is this holding's:
+// its creation revision is the token and it is on the session's lease.
+func (l *Lock) heldCmps() []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token),
+		clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)),
+	}
+}
+
+// currentValue is the value the key was last given.
+func (l *Lock) currentValue() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.hold.value
+}
+
+func (l *Lock) setPhase(p phase) {
+	l.mu.Lock()
+	l.hold.phase = p
+	l.mu.Unlock()
+}
+
+// end ends the lock with cause and waits for it to finish.
+func (l *Lock) end(cause error) {
+	l.finishOrWait(l.cancelWith(cause))
+}
+
+// cancelWith ends the lock's context and reports whether finish is left
+// to the caller: it saves a goroutine and a wake-up on every release.
+func (l *Lock) cancelWith(cause error) (finishHere bool) {
+	finishHere = l.stopFinish()
+	l.cancel(cause)
+	return finishHere
+}
+
+// finishOrWait runs finish if left to the caller, or waits for it.
+func (l *Lock) finishOrWait(finishHere bool) {
+	if finishHere {
+		l.finish()
+		return
+	}
+	<-l.finished
+}
