@@ -162,7 +162,7 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 	l.mu.Lock()
 	epoch := l.q.Epoch()
 	l.mu.Unlock()
-	if !l.w.queue.mirror.join(ctx, l.ctx.Done(), epoch, l) {
+	if !l.w.queue.mirror.join(ctx, epoch, l, l.token, l.mode == Read) {
 		return
 	}
 	l.mu.Lock()
@@ -179,7 +179,7 @@ func (l *Lock) viewFromMirror(ctx context.Context) {
 func (l *Lock) joinCopy(epoch queue.Epoch) bool {
 	w := l.w.queue
 	return l.q.JoinCopy(feed{l, w}, epoch, func() (int64, bool) {
-		mv := w.mirror.snapshot(epoch, l)
+		mv := w.mirror.snapshot(epoch, l.key, l.token, l.mode == Read)
 		return mv.Base, mv.OK
 	})
 }

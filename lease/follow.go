@@ -30,7 +30,7 @@ type followed struct {
 // subscribe makes l a subscriber of every watch kept, as a view is about
 // to be read, and returns their epochs: a key whose watch was up (odd
 // epoch) through the read is followed from the read on.
-func (f *follows) subscribe(l *Lock) map[string]queue.Epoch {
+func (f *follows) subscribe(l listener) map[string]queue.Epoch {
 	f.mu.Lock()
 	ws := make(map[string]*keyWatch, len(f.m))
 	for k, fw := range f.m {
@@ -63,7 +63,7 @@ func (f *follows) epochOf(key string) (queue.Epoch, bool) {
 // ensure takes the watches of keys, subscribes l and waits until each is
 // up. It returns their epochs and the highest revision one came up at or
 // handed on: a read no older than it misses no deletion of the keys.
-func (f *follows) ensure(ctx context.Context, l *Lock, keys []string) (map[string]queue.Epoch, int64, error) {
+func (f *follows) ensure(ctx context.Context, l listener, keys []string) (map[string]queue.Epoch, int64, error) {
 	ws, err := f.take(keys)
 	if err != nil {
 		return nil, 0, err
@@ -127,7 +127,7 @@ func (f *follows) take(keys []string) ([]*keyWatch, error) {
 }
 
 // unsubscribe stops every kept watch's events going to l.
-func (f *follows) unsubscribe(l *Lock) {
+func (f *follows) unsubscribe(l listener) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, fw := range f.m {

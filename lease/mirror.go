@@ -24,8 +24,8 @@ type queueMirror struct {
 	// src is what reload reads from: the watch's client, and its epoch's
 	// context, so that the read ends with the watch.
 	src     mirrorSource
-	waiters map[int64]*Lock // the locks waiting on the copy, by token
-	heads   []int64         // the copy's wake set, kept so that a deletion allocates nothing
+	waiters map[int64]listener // the locks waiting on the copy, by token
+	heads   []int64            // the copy's wake set, kept so that a deletion allocates nothing
 }
 
 // mirrorSource is what a mirror reads the copy from (queueMirror.src).
@@ -127,44 +127,44 @@ func (m *queueMirror) reload(prefix string, epoch queue.Epoch) {
 func (m *queueMirror) wake(w queue.Wake) {
 	if w.All {
 		for _, l := range m.waiters {
-			l.poke()
+			l.nudge(false)
 		}
 		return
 	}
 	for _, token := range w.Heads {
 		if l := m.waiters[token]; l != nil {
-			l.wake()
+			l.nudge(true)
 		}
 	}
 }
 
-// snapshot is the copy of epoch as l's rule takes a read of one page
-// (queue.Copy.Snapshot).
-func (m *queueMirror) snapshot(epoch queue.Epoch, l *Lock) queue.CopyView {
+// snapshot is the copy of epoch as the rule of the lock with key and
+// token takes a read of one page (queue.Copy.Snapshot).
+func (m *queueMirror) snapshot(epoch queue.Epoch, key string, token int64, reader bool) queue.CopyView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.c.Snapshot(epoch, l.key, l.token, l.mode == Read)
+	return m.c.Snapshot(epoch, key, token, reader)
 }
 
-// ahead counts the keys in the copy older than l's token that block it,
-// for the tracing hooks (CallHooks.Queued): a walk over them, once per
-// call. ok is false if there is no copy.
-func (m *queueMirror) ahead(l *Lock) (n int, ok bool) {
+// ahead counts the keys in the copy older than token that block its lock
+// (reader: a reader's), for the tracing hooks (CallHooks.Queued): a walk
+// over them, once per call. ok is false if there is no copy.
+func (m *queueMirror) ahead(token int64, reader bool) (n int, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.c.Ahead(l.token, l.mode == Read)
+	return m.c.Ahead(token, reader)
 }
 
-// only tells whether l's own key is the only key under the name.
-func (m *queueMirror) only(l *Lock) bool {
+// only tells whether the key made at token is the only key under the name.
+func (m *queueMirror) only(key string, token int64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.c.Only(l.key, l.token)
+	return m.c.Only(key, token)
 }
 
 // leave unregisters waiter l. token is read by the caller under l.mu: the
 // lock's finish may run while its enqueue is returning.
-func (m *queueMirror) leave(l *Lock, token int64) {
+func (m *queueMirror) leave(l listener, token int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.waiters[token] == l {
@@ -188,10 +188,12 @@ func (m *queueMirror) advance() {
 	m.advanced = make(chan struct{})
 }
 
-// join waits until the copy of epoch has applied l's own put, then
-// registers l as a waiter. It reports false at once if there is no copy of
-// epoch, or when ctx or done ends: l then reads its view.
-func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch queue.Epoch, l *Lock) bool {
+// join waits until the copy of epoch has applied the put of l, the lock
+// made at token (reader: a reader's), then registers l as a waiter. It
+// reports false at once if there is no copy of epoch, or when ctx or l
+// ends: l then reads its view.
+func (m *queueMirror) join(ctx context.Context, epoch queue.Epoch, l listener, token int64, reader bool) bool {
+	done := l.done()
 	for {
 		m.mu.Lock()
 		select {
@@ -202,12 +204,12 @@ func (m *queueMirror) join(ctx context.Context, done <-chan struct{}, epoch queu
 			return false
 		default:
 		}
-		joined, wait := m.c.Join(epoch, l.token, l.mode == Read)
+		joined, wait := m.c.Join(epoch, token, reader)
 		if joined {
 			if m.waiters == nil {
-				m.waiters = make(map[int64]*Lock)
+				m.waiters = make(map[int64]listener)
 			}
-			m.waiters[l.token] = l
+			m.waiters[token] = l
 		}
 		advanced := m.advanced
 		m.mu.Unlock()

@@ -19,6 +19,16 @@ func (l *Lock) done() <-chan struct{} { return l.ctx.Done() }
 
 func (l *Lock) cause() error { return context.Cause(l.ctx) }
 
+// nudge wakes the waiter (listener): as wake does for news that may grant
+// it, as poke does for any other.
+func (l *Lock) nudge(grant bool) {
+	if grant {
+		l.wake()
+		return
+	}
+	l.poke()
+}
+
 // rangeOf is what watch w covers: its keys (nil for the whole queue) and
 // whether the own key is among them.
 func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {

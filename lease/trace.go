@@ -95,7 +95,7 @@ func (l *Lock) reportQueued() {
 	mirrored, n := l.q.Mirrored(), l.q.Rule.AheadCount()
 	l.mu.Unlock()
 	if mirrored {
-		if m, ok := l.w.queue.mirror.ahead(l); ok {
+		if m, ok := l.w.queue.mirror.ahead(l.token, l.mode == Read); ok {
 			n = m
 		}
 	}

@@ -106,7 +106,7 @@ func (l *Lock) look(try bool) (st queue.Step, ended bool) {
 	case queue.StepHeld:
 		l.grant()
 		if mirrored {
-			l.q.Copied(l.w.queue.mirror.only(l))
+			l.q.Copied(l.w.queue.mirror.only(l.key, l.token))
 			l.w.queue.mirror.leave(l, l.token)
 		}
 	case queue.StepLost:
@@ -151,7 +151,7 @@ func (l *Lock) grant() {
 // false once the copy of the lock's epoch is gone, and then puts the lock
 // back on the queue watch's events. l.mu is held.
 func (l *Lock) lookInMirror() bool {
-	mv := l.w.queue.mirror.snapshot(l.q.Epoch(), l)
+	mv := l.w.queue.mirror.snapshot(l.q.Epoch(), l.key, l.token, l.mode == Read)
 	if !mv.OK {
 		l.leaveCopyLocked()
 		return false

@@ -318,6 +318,13 @@ type listener interface {
 	// done is closed once the subscriber has ended, with cause saying why.
 	done() <-chan struct{}
 	cause() error
+	// subscribeTo subscribes the lock to w (a follow watch), unless it is
+	// subscribed, and returns w's epoch.
+	subscribeTo(w *keyWatch) queue.Epoch
+	// nudge wakes the lock to look again: grant, because a deletion may
+	// grant it (a Keeper's copy says so); otherwise because something else
+	// changed.
+	nudge(grant bool)
 }
 
 // subscriber is one lock's subscription to the watch: src names it to
