@@ -190,7 +190,9 @@ func (l *Lock) joinCopy(epoch queue.Epoch) bool {
 // cover: the rule reads.
 func (l *Lock) leaveCopy() {
 	l.mu.Lock()
-	l.leaveCopyLocked()
+	if l.q.Mirrored() { // spares a lock not on the copy a feed's allocation
+		l.leaveCopyLocked()
+	}
 	l.mu.Unlock()
 }
 

@@ -61,6 +61,11 @@ func (f feed) Unsubscribe() (queue.Source, bool) { return f.w.unsubscribe(f.l) }
 // after the subscription waits for l.mu, so it reaches the rule after the
 // subscription is up.
 func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
+	// Already a subscriber (a follow watch kept across reads): nothing to
+	// do, and no feed to allocate.
+	if epoch, ok := w.subscribed(l); ok {
+		return epoch
+	}
 	l.mu.Lock()
 	epoch, src := l.q.Subscribe(feed{l, w}, false)
 	l.mu.Unlock()

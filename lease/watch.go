@@ -392,6 +392,14 @@ func (w *keyWatch) subscribe(l listener, viaCopy bool, listen func() queue.Sourc
 	return w.epochNow(), w.seenRev.Load(), src
 }
 
+// subscribed returns the watch's epoch if l is a subscriber.
+func (w *keyWatch) subscribed(l listener) (queue.Epoch, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list, _ := w.listOf(l)
+	return w.epochNow(), list != nil
+}
+
 // upEpoch opens the watch if paused and returns its epoch once it is up;
 // it fails if etcd refuses the watch, or ctx or the lock ends.
 func (w *keyWatch) upEpoch(ctx context.Context, l listener) (queue.Epoch, error) {

@@ -146,13 +146,19 @@ func (k *Rule) SetToken(token int64) {
 }
 
 // OwnRead takes a read of the own key at rev (kv nil if absent). Found with
-// its token, it lasted from the token to rev: one made again is newer.
+// its token, it lasted from the token to rev: one made again is newer. Not
+// found, the holding is over, whatever rev is: a read below the token
+// comes only from a store whose revisions went back (etcd restored from a
+// snapshot without a bump), where the key the lock put is gone too.
 func (k *Rule) OwnRead(rev int64, kv *mvccpb.KeyValue) {
-	if k.token == 0 || rev < k.token || k.lost {
+	if k.token == 0 || k.lost {
 		return
 	}
 	if !k.owns(kv) {
 		k.lost = true
+		return
+	}
+	if rev < k.token {
 		return
 	}
 	k.ownTo = max(k.ownTo, rev)
