@@ -212,7 +212,7 @@ func (c *Copy) applyCount(events Events) (reload bool) {
 		switch {
 		case ev.Type == mvccpb.DELETE:
 			c.count--
-		case ev.IsCreate():
+		case ev.Type == mvccpb.PUT && ev.Kv.CreateRevision == ev.Kv.ModRevision:
 			c.count++
 		}
 		c.rev = max(c.rev, ev.Kv.ModRevision)
