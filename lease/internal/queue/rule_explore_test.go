@@ -510,13 +510,8 @@ func (w *world) toggle(wt *watch) {
 // on: its events subscription is told (isUp), one via the copy is not, and
 // a Keeper's watch reads its copy at start-1.
 func (w *world) upAt(wt *watch, start int64) {
-	wt.gen++
-	wt.up = true
-	wt.next = slices.IndexFunc(w.h.evs, func(ev *mvccpb.Event) bool { return ev.Kv.ModRevision >= start })
-	if wt.next < 0 {
-		wt.next = len(w.h.evs)
-	}
-	wt.lastStart, wt.seen, wt.upSub = start, start-1, nil
+	wt.comeUp(w.h, start)
+	wt.upSub = nil
 	if s := wt.sub; s != nil && !s.viaCopy {
 		wt.upSub = s
 		w.k.Up(s.src, wt.gen, start)
@@ -569,18 +564,10 @@ func (w *world) wake(wk Wake) {
 // in the next few revisions up to the head (all of them with all set), to
 // its copy and to the lock's events subscription, if any.
 func (w *world) deliver(wt *watch, all bool) {
-	if !wt.up {
+	evs, ok := wt.handOn(w.r, w.h, w.head, all)
+	if !ok {
 		return
 	}
-	revs := 1 + w.r.IntN(3)
-	if all {
-		revs = len(w.h.evs)
-	}
-	evs, last := wt.response(w.h.evs, w.head, revs)
-	if last == 0 {
-		return
-	}
-	wt.seen = max(wt.seen, last)
 	if c := wt.copy; c != nil && len(evs) > 0 {
 		wk, reload := c.Apply(Events{N: len(evs), At: func(i int) *mvccpb.Event { return evs[i] }}, wt.gen, w.heads)
 		w.wake(wk)
@@ -593,6 +580,37 @@ func (w *world) deliver(wt *watch, all bool) {
 		w.k.Events(s.src, wt.gen, evs, 0)
 		w.logf("%s delivers %d events through %d to subscription %d", wt.name, len(evs), evs[len(evs)-1].Kv.ModRevision, s.src)
 	}
+}
+
+// comeUp brings wt up in a new generation, delivering every event of
+// its range from start on.
+func (wt *watch) comeUp(h history, start int64) {
+	wt.gen++
+	wt.up = true
+	wt.next = slices.IndexFunc(h.evs, func(ev *mvccpb.Event) bool { return ev.Kv.ModRevision >= start })
+	if wt.next < 0 {
+		wt.next = len(h.evs)
+	}
+	wt.lastStart, wt.seen = start, start-1
+}
+
+// handOn takes wt's next response, if it is up: the events of its range in
+// the next few revisions up to head (all of them with all set). ok is
+// false if there was none.
+func (wt *watch) handOn(r *rand.Rand, h history, head int64, all bool) (evs []*mvccpb.Event, ok bool) {
+	if wt == nil || !wt.up {
+		return nil, false
+	}
+	revs := 1 + r.IntN(3)
+	if all {
+		revs = len(h.evs)
+	}
+	evs, last := wt.response(h.evs, head, revs)
+	if last == 0 {
+		return nil, false
+	}
+	wt.seen = max(wt.seen, last)
+	return evs, true
 }
 
 // response takes wt's next response from the history's events: those of

@@ -133,13 +133,7 @@ func (w *stepWorld) now() Now {
 // upAt brings wt up with everything of its range from start on; the
 // lock's subscription to it, if any, is told.
 func (w *stepWorld) upAt(wt *watch, start int64) {
-	wt.gen++
-	wt.up = true
-	wt.next = slices.IndexFunc(w.h.evs, func(ev *mvccpb.Event) bool { return ev.Kv.ModRevision >= start })
-	if wt.next < 0 {
-		wt.next = len(w.h.evs)
-	}
-	wt.lastStart, wt.seen = start, start-1
+	wt.comeUp(w.h, start)
 	if wt.sub != nil {
 		w.q.Rule.Up(wt.sub.src, wt.gen, start)
 	}
@@ -168,18 +162,10 @@ func (w *stepWorld) down(wt *watch) {
 // deliver has wt hand on its next response (all of it up to the head with
 // all set).
 func (w *stepWorld) deliver(wt *watch, all bool) {
-	if wt == nil || !wt.up {
+	evs, ok := wt.handOn(w.r, w.h, w.head, all)
+	if !ok {
 		return
 	}
-	revs := 1 + w.r.IntN(3)
-	if all {
-		revs = len(w.h.evs)
-	}
-	evs, last := wt.response(w.h.evs, w.head, revs)
-	if last == 0 {
-		return
-	}
-	wt.seen = max(wt.seen, last)
 	if wt.sub != nil && len(evs) > 0 {
 		w.q.Rule.Events(wt.sub.src, wt.gen, evs, 0)
 		w.logf("%s delivers %d events through %d", wt.name, len(evs), evs[len(evs)-1].Kv.ModRevision)
