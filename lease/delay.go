@@ -107,33 +107,36 @@ func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 
 // releaseOps record a writer's clean release in its delete's transaction.
 func (l *Lock) releaseOps() []clientv3.Op {
-	if l.s.lockDelay == 0 || l.mode == Read {
+	t := l.t
+	if t.s.lockDelay == 0 || t.mode == Read {
 		return nil
 	}
-	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(l.name), formatRecord(recordReleased, l.token))}
+	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(t.name), formatRecord(recordReleased, t.token))}
 }
 
 // abandonOps, for a lock given up before it was handed out, turn its own
 // "held" record into "released": nobody wrote under it.
 func (l *Lock) abandonOps() []clientv3.Op {
-	if l.s.lockDelay == 0 || l.mode == Read {
+	t := l.t
+	if t.s.lockDelay == 0 || t.mode == Read {
 		return nil
 	}
-	key := DelayRecordKey(l.name)
+	key := DelayRecordKey(t.name)
 	return []clientv3.Op{clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(key), "=", formatRecord(recordHeld, l.token))},
-		[]clientv3.Op{clientv3.OpPut(key, formatRecord(recordReleased, l.token))}, nil)}
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(key), "=", formatRecord(recordHeld, t.token))},
+		[]clientv3.Op{clientv3.OpPut(key, formatRecord(recordReleased, t.token))}, nil)}
 }
 
 // waitDelay, once the lock's turn has come, waits out a loss of the
 // previous holder, then records a writer as held.
 func (l *Lock) waitDelay(ctx context.Context) error {
-	if l.s.lockDelay == 0 {
+	t := l.t
+	if t.s.lockDelay == 0 {
 		return nil
 	}
 	wctx, stop := l.Context(ctx)
 	defer stop()
-	cctx, stopSession := l.s.bound(wctx)
+	cctx, stopSession := t.s.bound(wctx)
 	defer stopSession()
 	retry := newBackoff(10*time.Millisecond, time.Second)
 	rec, err := l.readRecord(cctx)
@@ -149,8 +152,8 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 			retry.reset()
 			continue
 		}
-		if l.ctx.Err() != nil {
-			return context.Cause(l.ctx)
+		if t.ctx.Err() != nil {
+			return context.Cause(t.ctx)
 		}
 		if cctx.Err() != nil || !rpcerr.Transient(cctx, err) {
 			return fmt.Errorf("lock delay: %w", err)
@@ -166,12 +169,12 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 // for a recorded one to end, or record the lock as held (done).
 func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
 	switch {
-	case rec.state == recordHeld && rec.token < l.token:
+	case rec.state == recordHeld && rec.token < l.t.token:
 		// Its key is gone (this lock heads the queue), with no release recorded.
 		next, err = l.recordLoss(ctx, rec)
 	case rec.state == recordLost:
 		next, err = l.awaitRecordChange(ctx, rec)
-	case l.mode == Read:
+	case l.t.mode == Read:
 		// Readers record a loss they find, but never their own holding:
 		// they change nothing that a delay would protect.
 		return true, rec, nil
@@ -184,9 +187,10 @@ func (l *Lock) stepDelay(ctx context.Context, rec delayRecord) (done bool, next 
 // readRecord reads the name's record, first moving one it finds in the
 // old place (oldDelayRecordKey) to DelayRecordKey.
 func (l *Lock) readRecord(ctx context.Context) (delayRecord, error) {
-	key, old := DelayRecordKey(l.name), oldDelayRecordKey(l.name)
+	t := l.t
+	key, old := DelayRecordKey(t.name), oldDelayRecordKey(t.name)
 	for range 3 {
-		resp, err := l.s.client.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(old)).Commit()
+		resp, err := t.s.client.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(old)).Commit()
 		if err != nil {
 			return delayRecord{}, err
 		}
@@ -210,12 +214,13 @@ var errRecordMoving = errors.New("the record kept changing")
 // and all, and deletes was, unless either changed meanwhile. A record
 // whose lease ended meanwhile is gone: the caller reads again.
 func (l *Lock) moveRecord(ctx context.Context, cur, was *mvccpb.KeyValue) error {
-	key, old := DelayRecordKey(l.name), oldDelayRecordKey(l.name)
+	t := l.t
+	key, old := DelayRecordKey(t.name), oldDelayRecordKey(t.name)
 	then := []clientv3.Op{clientv3.OpDelete(old)}
 	if keep := was; cur == nil || parseRecord(was).token > parseRecord(cur).token {
 		then = append(then, clientv3.OpPut(key, string(keep.Value), clientv3.WithLease(clientv3.LeaseID(keep.Lease))))
 	}
-	_, err := l.s.client.Txn(ctx).
+	_, err := t.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(key), "=", modRevision(cur)),
 			clientv3.Compare(clientv3.ModRevision(old), "=", was.ModRevision)).
 		Then(then...).
@@ -229,8 +234,9 @@ func (l *Lock) moveRecord(ctx context.Context, cur, was *mvccpb.KeyValue) error 
 // recordLoss records that the holding rec names was lost, under a new lease
 // of the delay, unless the record changed meanwhile.
 func (l *Lock) recordLoss(ctx context.Context, rec delayRecord) (delayRecord, error) {
-	cli, key := l.s.client, DelayRecordKey(l.name)
-	g, err := cli.Grant(ctx, ttlSeconds(l.s.lockDelay))
+	t := l.t
+	cli, key := t.s.client, DelayRecordKey(t.name)
+	g, err := cli.Grant(ctx, ttlSeconds(t.s.lockDelay))
 	if err != nil {
 		return rec, err
 	}
@@ -246,8 +252,8 @@ func (l *Lock) recordLoss(ctx context.Context, rec delayRecord) (delayRecord, er
 		// Someone else recorded first; the unused lease expires by itself.
 		return parseRecord(firstKV(resp.Responses[0].GetResponseRange().Kvs)), nil
 	}
-	l.s.lg.Warn("lock delay: the previous holder lost the lock; waiting before granting",
-		zap.String("key", l.key), zap.Int64("lost_token", rec.token), zap.Duration("delay", l.s.lockDelay))
+	t.s.lg.Warn("lock delay: the previous holder lost the lock; waiting before granting",
+		zap.String("key", t.key), zap.Int64("lost_token", rec.token), zap.Duration("delay", t.s.lockDelay))
 	return delayRecord{state: recordLost, token: rec.token, modRev: resp.Header.Revision}, nil
 }
 
@@ -256,7 +262,7 @@ func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRec
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	// From the next revision, so nothing is missed (catch-up: <= 100 ms).
-	wch := l.s.client.Watch(wctx, DelayRecordKey(l.name), clientv3.WithRev(rec.modRev+1))
+	wch := l.t.s.client.Watch(wctx, DelayRecordKey(l.t.name), clientv3.WithRev(rec.modRev+1))
 	for {
 		select {
 		case wr, ok := <-wch:
@@ -283,11 +289,12 @@ func (l *Lock) awaitRecordChange(ctx context.Context, rec delayRecord) (delayRec
 // recordHeld records the lock as held if the record is still rec and the
 // key still this holding's; else done is false, with the record as it is.
 func (l *Lock) recordHeld(ctx context.Context, rec delayRecord) (done bool, next delayRecord, err error) {
-	key := DelayRecordKey(l.name)
-	resp, err := l.s.client.Txn(ctx).
-		If(append(l.heldCmps(), clientv3.Compare(clientv3.ModRevision(key), "=", rec.modRev))...).
-		Then(clientv3.OpPut(key, formatRecord(recordHeld, l.token))).
-		Else(clientv3.OpGet(l.key), clientv3.OpGet(key)).
+	t := l.t
+	key := DelayRecordKey(t.name)
+	resp, err := t.s.client.Txn(ctx).
+		If(append(t.heldCmps(), clientv3.Compare(clientv3.ModRevision(key), "=", rec.modRev))...).
+		Then(clientv3.OpPut(key, formatRecord(recordHeld, t.token))).
+		Else(clientv3.OpGet(t.key), clientv3.OpGet(key)).
 		Commit()
 	if err != nil {
 		return false, rec, err
@@ -295,7 +302,7 @@ func (l *Lock) recordHeld(ctx context.Context, rec delayRecord) (done bool, next
 	if resp.Succeeded {
 		return true, rec, nil
 	}
-	if !l.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
+	if !t.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
 		return false, rec, ErrKeyDeleted
 	}
 	return false, parseRecord(firstKV(resp.Responses[1].GetResponseRange().Kvs)), nil

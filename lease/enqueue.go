@@ -16,16 +16,17 @@ import (
 // queue puts the key with requests that end with the session too: a
 // waiter whose lease is gone must not sit in a request until ctx ends.
 func (l *Lock) queue(ctx context.Context, try bool) error {
-	cctx, stop := l.s.bound(ctx)
+	t := l.t
+	cctx, stop := t.s.bound(ctx)
 	err := l.create(cctx, try)
 	stop()
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// etcd knows the lease is gone before the keep-alives told the
 		// session: end it, so that this call and every later one say so.
-		l.s.lose("etcd refused a put on the lease: lease not found")
+		t.s.lose("etcd refused a put on the lease: lease not found")
 	}
-	if err != nil && l.s.ctx.Err() != nil {
-		err = context.Cause(l.s.ctx)
+	if err != nil && t.s.ctx.Err() != nil {
+		err = context.Cause(t.s.ctx)
 	}
 	return err
 }
@@ -36,8 +37,8 @@ func lockedBy(kv *mvccpb.KeyValue) error {
 }
 
 // page is how many keys ahead the lock's reads return.
-func (l *Lock) page() int64 {
-	if l.w.shared != nil {
+func (t *tracker) page() int64 {
+	if t.w.shared != nil {
 		return sharedPage
 	}
 	return queuePage
@@ -53,10 +54,10 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 	// be applied after the cleanup, leaving a key at the queue's head. So
 	// await etcd's answer (or the session's end), then remove the key if
 	// ctx has ended. They keep ctx's values (a trace's span, say).
-	wctx, stop := linkCause(context.WithoutCancel(ctx), l.s.ctx)
+	wctx, stop := linkCause(context.WithoutCancel(ctx), l.t.s.ctx)
 	err := l.enqueue(ctx, wctx, try)
 	stop()
-	if err == nil && l.token != 0 && ctx.Err() != nil {
+	if err == nil && l.t.token != 0 && ctx.Err() != nil {
 		l.cleanup()
 		return ctx.Err()
 	}
@@ -65,6 +66,7 @@ func (l *Lock) create(ctx context.Context, try bool) error {
 
 // enqueue is create's work: its writes use wctx, its waits ctx.
 func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
+	t := l.t
 	if try {
 		if done, err := l.tryEmpty(wctx); done || err != nil {
 			return err
@@ -72,20 +74,20 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		// Only keys that do not block were seen: queue, then look again.
 	}
 	// A paused Keeper's watch (keyWatch.granted) keeps no copy: read.
-	mirrored := !try && l.w.queue.mirror != nil && !l.w.queue.isPaused()
+	mirrored := !try && t.w.queue.mirror != nil && !t.w.queue.isPaused()
 	var reads []clientv3.Op
 	if !mirrored {
-		reads = append(reads, newestFirst(l.name+"/", 0, l.page()+1))
+		reads = append(reads, newestFirst(t.name+"/", 0, t.page()+1))
 	}
 	for tries := 0; ; tries++ {
-		resp, err := l.kw.put(wctx, l.hold.value, reads...)
+		resp, err := l.kw.put(wctx, t.hold.value, reads...)
 		if err != nil {
 			return err
 		}
 		if resp.Succeeded {
-			l.setToken(resp.Header.Revision)
-			l.s.probeKey.Store(l.key)
-			l.s.sawRevision(resp.Header.Revision)
+			t.setToken(resp.Header.Revision)
+			t.s.probeKey.Store(t.key)
+			t.s.sawRevision(resp.Header.Revision)
 			l.queued(ctx, resp, mirrored)
 			return nil
 		}
@@ -105,40 +107,41 @@ func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries in
 	case err != nil:
 		return err
 	case tries >= putTries:
-		return fmt.Errorf("%w: %s: the put kept failing", ErrKeyInUse, l.key)
+		return fmt.Errorf("%w: %s: the put kept failing", ErrKeyInUse, l.t.key)
 	case again:
 		return nil
 	}
-	return l.s.removeLeftover(wctx, other)
+	return l.t.s.removeLeftover(wctx, other)
 }
 
 // queued takes the view from the put's answer or from the Keeper's copy.
 func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored bool) {
 	if mirrored {
-		l.viewFromMirror(ctx)
+		l.t.viewFromMirror(ctx)
 		return
 	}
 	// The page (after the puts of the key and its marker) holds the new
 	// key itself, the newest under the name.
-	l.setAhead(resp.Header.Revision, resp.Responses[2].GetResponseRange())
+	l.t.setAhead(resp.Header.Revision, resp.Responses[2].GetResponseRange())
 }
 
 // tryEmpty puts the key only if no key is under the name. done: it was
 // put (held), a blocking key was found (err wraps ErrLocked), or it
 // failed; otherwise only keys that do not block were found: queue.
 func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
-	resp, err := l.kw.tryPut(wctx, l.hold.value, oldestFirst(l.name+"/"))
+	t := l.t
+	resp, err := l.kw.tryPut(wctx, t.hold.value, oldestFirst(t.name+"/"))
 	if err != nil {
 		return true, err
 	}
 	if resp.Succeeded {
-		l.setToken(resp.Header.Revision)
-		l.setAhead(resp.Header.Revision, nil)
+		t.setToken(resp.Header.Revision)
+		t.setAhead(resp.Header.Revision, nil)
 		return true, nil
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		// A key at the own path is no other holder: enqueue sees to it.
-		if string(kv.Key) != l.key && l.blocksKV(kv) {
+		if string(kv.Key) != t.key && t.blocksKV(kv) {
 			return true, lockedBy(kv)
 		}
 	}
@@ -146,40 +149,40 @@ func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 }
 
 // setToken records the token and marks the view about to be set fresh.
-// Under l.mu: watch deliveries and finish read it on other goroutines.
-func (l *Lock) setToken(token int64) {
-	l.mu.Lock()
-	l.token = token
-	l.q.SetToken(token)
-	l.mu.Unlock()
+// Under t.mu: watch deliveries and finish read it on other goroutines.
+func (t *tracker) setToken(token int64) {
+	t.mu.Lock()
+	t.token = token
+	t.q.SetToken(token)
+	t.mu.Unlock()
 }
 
 // viewFromMirror makes the lock wait on its Keeper's copy of the queue
 // once the copy has applied the lock's put, in the lock's watch epoch. The
 // copy wakes only the waiters a deletion may grant, so the lock hears the
 // queue watch's events through the copy alone (joinCopy).
-func (l *Lock) viewFromMirror(ctx context.Context) {
-	l.mu.Lock()
-	epoch := l.q.Epoch()
-	l.mu.Unlock()
-	if !l.w.queue.mirror.join(ctx, epoch, l, l.token, l.mode == Read) {
+func (t *tracker) viewFromMirror(ctx context.Context) {
+	t.mu.Lock()
+	epoch := t.q.Epoch()
+	t.mu.Unlock()
+	if !t.w.queue.mirror.join(ctx, epoch, t, t.token, t.mode == Read) {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.joinCopy(epoch) {
-		l.leaveCopyLocked()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.joinCopy(epoch) {
+		t.leaveCopyLocked()
 	}
 }
 
 // joinCopy moves the lock's queue subscription onto the copy
 // (queue.Waiter.JoinCopy), up in epoch only, covering what the copy
 // holds. It reports false if the watch has left epoch meanwhile or the
-// copy is gone. l.mu is held.
-func (l *Lock) joinCopy(epoch queue.Epoch) bool {
-	w := l.w.queue
-	return l.q.JoinCopy(feed{l, w}, epoch, func() (int64, bool) {
-		mv := w.mirror.snapshot(epoch, l.key, l.token, l.mode == Read)
+// copy is gone. t.mu is held.
+func (t *tracker) joinCopy(epoch queue.Epoch) bool {
+	w := t.w.queue
+	return t.q.JoinCopy(feed{t, w}, epoch, func() (int64, bool) {
+		mv := w.mirror.snapshot(epoch, t.key, t.token, t.mode == Read)
 		return mv.Base, mv.OK
 	})
 }
@@ -188,18 +191,18 @@ func (l *Lock) joinCopy(epoch queue.Epoch) bool {
 // events, as it reads its view: the copy is gone or the own-key watch
 // restarted. What it missed meanwhile, the new subscription does not
 // cover: the rule reads.
-func (l *Lock) leaveCopy() {
-	l.mu.Lock()
-	if l.q.Mirrored() { // spares a lock not on the copy a feed's allocation
-		l.leaveCopyLocked()
+func (t *tracker) leaveCopy() {
+	t.mu.Lock()
+	if t.q.Mirrored() { // spares a lock not on the copy a feed's allocation
+		t.leaveCopyLocked()
 	}
-	l.mu.Unlock()
+	t.mu.Unlock()
 }
 
-// leaveCopyLocked is leaveCopy with l.mu held.
-func (l *Lock) leaveCopyLocked() {
-	if l.q.LeaveCopy(feed{l, l.w.queue}) {
-		l.w.queue.mirror.leave(l, l.token)
+// leaveCopyLocked is leaveCopy with t.mu held.
+func (t *tracker) leaveCopyLocked() {
+	if t.q.LeaveCopy(feed{t, t.w.queue}) {
+		t.w.queue.mirror.leave(t, t.token)
 	}
 }
 
@@ -223,8 +226,8 @@ func newestFirst(pfx string, maxRev int64, limit int64, opts ...clientv3.OpOptio
 
 // setAhead makes page, read at rev with the own key, the rule's snapshot
 // of the older keys that block (queue.Waiter.Page); nil: no key is there.
-func (l *Lock) setAhead(rev int64, page *pb.RangeResponse) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.q.Page(rev, l.ownKV(), page.GetKvs(), page.GetMore())
+func (t *tracker) setAhead(rev int64, page *pb.RangeResponse) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.q.Page(rev, t.ownKV(), page.GetKvs(), page.GetMore())
 }

@@ -40,7 +40,7 @@ func (f *follows) subscribe(l listener) map[string]queue.Epoch {
 	if len(ws) == 0 {
 		return nil // no far wait yet: nothing to allocate for
 	}
-	// Outside f.mu: subscribing takes l.mu, and f.mu is taken under l.mu
+	// Outside f.mu: subscribing takes t.mu, and f.mu is taken under t.mu
 	// (look, through epochOf).
 	epochs := make(map[string]queue.Epoch, len(ws))
 	for k, w := range ws {
@@ -157,16 +157,16 @@ func (s *Session) startFollowWatch(key string) (*keyWatch, error) {
 // their watches are up it reads the keys, as a deletion before then went
 // unseen, and a put since the view may have changed one. A key found gone
 // counts as deleted; one that no longer blocks is dropped.
-func (l *Lock) follow(ctx context.Context) error {
-	l.mu.Lock()
-	keys := l.q.FollowKeys()
-	minRev := l.q.FollowFloor(keys)
-	l.mu.Unlock()
-	epochs, upRev, err := l.w.follows.ensure(ctx, l, keys)
+func (t *tracker) follow(ctx context.Context) error {
+	t.mu.Lock()
+	keys := t.q.FollowKeys()
+	minRev := t.q.FollowFloor(keys)
+	t.mu.Unlock()
+	epochs, upRev, err := t.w.follows.ensure(ctx, t, keys)
 	if err != nil {
 		return err
 	}
-	resp, err := readAtLeast(ctx, l.s.client, max(minRev, upRev), func(opts ...clientv3.OpOption) []clientv3.Op {
+	resp, err := readAtLeast(ctx, t.s.client, max(minRev, upRev), func(opts ...clientv3.OpOption) []clientv3.Op {
 		ops := make([]clientv3.Op, len(keys))
 		for i, k := range keys {
 			ops[i] = clientv3.OpGet(k, opts...)
@@ -180,9 +180,9 @@ func (l *Lock) follow(ctx context.Context) error {
 	for i := range keys {
 		kvs[i] = firstKV(resp.Responses[i].GetResponseRange().Kvs)
 	}
-	l.mu.Lock()
-	l.q.Followed(resp.Header.Revision, keys, kvs, epochs)
-	l.mu.Unlock()
+	t.mu.Lock()
+	t.q.Followed(resp.Header.Revision, keys, kvs, epochs)
+	t.mu.Unlock()
 	return nil
 }
 
@@ -197,28 +197,28 @@ func (l *Lock) follow(ctx context.Context) error {
 // only if that shows keys the waiter does not know or that changed since
 // it read them (relist). A view that shows it still far sends it back to
 // following (look), pausing the queue watch.
-func (l *Lock) rereadFar(ctx context.Context) error {
-	l.mu.Lock()
-	l.q.FarDone()
-	l.mu.Unlock()
-	epoch, err := l.w.queue.upEpoch(ctx, l)
+func (t *tracker) rereadFar(ctx context.Context) error {
+	t.mu.Lock()
+	t.q.FarDone()
+	t.mu.Unlock()
+	epoch, err := t.w.queue.upEpoch(ctx, t)
 	if err != nil {
 		return err
 	}
-	ownEpoch, err := l.w.own.upEpoch(ctx, l)
+	ownEpoch, err := t.w.own.upEpoch(ctx, t)
 	if err != nil {
 		return err
 	}
-	pfx := l.name + "/"
-	older, rev, err := l.readWithOwn(ctx, ownEpoch, epoch, 0, func(opts ...clientv3.OpOption) clientv3.Op {
+	pfx := t.name + "/"
+	older, rev, err := t.readWithOwn(ctx, ownEpoch, epoch, 0, func(opts ...clientv3.OpOption) clientv3.Op {
 		return clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
-			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.token-1), clientv3.WithLimit(queuePage))...)
+			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(t.token-1), clientv3.WithLimit(queuePage))...)
 	})
 	if err != nil {
 		return err
 	}
-	if older.More || !l.relist(rev, older.Kvs) {
-		return l.readView(ctx, ownEpoch, epoch, 0)
+	if older.More || !t.relist(rev, older.Kvs) {
+		return t.readView(ctx, ownEpoch, epoch, 0)
 	}
 	return nil
 }
@@ -226,8 +226,8 @@ func (l *Lock) rereadFar(ctx context.Context) error {
 // relist makes kvs, a keys-only read at rev of the keys older than the
 // lock's own, the rule's snapshot if it shows nothing the waiter does not
 // know (queue.Waiter.Relist), and otherwise reports false.
-func (l *Lock) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.q.Relist(rev, l.ownKV(), kvs)
+func (t *tracker) relist(rev int64, kvs []*mvccpb.KeyValue) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.q.Relist(rev, t.ownKV(), kvs)
 }

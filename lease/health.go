@@ -36,7 +36,7 @@ func NewHealth(margin time.Duration) (*Health, error) {
 func (h *Health) Track(l *Lock) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.locks[l.name] = l
+	h.locks[l.t.name] = l
 }
 
 // Forget stops checking the lock name.
@@ -56,14 +56,14 @@ func (h *Health) Check() error {
 	for name, l := range h.locks {
 		switch err := l.Err(); {
 		case errors.Is(err, ErrLost):
-			errs = append(errs, fmt.Errorf("lock %q (token %d) lost: %w", name, l.token, err))
+			errs = append(errs, fmt.Errorf("lock %q (token %d) lost: %w", name, l.t.token, err))
 		case err != nil: // released: nothing to watch any more
 			delete(h.locks, name)
 		default:
-			last := l.s.lastSent()
+			last := l.t.s.lastSent()
 			if silent := now.Sub(last); silent > h.margin {
 				errs = append(errs, fmt.Errorf("lock %q (token %d): session not renewed for %v (margin %v)",
-					name, l.token, silent.Round(time.Millisecond), h.margin))
+					name, l.t.token, silent.Round(time.Millisecond), h.margin))
 			}
 		}
 	}

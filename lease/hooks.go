@@ -83,18 +83,19 @@ func (h *Hooks) waiting(name string, delta int) {
 // reportGranted logs and reports a grant. The end is reported once, by
 // whichever of this and finishing runs second.
 func (l *Lock) reportGranted(waited time.Duration) {
-	s := l.s
+	t := l.t
+	s := t.s
 	// Check first: fields of a message nobody logs cost allocations.
 	if ce := s.lg.Check(zap.InfoLevel, "lock granted"); ce != nil {
-		ce.Write(zap.String("key", l.key), zap.Int64("token", l.token), zap.Duration("waited", waited))
+		ce.Write(zap.String("key", t.key), zap.Int64("token", t.token), zap.Duration("waited", waited))
 	}
 	if s.hooks.Acquired != nil {
-		s.hooks.Acquired(l.name, l.token, waited)
+		s.hooks.Acquired(t.name, t.token, waited)
 	}
-	l.mu.Lock()
-	l.hold.grantedAt = time.Now()
-	stopped := l.hold.finishedEnd
-	l.mu.Unlock()
+	t.mu.Lock()
+	t.hold.grantedAt = time.Now()
+	stopped := t.hold.finishedEnd
+	t.mu.Unlock()
 	if stopped {
 		l.reportEnd()
 	}
@@ -102,10 +103,11 @@ func (l *Lock) reportGranted(waited time.Duration) {
 
 // finishing reports the end of a lock that was granted.
 func (l *Lock) finishing() {
-	l.mu.Lock()
-	l.hold.finishedEnd = true
-	granted := !l.hold.grantedAt.IsZero()
-	l.mu.Unlock()
+	t := l.t
+	t.mu.Lock()
+	t.hold.finishedEnd = true
+	granted := !t.hold.grantedAt.IsZero()
+	t.mu.Unlock()
 	if granted {
 		l.reportEnd()
 	}
@@ -113,8 +115,9 @@ func (l *Lock) finishing() {
 
 // reportEnd logs and reports how a granted lock ended (its ctx's cause).
 func (l *Lock) reportEnd() {
-	s := l.s
-	why, held := context.Cause(l.ctx), time.Since(l.hold.grantedAt)
+	t := l.t
+	s := t.s
+	why, held := context.Cause(t.ctx), time.Since(t.hold.grantedAt)
 	cause := Cause(why)
 	var ce *zapcore.CheckedEntry
 	lost := cause != "released" && cause != "session_closed"
@@ -124,7 +127,7 @@ func (l *Lock) reportEnd() {
 		ce = s.lg.Check(zap.InfoLevel, "lock released")
 	}
 	if ce != nil {
-		fields := []zap.Field{zap.String("key", l.key), zap.Int64("token", l.token),
+		fields := []zap.Field{zap.String("key", t.key), zap.Int64("token", t.token),
 			zap.Duration("held", held), zap.String("cause", cause)}
 		if lost {
 			fields = append(fields, zap.Error(why))
@@ -132,7 +135,40 @@ func (l *Lock) reportEnd() {
 		ce.Write(fields...)
 	}
 	if s.hooks.Ended != nil {
-		s.hooks.Ended(l.name, l.token, held, why)
+		s.hooks.Ended(t.name, t.token, held, why)
 	}
 	l.trace.ended(held, why)
+}
+
+// traceRelease starts the tracing of an Unlock or Resign of a granted holding:
+// the context it goes on with, and the function that reports its error.
+func (l *Lock) traceRelease(ctx context.Context, op string) (context.Context, func(error)) {
+	ch := l.trace
+	if ch == nil || ch.Release == nil {
+		return ctx, func(error) {}
+	}
+	rctx, rch := ch.Release(ctx, op)
+	if rctx == nil {
+		rctx = ctx
+	}
+	return rctx, func(err error) { rch.done(l.t.token, err) }
+}
+
+// reportQueued tells the tracing hooks how many keys ahead block the
+// lock: those its view lists, or, waiting on its Keeper's copy (whose view
+// lists only the nearest), those the copy holds.
+func (l *Lock) reportQueued() {
+	t := l.t
+	if l.trace == nil || l.trace.Queued == nil {
+		return
+	}
+	t.mu.Lock()
+	mirrored, n := t.q.Mirrored(), t.q.Rule.AheadCount()
+	t.mu.Unlock()
+	if mirrored {
+		if m, ok := t.w.queue.mirror.ahead(t.token, t.mode == Read); ok {
+			n = m
+		}
+	}
+	l.trace.Queued(n)
 }

@@ -21,6 +21,25 @@ import (
 // so an open Done never proves ownership at the moment of a write. Pass
 // Token to the resource and let it reject stale tokens (package fence).
 type Lock struct {
+	t *tracker // the key, the queue ahead and the watches that report them
+
+	// finished (Done) is closed once finish has run after t.ctx ended.
+	finished chan struct{}
+	// stopFinish keeps finish off a goroutine of its own, if not too late.
+	stopFinish func() bool
+
+	trace *CallHooks // the acquiring call's tracing hooks; nil for none
+
+	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
+	kw      keyWrites  // the key's writes that need its marker
+}
+
+// tracker is what a lock knows of its key and of the queue ahead, and the
+// watches and reads that tell it: it carries out its queue.Waiter's steps
+// and feeds back what they found, and it ends the lock when that shows
+// the key is no longer this holding's. Lock is the handle around it: the
+// caller's API, the key's writes and the lock's end.
+type tracker struct {
 	s     *Session
 	name  string
 	key   string
@@ -28,27 +47,20 @@ type Lock struct {
 	mode  Mode
 
 	// ctx ends, with the reason as its cause, when ownership ends (Err,
-	// Context); finished (Done) is closed once finish has run after that.
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	finished chan struct{}
-	// stopFinish keeps finish off a goroutine of its own, if not too late.
-	stopFinish func() bool
-
-	trace *CallHooks // the acquiring call's tracing hooks; nil for none
+	// Context); the Lock's finished channel is closed once finish has run
+	// after that.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 
 	w       watches       // the name's watches, which deliver deletions
 	changed chan struct{} // poked when the keys ahead may have changed
-
-	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
-	kw      keyWrites  // the key's writes that need its marker
 
 	mu   sync.Mutex // guards hold and q
 	hold keyState
 	q    waiting
 }
 
-// keyState is the lock's key and its holding. Lock.mu guards it.
+// keyState is the lock's key and its holding. tracker.mu guards it.
 type keyState struct {
 	phase phase
 	gate  func() // gives the name's local gate back; nil once given back
@@ -62,7 +74,7 @@ type keyState struct {
 }
 
 // waiting is how a lock waits for its turn: its queue.Waiter, which
-// decides every step. Lock.mu guards it.
+// decides every step. tracker.mu guards it.
 type waiting struct {
 	queue.Waiter
 }
@@ -77,15 +89,15 @@ const (
 )
 
 // Name is the lock's name, as given to Lock.
-func (l *Lock) Name() string { return l.name }
+func (l *Lock) Name() string { return l.t.name }
 
 // Key is the etcd key that holds the lock: Name()/lease ID in hex.
-func (l *Lock) Key() string { return l.key }
+func (l *Lock) Key() string { return l.t.key }
 
 // Token is the fencing token: the creation revision of the lock key. Every
 // later holder of the same name has a strictly larger token, across etcd
 // leader changes. Tokens of different names are unrelated.
-func (l *Lock) Token() int64 { return l.token }
+func (l *Lock) Token() int64 { return l.t.token }
 
 // Done is closed when ownership ends, for whatever reason (Unlock,
 // Session.Close, lease expiry, deletion or replacement of the key), once
@@ -98,17 +110,17 @@ func (l *Lock) Done() <-chan struct{} { return l.finished }
 // ErrUnlocked, ErrSessionClosed, or for an involuntary loss an error
 // wrapping ErrLost (ErrLeaseExpired, ErrKeyDeleted, ErrRevisionRegressed).
 func (l *Lock) Err() error {
-	if l.ctx.Err() == nil {
+	if l.t.ctx.Err() == nil {
 		return nil
 	}
-	return context.Cause(l.ctx)
+	return context.Cause(l.t.ctx)
 }
 
 // Context returns a context derived from parent, also cancelled when
 // ownership ends, with the lock's Err as its cause (context.Cause), for
 // work done under the lock. Call cancel when the work is done.
 func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
-	return linkCause(parent, l.ctx)
+	return linkCause(parent, l.t.ctx)
 }
 
 // WriteContext returns a context for a fenced write made under the lock.
@@ -117,7 +129,7 @@ func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel cont
 // still reach the resource, whose fence decides whether it counts, and no
 // write outlives the lease by much. Call cancel when the write is done.
 func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(parent), l.s.ttl)
+	return context.WithTimeout(context.WithoutCancel(parent), l.t.s.ttl)
 }
 
 // Lock takes the lock name, waiting until it is held or ctx ends. Locks of
@@ -155,7 +167,7 @@ func (s *Session) acquire(ctx context.Context, c Call, value string, try bool) (
 		trace.done(0, err)
 		return nil, err
 	}
-	trace.done(l.token, nil)
+	trace.done(l.t.token, nil)
 	return l, nil
 }
 
@@ -175,16 +187,16 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	if mode == Read {
 		value = ReaderValue
 	}
-	l := &Lock{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w, trace: trace}
-	l.kw = s.keyWrites(name, l.key)
-	l.hold.value, l.hold.gate = value, release
+	t := &tracker{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w}
+	t.hold.value, t.hold.gate = value, release
 	pfx := name + "/"
-	l.q.Waiter = queue.NewWaiter(queue.NewRule(l.key, l.owns, l.blocksKV), queue.Config{
+	t.q.Waiter = queue.NewWaiter(queue.NewRule(t.key, t.owns, t.blocksKV), queue.Config{
 		Shared: w.shared != nil, Near: nearAhead, Follow: followKeys,
 		IsReader:   func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read },
 		IsQueueKey: func(kv *mvccpb.KeyValue) bool { return isQueueKey(pfx, kv) },
 		IsChild:    func(kv *mvccpb.KeyValue) bool { return isChildKey(pfx, kv) },
 	})
+	l := &Lock{t: t, trace: trace, kw: s.keyWrites(name, t.key)}
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -200,8 +212,8 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 		l.abandon()
 		return nil, err
 	}
-	l.restQueue()
-	l.s.hold(l)
+	l.t.restQueue()
+	l.t.s.hold(l)
 	l.reportGranted(time.Since(start))
 	return l, nil
 }
@@ -211,41 +223,55 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 // needs it only after ownWatchDelay, and a waiter opens it before it
 // relies on its view.
 func (l *Lock) start() error {
-	l.ctx, l.cancel = context.WithCancelCause(l.s.ctx)
-	l.changed = make(chan struct{}, 1)
+	t := l.t
+	t.ctx, t.cancel = context.WithCancelCause(t.s.ctx)
+	t.changed = make(chan struct{}, 1)
 	l.finished = make(chan struct{})
-	if err := l.s.track(); err != nil {
-		l.cancel(err)
+	if err := t.s.track(); err != nil {
+		t.cancel(err)
 		l.leave()
 		return err
 	}
-	l.stopFinish = context.AfterFunc(l.ctx, l.finish)
-	ownEpoch := l.subscribeTo(l.w.own)
-	epoch := l.subscribeTo(l.w.queue)
-	follows := l.w.follows.subscribe(l)
-	l.mu.Lock()
-	l.q.Read(ownEpoch, epoch, follows, 0)
-	l.mu.Unlock()
+	l.stopFinish = context.AfterFunc(t.ctx, l.finish)
+	t.listen()
 	return nil
 }
 
 // finish stops the ended lock's events, hands on the gate, reports the end.
 func (l *Lock) finish() {
-	defer l.s.wg.Done()
+	t := l.t
+	defer t.s.wg.Done()
 	defer close(l.finished)
-	l.mu.Lock()
-	if l.hold.watchOwn != nil {
-		l.hold.watchOwn.Stop()
-	}
-	token := l.token
-	l.mu.Unlock()
-	l.w.own.unsubscribe(l)
-	l.w.queue.unsubscribe(l)
-	l.w.follows.unsubscribe(l)
-	if m := l.w.queue.mirror; m != nil {
-		m.leave(l, token)
-	}
-	l.s.unhold(l)
+	t.stopListening()
+	t.s.unhold(l)
 	l.leave()
 	l.finishing()
+}
+
+// Mode is Read for a holding taken by RLock or TryRLock, Write otherwise.
+func (l *Lock) Mode() Mode { return l.t.mode }
+
+// await waits for the lock's turn; with try set it only checks that no
+// key is ahead (tryEmpty may have seen only keys that do not block).
+func (l *Lock) await(ctx context.Context, try bool) error {
+	t := l.t
+	st, ended := t.look(try)
+	l.reportQueued()
+	switch {
+	case ended:
+		return context.Cause(t.ctx)
+	case st.Kind == queue.StepHeld:
+		return nil
+	}
+	if !try {
+		t.s.hooks.waiting(t.name, +1)
+		defer t.s.hooks.waiting(t.name, -1)
+	}
+	wctx, stop := l.Context(ctx)
+	err := t.wait(wctx, try)
+	stop()
+	if err != nil && t.ctx.Err() != nil {
+		err = context.Cause(t.ctx)
+	}
+	return err
 }

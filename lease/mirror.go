@@ -162,7 +162,7 @@ func (m *queueMirror) only(key string, token int64) bool {
 	return m.c.Only(key, token)
 }
 
-// leave unregisters waiter l. token is read by the caller under l.mu: the
+// leave unregisters waiter l. token is read by the caller under t.mu: the
 // lock's finish may run while its enqueue is returning.
 func (m *queueMirror) leave(l listener, token int64) {
 	m.mu.Lock()

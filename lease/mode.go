@@ -57,19 +57,16 @@ func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
 	return s.acquire(ctx, Call{Op: "TryRLock", Name: name, Mode: Read}, "", true)
 }
 
-// Mode is Read for a holding taken by RLock or TryRLock, Write otherwise.
-func (l *Lock) Mode() Mode { return l.mode }
-
 // blocks tells whether kv, a queue key older than the lock's own, keeps it
 // from being held: any key blocks a writer, only a writer's a reader.
-func (l *Lock) blocks(kv *mvccpb.KeyValue) bool {
-	return l.mode == Write || modeOf(kv) == Write
+func (t *tracker) blocks(kv *mvccpb.KeyValue) bool {
+	return t.mode == Write || modeOf(kv) == Write
 }
 
 // blocksKV tells whether kv, a key under the name older than the lock's
 // own, is a queue key that blocks it. A key that is not a queue key (data,
 // a nested lock's key, a key moved off its lease) is no lock and never
 // blocks.
-func (l *Lock) blocksKV(kv *mvccpb.KeyValue) bool {
-	return isQueueKey(l.name+"/", kv) && l.blocks(kv)
+func (t *tracker) blocksKV(kv *mvccpb.KeyValue) bool {
+	return isQueueKey(t.name+"/", kv) && t.blocks(kv)
 }

@@ -19,8 +19,8 @@ type faultSeam struct{}
 // lease, and of the lock's mode (a writer's key that someone's put made a
 // reader's lets readers in: it is no longer this writer's holding). A
 // deleted key (nil, or a delete event's bare key) is not.
-func (l *Lock) owns(kv *mvccpb.KeyValue) bool {
-	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id) && modeOf(kv) == l.mode
+func (t *tracker) owns(kv *mvccpb.KeyValue) bool {
+	return kv != nil && kv.CreateRevision == t.token && kv.Lease == int64(t.s.id) && modeOf(kv) == t.mode
 }
 
 // grantedTTL is the TTL etcd granted, never the one asked for.

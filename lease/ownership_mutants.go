@@ -44,11 +44,11 @@ func WithClockRate(rate float64) Option {
 	}
 }
 
-func (l *Lock) owns(kv *mvccpb.KeyValue) bool {
-	if l.s.seam.mutant == seam.SessionOnlyOwnership {
+func (t *tracker) owns(kv *mvccpb.KeyValue) bool {
+	if t.s.seam.mutant == seam.SessionOnlyOwnership {
 		return true
 	}
-	return kv != nil && kv.CreateRevision == l.token && kv.Lease == int64(l.s.id) && modeOf(kv) == l.mode
+	return kv != nil && kv.CreateRevision == t.token && kv.Lease == int64(t.s.id) && modeOf(kv) == t.mode
 }
 
 func (o *options) grantedTTL(seconds int64) time.Duration {

@@ -13,10 +13,11 @@ import (
 
 // leave hands the name's local gate on, once.
 func (l *Lock) leave() {
-	l.mu.Lock()
-	release := l.hold.gate
-	l.hold.gate = nil
-	l.mu.Unlock()
+	t := l.t
+	t.mu.Lock()
+	release := t.hold.gate
+	t.hold.gate = nil
+	t.mu.Unlock()
 	if release != nil {
 		release()
 	}
@@ -36,10 +37,11 @@ func (l *Lock) abandon() {
 // key left while the session lives holds up every later waiter; the
 // session's end takes it.
 func (l *Lock) cleanup(ops ...clientv3.Op) {
+	t := l.t
 	retry := newBackoff(20*time.Millisecond, time.Second)
 	then := l.removeOps(ops...)
 	for {
-		resp, err := l.s.keys.Txn(l.s.ctx).If(l.tokenCmp()).Then(then...).Commit()
+		resp, err := t.s.keys.Txn(t.s.ctx).If(t.tokenCmp()).Then(then...).Commit()
 		if err == nil {
 			if resp.Succeeded {
 				l.kw.released()
@@ -48,12 +50,12 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 		}
 		if rpcerr.Refused(err) {
 			// Refused outright (no permission, say): retrying changes nothing.
-			l.s.lg.Error("lock key left until this session's next lock of the name or its end",
-				zap.String("key", l.key), zap.Error(err))
+			t.s.lg.Error("lock key left until this session's next lock of the name or its end",
+				zap.String("key", t.key), zap.Error(err))
 			return
 		}
-		if retry.wait(l.s.ctx) != nil {
-			l.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", l.key), zap.Error(err))
+		if retry.wait(t.s.ctx) != nil {
+			t.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", t.key), zap.Error(err))
 			return
 		}
 	}
@@ -63,13 +65,13 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 // (keyWrites.releaseOps), then do ops: cleanup's and Unlock's Then, under
 // tokenCmp. Once they applied, keyWrites.released records it.
 func (l *Lock) removeOps(ops ...clientv3.Op) []clientv3.Op {
-	return append(append([]clientv3.Op{clientv3.OpDelete(l.key)}, l.kw.releaseOps()...), ops...)
+	return append(append([]clientv3.Op{clientv3.OpDelete(l.t.key)}, l.kw.releaseOps()...), ops...)
 }
 
 // tokenCmp holds while the key is this holding's: a later holding of the
 // session has a later creation revision.
-func (l *Lock) tokenCmp() clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)
+func (t *tracker) tokenCmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.token)
 }
 
 // Unlock releases the lock: it deletes the key only if the key's creation
@@ -85,38 +87,39 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	ctx, done := l.traceRelease(ctx, "Unlock")
 	err := l.unlock(ctx)
 	if err != nil {
-		err = failed(fmt.Sprintf("unlock %q", l.name), err)
+		err = failed(fmt.Sprintf("unlock %q", l.t.name), err)
 	}
 	done(err)
 	return err
 }
 
 func (l *Lock) unlock(ctx context.Context) error {
+	t := l.t
 	l.writing.Lock()
 	defer l.writing.Unlock()
-	if l.ctx.Err() != nil {
-		return context.Cause(l.ctx)
+	if t.ctx.Err() != nil {
+		return context.Cause(t.ctx)
 	}
 	l.setPhase(releasing)
-	rested := l.restOwn()
-	resp, err := l.s.keys.Txn(ctx).
-		If(l.tokenCmp()).
+	rested := t.restOwn()
+	resp, err := t.s.keys.Txn(ctx).
+		If(t.tokenCmp()).
 		Then(l.removeOps(l.releaseOps()...)...).
 		Commit()
 	if err == nil && resp.Succeeded {
 		l.kw.released()
 	}
 
-	l.mu.Lock()
-	released := (err == nil && resp.Succeeded) || (err != nil && l.hold.phase == releasedOrTaken)
+	t.mu.Lock()
+	released := (err == nil && resp.Succeeded) || (err != nil && t.hold.phase == releasedOrTaken)
 	finishHere := false
 	if released {
 		// Before the phase goes back: the own-key watch may see our own delete
 		// at any moment after, and must not call it a loss.
 		finishHere = l.cancelWith(ErrUnlocked)
 	}
-	l.hold.phase = steady
-	l.mu.Unlock()
+	t.hold.phase = steady
+	t.mu.Unlock()
 	switch {
 	case released:
 		l.finishOrWait(finishHere)
@@ -127,7 +130,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 	default:
 		if rested {
 			// Still held, perhaps: its key's deletion must be heard.
-			l.w.own.resume()
+			t.w.own.resume()
 		}
 		return err
 	}
@@ -138,48 +141,51 @@ func (l *Lock) unlock(ctx context.Context) error {
 // key someone moved off it (which ended the holding). A key found gone or
 // moved ends the lock.
 func (l *Lock) put(ctx context.Context, value string) error {
+	t := l.t
 	l.writing.Lock()
 	defer l.writing.Unlock()
-	if l.ctx.Err() != nil {
-		return context.Cause(l.ctx)
+	if t.ctx.Err() != nil {
+		return context.Cause(t.ctx)
 	}
-	resp, err := l.s.client.Txn(ctx).
-		If(l.heldCmps()...).
-		Then(clientv3.OpPut(l.key, value, clientv3.WithLease(l.s.id))).
+	resp, err := t.s.client.Txn(ctx).
+		If(t.heldCmps()...).
+		Then(clientv3.OpPut(t.key, value, clientv3.WithLease(t.s.id))).
 		Commit()
 	if err != nil {
 		return err
 	}
 	if !resp.Succeeded {
 		l.end(ErrKeyDeleted)
-		return context.Cause(l.ctx)
+		return context.Cause(t.ctx)
 	}
-	l.mu.Lock()
-	l.hold.value = value
-	l.mu.Unlock()
+	t.mu.Lock()
+	t.hold.value = value
+	t.mu.Unlock()
 	return nil
 }
 
 // heldCmps are the comparisons that hold while the key is this holding's:
 // its creation revision is the token and it is on the session's lease.
-func (l *Lock) heldCmps() []clientv3.Cmp {
+func (t *tracker) heldCmps() []clientv3.Cmp {
 	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token),
-		clientv3.Compare(clientv3.LeaseValue(l.key), "=", int64(l.s.id)),
+		clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.token),
+		clientv3.Compare(clientv3.LeaseValue(t.key), "=", int64(t.s.id)),
 	}
 }
 
 // currentValue is the value the key was last given.
 func (l *Lock) currentValue() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.hold.value
+	t := l.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.hold.value
 }
 
 func (l *Lock) setPhase(p phase) {
-	l.mu.Lock()
-	l.hold.phase = p
-	l.mu.Unlock()
+	t := l.t
+	t.mu.Lock()
+	t.hold.phase = p
+	t.mu.Unlock()
 }
 
 // end ends the lock with cause and waits for it to finish.
@@ -191,7 +197,7 @@ func (l *Lock) end(cause error) {
 // to the caller: it saves a goroutine and a wake-up on every release.
 func (l *Lock) cancelWith(cause error) (finishHere bool) {
 	finishHere = l.stopFinish()
-	l.cancel(cause)
+	l.t.cancel(cause)
 	return finishHere
 }
 

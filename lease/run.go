@@ -68,11 +68,10 @@ func Lead(ctx context.Context, client *clientv3.Client, name, value string,
 type holding interface {
 	Err() error
 	Context(parent context.Context) (context.Context, context.CancelFunc)
-	release(ctx context.Context) error
+	unlock(ctx context.Context) error
 }
 
-func (l *Lock) release(ctx context.Context) error       { return l.unlock(ctx) }
-func (e *Leadership) release(ctx context.Context) error { return e.l.unlock(ctx) }
+func (e *Leadership) unlock(ctx context.Context) error { return e.l.unlock(ctx) }
 
 // Backoff between holdings, each wait drawn from the upper half of a
 // doubling delay, so that holders that lost together do not return in step.
@@ -168,7 +167,7 @@ func holdOnce[H holding](ctx context.Context, s *Session, take func(context.Cont
 func releaseAfter(s *Session, h holding) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.TTL())
 	defer cancel()
-	return h.release(ctx)
+	return h.unlock(ctx)
 }
 
 // retryable tells whether to try again: not after ctx ended or a refusal.

@@ -205,13 +205,13 @@ func (s *Session) Close() error {
 // releases; one that fails leaves its successor to wait out the delay.
 func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	for l := range held {
-		if l.ctx.Err() != nil {
+		if l.t.ctx.Err() != nil {
 			continue // ended between its grant and its registration
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 		if err := l.unlock(ctx); err != nil {
 			s.lg.Warn("lock not released before revoking the lease: its successor will wait out the lock delay",
-				zap.String("key", l.key), zap.Error(err))
+				zap.String("key", l.t.key), zap.Error(err))
 		}
 		cancel()
 	}
@@ -219,7 +219,7 @@ func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 
 // hold registers a granted writer for releaseHoldings unless Close began.
 func (s *Session) hold(l *Lock) {
-	if s.lockDelay == 0 || l.mode == Read {
+	if s.lockDelay == 0 || l.t.mode == Read {
 		return
 	}
 	s.mu.Lock()

@@ -12,30 +12,30 @@ import (
 // The lock's watches feed its rule (queue.Rule), each subscription as a
 // source of its own, named by a serial the rule hands out. A lock starts
 // and ends a subscription only here, telling the rule in the same step
-// under l.mu, so the rule never trusts a watch the lock no longer hears.
+// under t.mu, so the rule never trusts a watch the lock no longer hears.
 
 // done is closed once the lock has ended, and cause says why (listener).
-func (l *Lock) done() <-chan struct{} { return l.ctx.Done() }
+func (t *tracker) done() <-chan struct{} { return t.ctx.Done() }
 
-func (l *Lock) cause() error { return context.Cause(l.ctx) }
+func (t *tracker) cause() error { return context.Cause(t.ctx) }
 
 // nudge wakes the waiter (listener): as wake does for news that may grant
 // it, as poke does for any other.
-func (l *Lock) nudge(grant bool) {
+func (t *tracker) nudge(grant bool) {
 	if grant {
-		l.wake()
+		t.wake()
 		return
 	}
-	l.poke()
+	t.poke()
 }
 
 // rangeOf is what watch w covers: its keys (nil for the whole queue) and
 // whether the own key is among them.
-func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
+func (t *tracker) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
 	switch w {
-	case l.w.own:
-		return []string{l.key}, true
-	case l.w.queue:
+	case t.w.own:
+		return []string{t.key}, true
+	case t.w.queue:
 		return nil, true
 	}
 	return []string{w.key}, false
@@ -43,7 +43,7 @@ func (l *Lock) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
 
 // feed is watch w as lock l subscribes to it (queue.Feed).
 type feed struct {
-	l *Lock
+	l *tracker
 	w *keyWatch
 }
 
@@ -58,30 +58,30 @@ func (f feed) Unsubscribe() (queue.Source, bool) { return f.w.unsubscribe(f.l) }
 // subscribeTo makes l a subscriber of w, unless it is one, and returns w's
 // epoch. A new subscription to a watch that is up covers l from the
 // revision after the last response it handed on. A response handed on
-// after the subscription waits for l.mu, so it reaches the rule after the
+// after the subscription waits for t.mu, so it reaches the rule after the
 // subscription is up.
-func (l *Lock) subscribeTo(w *keyWatch) queue.Epoch {
+func (t *tracker) subscribeTo(w *keyWatch) queue.Epoch {
 	// Already a subscriber (a follow watch kept across reads): nothing to
 	// do, and no feed to allocate.
-	if epoch, ok := w.subscribed(l); ok {
+	if epoch, ok := w.subscribed(t); ok {
 		return epoch
 	}
-	l.mu.Lock()
-	epoch, src := l.q.Subscribe(feed{l, w}, false)
-	l.mu.Unlock()
+	t.mu.Lock()
+	epoch, src := t.q.Subscribe(feed{t, w}, false)
+	t.mu.Unlock()
 	if src != 0 && epoch.Up() {
-		l.poke() // a source came up: the rule may wait for it now
+		t.poke() // a source came up: the rule may wait for it now
 	}
 	return epoch
 }
 
 // unsubscribed ends l's subscription to w, stopped for good, and the
 // rule's trust in it (listener).
-func (l *Lock) unsubscribed(w *keyWatch) {
-	l.mu.Lock()
-	l.q.Unsubscribe(feed{l, w})
-	l.mu.Unlock()
-	l.poke()
+func (t *tracker) unsubscribed(w *keyWatch) {
+	t.mu.Lock()
+	t.q.Unsubscribe(feed{t, w})
+	t.mu.Unlock()
+	t.poke()
 }
 
 // up records that subscription src came up in epoch, delivering
@@ -89,40 +89,68 @@ func (l *Lock) unsubscribed(w *keyWatch) {
 // own-key watch comes up a holder reads its key again (recheck), as a
 // deletion while the watch was down went unseen; an error means that
 // read failed.
-func (l *Lock) up(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
-	l.mu.Lock()
-	l.q.Rule.Up(src, epoch, start)
-	l.mu.Unlock()
-	l.poke()
-	if w == l.w.own {
-		return l.recheck(ctx)
+func (t *tracker) up(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
+	t.mu.Lock()
+	t.q.Rule.Up(src, epoch, start)
+	t.mu.Unlock()
+	t.poke()
+	if w == t.w.own {
+		return t.recheck(ctx)
 	}
 	return nil
 }
 
 // down records that subscription src went down, ending epoch-1,
 // and wakes the waiter.
-func (l *Lock) down(src queue.Source, epoch queue.Epoch) {
-	l.mu.Lock()
-	l.q.Rule.Down(src, epoch)
-	l.mu.Unlock()
-	l.poke()
+func (t *tracker) down(src queue.Source, epoch queue.Epoch) {
+	t.mu.Lock()
+	t.q.Rule.Down(src, epoch)
+	t.mu.Unlock()
+	t.poke()
 }
 
 // ownKV is the own key as a read that found it this holding's shows it.
-// l.mu is held.
-func (l *Lock) ownKV() *mvccpb.KeyValue {
-	return &mvccpb.KeyValue{Key: []byte(l.key), Value: []byte(l.hold.value), CreateRevision: l.token, ModRevision: l.token, Lease: int64(l.s.id)}
+// t.mu is held.
+func (t *tracker) ownKV() *mvccpb.KeyValue {
+	return &mvccpb.KeyValue{Key: []byte(t.key), Value: []byte(t.hold.value), CreateRevision: t.token, ModRevision: t.token, Lease: int64(t.s.id)}
 }
 
 // feed hands the rule one response's events of subscription src.
-// l.mu is held.
-func (l *Lock) feed(src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
+// t.mu is held.
+func (t *tracker) feed(src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
 	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
 	// own before: converted one by one, for both.
 	evs := make([]*mvccpb.Event, len(events))
 	for i, ev := range events {
 		evs[i] = (*mvccpb.Event)(ev)
 	}
-	l.q.Rule.Events(src, epoch, evs, 0)
+	t.q.Rule.Events(src, epoch, evs, 0)
+}
+
+// listen subscribes the lock to its watches, and has the rule read from
+// where they start.
+func (t *tracker) listen() {
+	ownEpoch := t.subscribeTo(t.w.own)
+	epoch := t.subscribeTo(t.w.queue)
+	follows := t.w.follows.subscribe(t)
+	t.mu.Lock()
+	t.q.Read(ownEpoch, epoch, follows, 0)
+	t.mu.Unlock()
+}
+
+// stopListening ends the ended lock's subscriptions, its place on the
+// Keeper's copy, and a pending start of its own-key watch.
+func (t *tracker) stopListening() {
+	t.mu.Lock()
+	if t.hold.watchOwn != nil {
+		t.hold.watchOwn.Stop()
+	}
+	token := t.token
+	t.mu.Unlock()
+	t.w.own.unsubscribe(t)
+	t.w.queue.unsubscribe(t)
+	t.w.follows.unsubscribe(t)
+	if m := t.w.queue.mirror; m != nil {
+		m.leave(t, token)
+	}
 }

@@ -11,7 +11,7 @@ import (
 // it off, or will, and a Keeper's shared watch would keep it for good.
 func TestEndedLockNotSubscribedAgain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	live, ended := &Lock{ctx: context.Background()}, &Lock{ctx: ctx}
+	live, ended := &tracker{ctx: context.Background()}, &tracker{ctx: ctx}
 	cancel()
 	w := &keyWatch{}
 	serial := queue.Source(0)

@@ -69,35 +69,3 @@ func (ch *CallHooks) ended(held time.Duration, why error) {
 		ch.Ended(held, why)
 	}
 }
-
-// traceRelease starts the tracing of an Unlock or Resign of a granted holding:
-// the context it goes on with, and the function that reports its error.
-func (l *Lock) traceRelease(ctx context.Context, op string) (context.Context, func(error)) {
-	ch := l.trace
-	if ch == nil || ch.Release == nil {
-		return ctx, func(error) {}
-	}
-	rctx, rch := ch.Release(ctx, op)
-	if rctx == nil {
-		rctx = ctx
-	}
-	return rctx, func(err error) { rch.done(l.token, err) }
-}
-
-// reportQueued tells the tracing hooks how many keys ahead block the
-// lock: those its view lists, or, waiting on its Keeper's copy (whose view
-// lists only the nearest), those the copy holds.
-func (l *Lock) reportQueued() {
-	if l.trace == nil || l.trace.Queued == nil {
-		return
-	}
-	l.mu.Lock()
-	mirrored, n := l.q.Mirrored(), l.q.Rule.AheadCount()
-	l.mu.Unlock()
-	if mirrored {
-		if m, ok := l.w.queue.mirror.ahead(l.token, l.mode == Read); ok {
-			n = m
-		}
-	}
-	l.trace.Queued(n)
-}

@@ -8,4 +8,4 @@ import "github.com/leasefence/leasefence/internal/seam"
 // that drops a waiter's wake-up after a watch delivery: the waiter then
 // sleeps past its turn, which the chaos suite's liveness oracle must
 // report. wake_plain.go has the release form.
-func (l *Lock) dropsWake() bool { return l.s.seam.mutant == seam.DroppedWake }
+func (t *tracker) dropsWake() bool { return t.s.seam.mutant == seam.DroppedWake }
