@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -371,6 +372,36 @@ func TestUnlockNeverDeletesSuccessor(t *testing.T) {
 	}
 	if err := old.Unlock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, lease.ErrLost) {
 		t.Errorf("second Unlock after loss: %v, want ErrLost", err)
+	}
+}
+
+// An Unlock that finds the lock already ended returns once the lock has
+// finished: the same session may take the name again at once. It raced
+// the lock's finish before (a cold model run found it: TestWriteModel).
+func TestRelockAfterUnlockOfLostLock(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "relock")
+	s := newSession(t, cli)
+	for i := range 20 {
+		l := mustLock(t, s, name)
+		if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
+			t.Fatal(err)
+		}
+		// Err turns non-nil as the lock's context ends, before it finishes.
+		for l.Err() == nil {
+			runtime.Gosched()
+		}
+		if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); !errors.Is(err, lease.ErrKeyDeleted) {
+			t.Fatalf("round %d: Unlock of a lost lock: %v, want ErrKeyDeleted", i, err)
+		}
+		again, err := s.TryLock(etcdproc.Ctx(t, 30*time.Second), name)
+		if err != nil {
+			t.Fatalf("round %d: TryLock right after Unlock of a lost lock: %v", i, err)
+		}
+		if err := again.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

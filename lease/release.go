@@ -98,6 +98,9 @@ func (l *Lock) unlock(ctx context.Context) error {
 	l.writing.Lock()
 	defer l.writing.Unlock()
 	if t.ctx.Err() != nil {
+		// Ended already: once finish has run, the name's gate is free,
+		// so a Lock of the name right after this call is not refused.
+		<-l.finished
 		return context.Cause(t.ctx)
 	}
 	l.setPhase(releasing)
@@ -145,6 +148,9 @@ func (l *Lock) put(ctx context.Context, value string) error {
 	l.writing.Lock()
 	defer l.writing.Unlock()
 	if t.ctx.Err() != nil {
+		// Ended already: once finish has run, the name's gate is free,
+		// so a Lock of the name right after this call is not refused.
+		<-l.finished
 		return context.Cause(t.ctx)
 	}
 	resp, err := t.s.client.Txn(ctx).
