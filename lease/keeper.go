@@ -8,6 +8,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease/internal/renew"
 )
 
 // Keeper renews the leases of many sessions of one client together, and
@@ -23,12 +25,12 @@ type Keeper struct {
 	cancel context.CancelFunc
 	// leaderCtx, with require-leader metadata, parents the queue watches.
 	leaderCtx context.Context
-	renewer   *renewer
+	renewer   *renew.Renewer
 
 	// queues holds one queue watch per name, shared by the sessions.
 	queues registry[*keyWatch]
 
-	mu     sync.Mutex // guards closed; taken before renewer.mu
+	mu     sync.Mutex // guards closed; taken before the renewer's mu (renew.Renewer)
 	closed bool
 	wg     sync.WaitGroup // the queue watches' goroutines
 }
@@ -42,7 +44,7 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx)}
 	k.queues.open, k.queues.shut = k.openQueue, func(w *keyWatch) { w.stop() }
-	k.renewer = newRenewer(ctx, client, clock{}, keeperBatch, time.Second)
+	k.renewer = renew.New(ctx, client, clock{}, keeperBatch, time.Second)
 	return k, nil
 }
 
@@ -70,11 +72,9 @@ func (k *Keeper) Close() error {
 	k.closed = true
 	k.mu.Unlock()
 	var left []*Session
-	k.renewer.mu.Lock()
-	for _, e := range k.renewer.sessions {
-		left = append(left, e.s)
+	for _, e := range k.renewer.Sessions() {
+		left = append(left, e.(kept).s)
 	}
-	k.renewer.mu.Unlock()
 	var errs []error
 	for _, s := range left {
 		if err := s.Close(); err != nil && !errors.Is(err, ErrSessionClosed) {
@@ -83,7 +83,7 @@ func (k *Keeper) Close() error {
 	}
 	k.queues.close()
 	k.cancel()
-	<-k.renewer.done
+	<-k.renewer.Done()
 	k.wg.Wait()
 	return errors.Join(errs...)
 }
@@ -130,6 +130,6 @@ func (k *Keeper) add(s *Session) error {
 	if k.closed {
 		return fmt.Errorf("keeper: %w", ErrSessionClosed)
 	}
-	k.renewer.add(s)
+	k.renewer.Add(kept{s})
 	return nil
 }

@@ -358,7 +358,7 @@ func TestKeeperStalledSend(t *testing.T) {
 	stacks := string(buf[:runtime.Stack(buf, true)])
 	stalled := false
 	for _, g := range strings.Split(stacks, "\n\n") {
-		stalled = stalled || strings.Contains(g, "(*renewer).send") && strings.Contains(g, "(*writeQuota).get")
+		stalled = stalled || strings.Contains(g, "renew.(*Renewer).send") && strings.Contains(g, "(*writeQuota).get")
 	}
 	if !stalled {
 		t.Fatal("the Keeper's sender is not blocked in a send: the test did not stall it")

@@ -81,14 +81,14 @@ func (c clock) Now() time.Time {
 	return c.origin.Add(time.Duration(float64(time.Since(c.origin)) * c.rate))
 }
 
-func (c clock) real(d time.Duration) time.Duration {
+func (c clock) Real(d time.Duration) time.Duration {
 	if c.rate == 0 {
 		return d
 	}
 	return time.Duration(float64(d) / c.rate)
 }
 
-func (c clock) scale(d time.Duration) time.Duration {
+func (c clock) Scale(d time.Duration) time.Duration {
 	if c.rate == 0 {
 		return d
 	}

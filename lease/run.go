@@ -101,7 +101,7 @@ func supervise[H holding](ctx context.Context, client *clientv3.Client, name str
 	delay := runRetryFirst
 	for {
 		var err error
-		if s, err = renew(ctx, client, s, opts); err == nil {
+		if s, err = liveSession(ctx, client, s, opts); err == nil {
 			var done bool
 			if done, err = holdOnce(ctx, s, take, fn); done {
 				return err
@@ -120,8 +120,8 @@ func supervise[H holding](ctx context.Context, client *clientv3.Client, name str
 	}
 }
 
-// renew returns s if it is alive, or a new session in its place.
-func renew(ctx context.Context, client *clientv3.Client, s *Session, opts []Option) (*Session, error) {
+// liveSession returns s if it is alive, or a new session in its place.
+func liveSession(ctx context.Context, client *clientv3.Client, s *Session, opts []Option) (*Session, error) {
 	if s != nil && s.Err() == nil {
 		return s, nil
 	}

@@ -11,6 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/lease/internal/renew"
 )
 
 // Session is one etcd lease, kept alive until Close or its loss, under
@@ -33,7 +35,7 @@ type Session struct {
 	seam    faultSeam // empty in release builds; see ownership.go
 	hooks   Hooks
 	keeper  *Keeper // nil without WithKeeper
-	renewer *renewer
+	renewer *renew.Renewer
 	// lockDelay is WithLockDelay's; holdings, the writers Close unlocks
 	// before the revoke so that successors see clean releases.
 	lockDelay time.Duration
@@ -121,8 +123,8 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		}
 		s.renewer = s.keeper.renewer
 	} else { // a renewer of its own, which stops as the session ends
-		s.renewer = newRenewer(s.ctx, client, s.clock, 0, granted/6)
-		s.renewer.add(s)
+		s.renewer = renew.New(s.ctx, client, s.clock, 0, granted/6)
+		s.renewer.Add(kept{s})
 	}
 	s.lg.Info("session started", zap.Duration("ttl", granted))
 	return s, nil
@@ -183,9 +185,9 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	s.releaseHoldings(held)
 	s.cancel(ErrSessionClosed)
-	s.renewer.remove(s)
+	s.renewer.Remove(kept{s})
 	if s.keeper == nil {
-		<-s.renewer.done
+		<-s.renewer.Done()
 	}
 	s.gates.close()
 	s.wg.Wait()
@@ -276,7 +278,7 @@ func (s *Session) fail(why error) {
 // absorbs this process's own small delays (a timer a little late, a short
 // GC pause) so that Done still closes before etcd's revocation, which can
 // come at the very instant of expiry. Larger, lasting lateness on a loaded
-// machine is measured, and aimed off, by the renewer (renewer.lag).
+// machine is measured, and aimed off, by the renewer (renew.Renewer's lag).
 func localDeadline(sent time.Time, ttl time.Duration) time.Time {
 	return sent.Add(ttl - lossMargin(ttl))
 }
@@ -396,4 +398,22 @@ func (s *Session) track() error {
 	}
 	s.wg.Add(1)
 	return nil
+}
+
+// kept is a Session as its renewer sees it (renew.Session). A value that
+// holds only the pointer: two are equal when their sessions are the same,
+// which is how the renewer tells sessions apart.
+type kept struct{ s *Session }
+
+func (k kept) Lease() clientv3.LeaseID { return k.s.id }
+func (k kept) TTL() time.Duration      { return k.s.ttl }
+func (k kept) Deadline() time.Time     { return k.s.Deadline() }
+func (k kept) Ended() bool             { return k.s.ctx.Err() != nil }
+func (k kept) Lose(reason string)      { k.s.lose(reason) }
+
+// Renewed extends the deadline by etcd's answer, of ttl seconds, to a
+// keep-alive sent at sent, and checks the answer's revision.
+func (k kept) Renewed(sent time.Time, ttl, revision int64) {
+	k.s.extend(localDeadline(sent, k.s.renewedTTL(ttl)))
+	k.s.checkRevision(revision)
 }

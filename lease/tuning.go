@@ -112,17 +112,15 @@ const withdrawRefusals = 8
 
 // Sessions, Keepers and observers.
 
-// lagWindow spans many renewals of a 2 s session (one every 667 ms).
-//
-// Coupled to the renewer's lateness aim (renew.go), capped at a quarter of
-// the TTL; docs/design.md has the loss margin under load it gives.
-const lagWindow = 10 * time.Second
+// The renewer's lagWindow, how long a timer's lateness counts, is with the
+// renewer in lease/internal/renew.
 
 // keeperBatch is how early a Keeper may renew a lease, so that renewals due
 // close together share a wake-up. Renewing early is always safe.
 //
 // Coupled to the renewer, which sends each lease's keep-alive a third of
-// its TTL after the last (renew.go): a Keeper's is early by at most this.
+// its TTL after the last (lease/internal/renew): a Keeper's is early by at
+// most this.
 // Set by reasoning, not measured.
 const keeperBatch = 100 * time.Millisecond
 

@@ -1,4 +1,4 @@
-package lease
+package renew
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// renewer renews leases over one LeaseKeepAlive stream, a Keeper's or a
+// Renewer renews leases over one LeaseKeepAlive stream, a Keeper's or a
 // lone session's, every third of their TTL. An answer moves the deadline
-// to its request's send time plus the TTL, less the loss margin (a lease's
-// answers come in request order). The loop only decides what is due; the stream's own
+// (Session.Renewed) to its request's send time plus the TTL, less the loss
+// margin (a lease's answers come in request order). The loop only decides what is due; the stream's own
 // goroutines do the I/O, so that a blocked send holds up neither.
 //
 // A session ends at its deadline less how late the renewer's timer has
@@ -20,7 +20,7 @@ import (
 // wake-up that ends a session is aimed early by as much, so that Done
 // still closes ahead of etcd's expiry if the process runs no later than
 // it lately has.
-type renewer struct {
+type Renewer struct {
 	// lag is how late the loop's timer has fired lately, in real time:
 	// the process's and the machine's lateness, which the loop aims off.
 	// aim is lag as it stood when the loop last went to sleep: the check
@@ -30,7 +30,7 @@ type renewer struct {
 	aim time.Duration
 
 	client   *clientv3.Client
-	clock    clock
+	clock    Clock
 	batch    time.Duration   // how early a keep-alive may go out, for renewals to share a wake-up
 	maxRetry time.Duration   // the longest pause before a failed stream is opened again
 	ctx      context.Context // the loop runs until it ends
@@ -38,44 +38,100 @@ type renewer struct {
 	wake     chan struct{}   // poked when a session is added
 
 	// mu guards sessions, their renewal state and outbox. Lock order: a
-	// Keeper's mu, then mu, then a Session's mu.
+	// Keeper's mu, then mu, then a Session's mu (which Deadline takes).
 	mu       sync.Mutex
 	sessions map[clientv3.LeaseID]*keptSession
 	outbox   []int64 // leases whose keep-alive is due, for the stream's sender
 }
 
-// keptSession is a session's renewal state. renewer.mu guards it.
+// Session is what the Renewer needs of a session whose lease it keeps
+// alive (package lease's Session). Lease, TTL, Deadline and Ended are
+// called with the Renewer's mu held, so they may take the session's own
+// mutex but nothing that waits on the Renewer; Lose and Renewed are called
+// without it. Sessions are told apart with ==.
+type Session interface {
+	// Lease is the session's lease, one per session of a Renewer.
+	Lease() clientv3.LeaseID
+	// TTL is the lease's TTL: its keep-alive goes out every third of it.
+	TTL() time.Duration
+	// Deadline is when the session takes its lease to end unless renewed.
+	Deadline() time.Time
+	// Ended is true once the session has ended: the Renewer drops it.
+	Ended() bool
+	// Lose ends the session, its lease taken for lost, for reason.
+	Lose(reason string)
+	// Renewed applies etcd's answer to a keep-alive sent at sent: the TTL
+	// in seconds (positive) and the answer header's store revision.
+	Renewed(sent time.Time, ttl, revision int64)
+}
+
+// Clock is the sessions' local time: the real clock, or the fault suite's
+// slow or fast one.
+type Clock interface {
+	Now() time.Time
+	// Real is how long d on this clock lasts in real time.
+	Real(d time.Duration) time.Duration
+	// Scale is how much of this clock's time d of real time is.
+	Scale(d time.Duration) time.Duration
+}
+
+// keptSession is a session's renewal state. Renewer.mu guards it.
 type keptSession struct {
-	s        *Session
+	s        Session
 	nextSend time.Time
 	sent     []time.Time // send times of keep-alives not yet answered, oldest first
 }
 
-// newRenewer starts a renewer that runs until ctx ends.
-func newRenewer(ctx context.Context, client *clientv3.Client, c clock, batch, maxRetry time.Duration) *renewer {
-	r := &renewer{client: client, clock: c, batch: batch, maxRetry: maxRetry, ctx: ctx,
+// New starts a Renewer that runs until ctx ends. batch is how early a
+// keep-alive may go out, for renewals to share a wake-up; maxRetry, the
+// longest pause before a failed stream is opened again.
+func New(ctx context.Context, client *clientv3.Client, c Clock, batch, maxRetry time.Duration) *Renewer {
+	r := &Renewer{client: client, clock: c, batch: batch, maxRetry: maxRetry, ctx: ctx,
 		done: make(chan struct{}), wake: make(chan struct{}, 1), sessions: make(map[clientv3.LeaseID]*keptSession)}
 	go r.run()
 	return r
 }
 
-func (r *renewer) add(s *Session) {
+// Add starts renewing s's lease.
+func (r *Renewer) Add(s Session) {
 	r.mu.Lock()
-	r.sessions[s.id] = &keptSession{s: s}
+	r.sessions[s.Lease()] = &keptSession{s: s}
 	r.mu.Unlock()
 	poke(r.wake)
 }
 
-func (r *renewer) remove(s *Session) {
+// Remove stops renewing s's lease, if s (not another session of its
+// lease) is kept.
+func (r *Renewer) Remove(s Session) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e := r.sessions[s.id]; e != nil && e.s == s {
-		delete(r.sessions, s.id)
+	id := s.Lease()
+	if e := r.sessions[id]; e != nil && e.s == s {
+		delete(r.sessions, id)
 	}
 }
 
+// Sessions lists the sessions kept now, in no order: a Keeper closes them
+// as it closes.
+func (r *Renewer) Sessions() []Session {
+	var kept []Session
+	r.mu.Lock()
+	for _, e := range r.sessions {
+		kept = append(kept, e.s)
+	}
+	r.mu.Unlock()
+	return kept
+}
+
+// Done is closed when the Renewer has stopped, after its ctx ended.
+func (r *Renewer) Done() <-chan struct{} { return r.done }
+
+// Lag is how much earlier than their deadlines the Renewer ends sessions
+// now, before the cap of a quarter of the TTL.
+func (r *Renewer) Lag(now time.Time) time.Duration { return r.lag.get(now) }
+
 // run keeps a stream open until ctx ends, reopening it after a pause.
-func (r *renewer) run() {
+func (r *Renewer) run() {
 	defer close(r.done)
 	retry := 50 * time.Millisecond
 	for r.ctx.Err() == nil {
@@ -92,7 +148,7 @@ func (r *renewer) run() {
 }
 
 // stream runs one stream until it fails or ctx ends.
-func (r *renewer) stream() (answered bool) {
+func (r *Renewer) stream() (answered bool) {
 	r.mu.Lock()
 	r.outbox = nil
 	for _, e := range r.sessions {
@@ -124,7 +180,7 @@ func (r *renewer) stream() (answered bool) {
 
 // carry opens the stream (which can wait, for a connection), passes its
 // answers on results, closed when it fails, and sends what tick queues.
-func (r *renewer) carry(ctx context.Context, results chan<- *pb.LeaseKeepAliveResponse, ready <-chan struct{}) {
+func (r *Renewer) carry(ctx context.Context, results chan<- *pb.LeaseKeepAliveResponse, ready <-chan struct{}) {
 	stream, err := pb.NewLeaseClient(r.client.ActiveConnection()).LeaseKeepAlive(ctx)
 	if err != nil {
 		close(results)
@@ -150,7 +206,7 @@ func (r *renewer) carry(ctx context.Context, results chan<- *pb.LeaseKeepAliveRe
 }
 
 // send sends what tick queues, each time ready is poked.
-func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient, ready <-chan struct{}) {
+func (r *Renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient, ready <-chan struct{}) {
 	for {
 		select {
 		case <-ready:
@@ -173,8 +229,8 @@ func (r *renewer) send(ctx context.Context, stream pb.Lease_LeaseKeepAliveClient
 
 // wait sleeps until next, an answer on results (nil: none), a new session
 // or the end of ctx; failed if results was closed.
-func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse) (resp *pb.LeaseKeepAliveResponse, failed bool) {
-	d := r.clock.real(next.Sub(r.clock.Now()))
+func (r *Renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse) (resp *pb.LeaseKeepAliveResponse, failed bool) {
+	d := r.clock.Real(next.Sub(r.clock.Now()))
 	due := time.Now().Add(d)
 	r.aimFromLag(time.Now())
 	t := time.NewTimer(d)
@@ -195,18 +251,18 @@ func (r *renewer) wait(next time.Time, results <-chan *pb.LeaseKeepAliveResponse
 // taking their send time before they are sent, so that deadlines err
 // early; it ends sessions past their deadline, less the lag, and returns
 // when next due. The next keep-alive is aimed early by the lag as well.
-func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
+func (r *Renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 	next := now.Add(time.Second)
-	lag := r.clock.scale(r.aim)
-	var lost []*Session
+	lag := r.clock.Scale(r.aim)
+	var lost []Session
 	r.mu.Lock()
 	for id, e := range r.sessions {
 		s := e.s
-		if s.ctx.Err() != nil {
+		if s.Ended() {
 			delete(r.sessions, id)
 			continue
 		}
-		early := min(lag, maxLag(s.ttl))
+		early := min(lag, maxLag(s.TTL()))
 		deadline := s.Deadline().Add(-early)
 		if !now.Before(deadline) {
 			delete(r.sessions, id)
@@ -220,7 +276,7 @@ func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 		if !e.nextSend.After(now.Add(r.batch)) {
 			r.outbox = append(r.outbox, int64(id))
 			e.sent = append(e.sent, now)
-			e.nextSend = now.Add(s.ttl/3 - early) // as early as the deadline, to keep its time to be answered
+			e.nextSend = now.Add(s.TTL()/3 - early) // as early as the deadline, to keep its time to be answered
 		}
 		next = minTime(next, e.nextSend)
 	}
@@ -230,13 +286,13 @@ func (r *renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 		poke(ready)
 	}
 	for _, s := range lost {
-		s.lose("not renewed before the local deadline")
+		s.Lose("not renewed before the local deadline")
 	}
 	return next
 }
 
 // answer applies a keep-alive answer: a new deadline, or the lease's end.
-func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
+func (r *Renewer) answer(resp *pb.LeaseKeepAliveResponse) {
 	r.mu.Lock()
 	e := r.sessions[clientv3.LeaseID(resp.ID)]
 	if e == nil || len(e.sent) == 0 {
@@ -247,16 +303,21 @@ func (r *renewer) answer(resp *pb.LeaseKeepAliveResponse) {
 	e.sent = e.sent[1:]
 	s := e.s
 	if resp.TTL <= 0 {
-		delete(r.sessions, s.id)
+		delete(r.sessions, s.Lease())
 	}
 	r.mu.Unlock()
 	if resp.TTL <= 0 {
-		s.lose("etcd reports the lease gone")
+		s.Lose("etcd reports the lease gone")
 		return
 	}
-	s.extend(localDeadline(at, s.renewedTTL(resp.TTL)))
-	s.checkRevision(resp.Header.GetRevision())
+	s.Renewed(at, resp.TTL, resp.Header.GetRevision())
 }
+
+// lagWindow spans many renewals of a 2 s session (one every 667 ms).
+//
+// Coupled to the lateness aim (maxLag caps it at a quarter of the TTL);
+// docs/design.md has the loss margin under load it gives.
+const lagWindow = 10 * time.Second
 
 // lagMeter keeps the most a timer fired late in the current window of
 // lagWindow and in the one before, so that a lateness counts for one to
@@ -292,7 +353,7 @@ func (m *lagMeter) roll(now time.Time) {
 
 // aimFromLag sets the aim of the next check from the lateness measured
 // up to now.
-func (r *renewer) aimFromLag(now time.Time) { r.aim = r.lag.get(now) }
+func (r *Renewer) aimFromLag(now time.Time) { r.aim = r.lag.get(now) }
 
 // maxLag caps how early, for the lag, a session of ttl is ended and its
 // keep-alives sent: by a quarter of the TTL, so that a session gives up at
