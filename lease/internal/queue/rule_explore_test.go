@@ -27,7 +27,13 @@ import (
 // again. A Keeper's lock queues with a put alone, joins the copy once the
 // copy holds the put (Waiter.JoinCopy: its events subscription ends, one
 // via the copy starts), and leaves it (a new events subscription) once
-// the copy is gone: the watch went down, or the copy is off. While it
+// the copy is gone: the watch went down, or the copy is off. It
+// registers with the copy and moves its subscription onto it in two
+// steps, as package lease does under two mutexes, and the watch goes
+// down as keyWatch does: its epoch moves on first, then it drops the copy
+// and tells its subscribers; the world moves in between, so that
+// JoinCopy meets a watch that left the lock's epoch and a copy that is
+// gone, and must refuse. While it
 // waits on the copy it looks only when woken (by the copy, its own-key
 // watch, a watch's coming up or going down, or a read of its own coming
 // back), and then takes the copy as a complete read. Once the history is
@@ -60,63 +66,85 @@ type history struct {
 // and now and then a foreign delete or put of the own key or a put that
 // moves a key ahead off its lease (not with movesAhead false).
 func genHistory(r *rand.Rand, movesAhead bool) history {
-	h := history{own: "q/own"}
-	rev := int64(0)
-	live := map[string]bool{}
-	put := func(key, val string, lease int64, create int64) {
-		rev++
-		if create == 0 {
-			create = rev
-		}
-		h.evs = append(h.evs, &mvccpb.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(val),
-			CreateRevision: create, ModRevision: rev, Lease: lease}})
-		live[key] = true
-	}
+	g := &histGen{h: history{own: "q/own"}, live: map[string]bool{}}
 	for i := range 1 + r.IntN(5) {
 		key := fmt.Sprintf("q/a%d", i)
-		put(key, map[bool]string{true: readerVal}[r.IntN(3) == 0], otherLease, 0)
-		h.older = append(h.older, key)
+		g.put(key, map[bool]string{true: readerVal}[r.IntN(3) == 0], otherLease, 0)
+		g.h.older = append(g.h.older, key)
 	}
 	// Sessions ahead that released and queued again before the own put:
 	// the same names, gone once already.
-	for _, key := range h.older {
+	for _, key := range g.h.older {
 		if r.IntN(3) == 0 {
-			rev++
-			h.evs = append(h.evs, &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev}})
-			put(key, "", otherLease, 0)
+			g.rev++
+			g.del(key)
+			g.put(key, "", otherLease, 0)
 		}
 	}
-	put(h.own, "", ownLease, 0)
-	h.token = rev
+	g.put(g.h.own, "", ownLease, 0)
+	g.h.token = g.rev
 	for range 2 + r.IntN(10) {
-		rev++
-		for _, key := range pickDeletions(r, h, live) {
-			h.evs = append(h.evs, &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev}})
-			delete(live, key)
+		g.rev++
+		for _, key := range pickDeletions(r, g.h, g.live) {
+			g.del(key)
 		}
-		switch r.IntN(8) {
-		case 0:
-			put(fmt.Sprintf("q/b%d", rev), "", otherLease, 0) // a key behind
-		case 1:
-			if live[h.own] && r.IntN(3) == 0 {
-				put(h.own, "x", 0, h.token) // a foreign put that drops the lease
-			}
-		case 3:
-			// Someone else's put moves a key ahead off its lease: it
-			// stays, but is no lock from then on.
-			if key := h.older[r.IntN(len(h.older))]; movesAhead && live[key] && r.IntN(2) == 0 {
-				put(key, "x", 0, h.at(rev)[key].CreateRevision)
-			}
-		case 2:
-			// The session of a key ahead that went queues again: a key
-			// of the same name, newer than the own one.
-			if key := h.older[r.IntN(len(h.older))]; !live[key] {
-				put(key, "", otherLease, 0)
-			}
+		g.later(r, movesAhead)
+	}
+	g.h.end = g.rev
+	return g.h
+}
+
+// histGen writes a history, revision by revision: rev is the last one
+// written, live the keys there now.
+type histGen struct {
+	h    history
+	rev  int64
+	live map[string]bool
+}
+
+// put writes key in a revision of its own, made at create (0: now).
+func (g *histGen) put(key, val string, lease int64, create int64) {
+	g.rev++
+	if create == 0 {
+		create = g.rev
+	}
+	g.h.evs = append(g.h.evs, &mvccpb.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(val),
+		CreateRevision: create, ModRevision: g.rev, Lease: lease}})
+	g.live[key] = true
+}
+
+// del deletes key at the current revision (one transaction may delete
+// several keys).
+func (g *histGen) del(key string) {
+	g.h.evs = append(g.h.evs, &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: g.rev}})
+	delete(g.live, key)
+}
+
+// later writes, now and then, a put after the own one: a key behind, a
+// foreign put of the own key, a key ahead moved off its lease, or a key
+// ahead that went made again.
+func (g *histGen) later(r *rand.Rand, movesAhead bool) {
+	h := g.h
+	switch r.IntN(8) {
+	case 0:
+		g.put(fmt.Sprintf("q/b%d", g.rev), "", otherLease, 0) // a key behind
+	case 1:
+		if g.live[h.own] && r.IntN(3) == 0 {
+			g.put(h.own, "x", 0, h.token) // a foreign put that drops the lease
+		}
+	case 3:
+		// Someone else's put moves a key ahead off its lease: it
+		// stays, but is no lock from then on.
+		if key := h.older[r.IntN(len(h.older))]; movesAhead && g.live[key] && r.IntN(2) == 0 {
+			g.put(key, "x", 0, h.at(g.rev)[key].CreateRevision)
+		}
+	case 2:
+		// The session of a key ahead that went queues again: a key
+		// of the same name, newer than the own one.
+		if key := h.older[r.IntN(len(h.older))]; !g.live[key] {
+			g.put(key, "", otherLease, 0)
 		}
 	}
-	h.end = rev
-	return h
 }
 
 // pickDeletions chooses the keys one transaction deletes: usually one key
@@ -198,6 +226,10 @@ type watch struct {
 	filterPut bool
 	up        bool
 	gen       Epoch // odd while up, as a keyWatch's epoch
+	// telling: the watch went down (gen moved on) but has not yet dropped
+	// its copy and told its subscribers, as keyWatch.down does in that
+	// order; it does nothing else until it has (tellDown).
+	telling   bool
 	next      int   // index in the history's events of the next one to hand on
 	lastStart int64 // where its last generation up started
 	seen      int64 // the last revision it handed on (keyWatch.seenRev)
@@ -249,8 +281,12 @@ type world struct {
 	// its epoch (the queue watch's generation it subscribed in) to apply
 	// the put (joining), then waits on the copy (mirrored) until it is
 	// gone or the lock reads.
-	joining      bool
-	epoch        Epoch
+	joining bool
+	epoch   Epoch
+	// registered: the lock is a waiter of the copy (Copy.Join, under the
+	// copy's mutex), and moves its subscription onto the copy
+	// (Waiter.JoinCopy, under its own) at a later step.
+	registered   bool
 	looked       int64 // the copy's revision the lock last took
 	finishing    bool
 	q            Waiter // the lock's waiter: its rule and its subscriptions
@@ -260,7 +296,10 @@ type world struct {
 	done         bool
 	err          error // the first Decision the oracle refused
 	joined, left bool  // the lock joined the Keeper's copy, and left it again
-	reader       bool  // the lock is a reader's: only writers block it
+	// JoinCopy refused the lock; refusedLeft: with the copy of its epoch
+	// still there, the watch having left that epoch (telling).
+	refused, refusedLeft bool
+	reader               bool // the lock is a reader's: only writers block it
 	// woken: something woke the lock since it last looked (events, a
 	// watch's up or down, the copy's wake). A lock on the copy looks only
 	// when woken: the copy must wake it when a deletion may grant it.
@@ -312,7 +351,12 @@ func newWorldShaped(seed uint64, mutate func(*world), shape worldShape) *world {
 // its own key's, the queue's (a Keeper's, with its copy, now and then),
 // and a far waiter's follows.
 func (w *world) startWatches() {
-	w.queue = &watch{name: "queue", coversOwn: !w.shape.queueFiltersPuts, filterPut: w.shape.queueFiltersPuts}
+	// The queue watch (a Keeper's shared one above all) may have come up
+	// and gone down before this lock queued: the lock's epoch is not
+	// always the first, so that a subscription recorded in the wrong one
+	// shows (checkTrust).
+	w.queue = &watch{name: "queue", coversOwn: !w.shape.queueFiltersPuts, filterPut: w.shape.queueFiltersPuts,
+		gen: Epoch(2 * w.r.IntN(3))}
 	w.watches = []*watch{{name: "own", keys: []string{w.h.own}, coversOwn: true}, w.queue}
 	// A far waiter's follows: the newest keys ahead.
 	if n := len(w.h.older); n > 0 {
@@ -496,20 +540,38 @@ func (w *world) toggle(wt *watch) {
 	}
 	wt.gen++
 	wt.up = false
+	w.logf("%s down (generation %d)", wt.name, wt.gen)
+	// keyWatch.down moves the epoch on, then drops the copy and tells the
+	// subscribers: a lock may subscribe, join or look in between.
+	if wt.copy != nil && !w.finishing && w.r.IntN(2) == 0 {
+		wt.telling = true
+		return
+	}
+	w.tellDown(wt)
+}
+
+// tellDown is the rest of a watch's going down: its copy is dropped (which
+// wakes the copy's waiters), and the lock's subscription at the time, if
+// any, is told (Lock.down pokes).
+func (w *world) tellDown(wt *watch) {
+	wt.telling = false
+	if wt.copy != nil {
+		w.wake(wt.copy.Drop())
+	}
 	if wt.sub != nil {
 		w.k.Down(wt.sub.src, wt.gen)
-		w.woken = true // Lock.down pokes
+		w.woken = true
 	}
-	if wt.copy != nil {
-		w.wake(wt.copy.Drop()) // the copy is dropped
-	}
-	w.logf("%s down", wt.name)
+	w.logf("%s: down told, copy dropped", wt.name)
 }
 
 // upAt brings a watch up, delivering every event of its range from start
 // on: its events subscription is told (isUp), one via the copy is not, and
 // a Keeper's watch reads its copy at start-1.
 func (w *world) upAt(wt *watch, start int64) {
+	if wt.telling {
+		w.tellDown(wt) // the watch's goroutine finishes its down first
+	}
 	wt.comeUp(w.h, start)
 	wt.upSub = nil
 	if s := wt.sub; s != nil && !s.viaCopy {
@@ -562,8 +624,13 @@ func (w *world) wake(wk Wake) {
 
 // deliver has a watch hand on its next response: the events of its range
 // in the next few revisions up to the head (all of them with all set), to
-// its copy and to the lock's events subscription, if any.
+// its copy and to the lock's events subscription, if any. A watch still
+// telling its down finishes that instead.
 func (w *world) deliver(wt *watch, all bool) {
+	if wt.telling {
+		w.tellDown(wt) // its goroutine tells its down before it hands anything on
+		return
+	}
 	evs, ok := wt.handOn(w.r, w.h, w.head, all)
 	if !ok {
 		return
@@ -635,36 +702,71 @@ func (wt *watch) response(all []*mvccpb.Event, head int64, revs int) (evs []*mvc
 }
 
 // tryJoin is viewFromMirror: once the copy of the lock's epoch has
-// applied the put (and the lock knows its token), the lock joins it, at
-// once or at a later step; with no such copy it reads its view instead.
+// applied the put (and the lock knows its token), the lock registers with
+// it (queueMirror.join, under the copy's mutex), then moves its
+// subscription onto it (Waiter.JoinCopy, under the lock's), each at once
+// or at a later step; with no copy of its epoch to register with, it
+// reads its view instead. Between the two the watch may go down (its
+// epoch moving on before the copy is dropped), come up again with a new
+// copy, or the copy go off: JoinCopy must then refuse.
 func (w *world) tryJoin() {
 	c := w.queue.copy
 	if w.tokenLate || !(w.finishing || w.r.IntN(2) == 0) {
 		return // the put's answer, or the copy's applying it, comes later
 	}
-	joined, wait := c.Join(w.epoch, w.h.token, w.reader)
-	switch {
-	case wait:
-		return
-	case !joined:
-		w.joining = false
-		w.logf("no copy of epoch %d to join: the lock reads", w.epoch)
-		return
+	if !w.registered {
+		joined, wait := c.Join(w.epoch, w.h.token, w.reader)
+		switch {
+		case wait:
+			return
+		case !joined:
+			w.joining = false
+			w.logf("no copy of epoch %d to join: the lock reads", w.epoch)
+			return
+		}
+		w.registered, w.joined = true, true
+		w.logf("registers with the copy of epoch %d", w.epoch)
+		if !w.finishing && w.r.IntN(2) == 0 {
+			return // the lock's mutex comes later
+		}
 	}
-	w.joining, w.joined = false, true
-	// Waiter.JoinCopy: one step ends the subscription to the watch's
-	// events and starts one via the copy, up in this epoch only, covering
-	// what the copy holds (viewFromMirror in package lease).
+	w.joining, w.registered = false, false
+	w.joinCopy()
+}
+
+// joinCopy is Waiter.JoinCopy: one step ends the subscription to the
+// watch's events and starts one via the copy, up in the lock's epoch only,
+// covering what the copy holds. It is held to its word: joined exactly
+// while the watch is in the lock's epoch and the copy of that epoch is
+// there. Told no while both hold, the lock reads for nothing. Told it
+// joined when either is gone, it waits on a copy that applies nothing
+// more, its rule trusting the copy's subscription in an epoch that is
+// over; no run goes wrong for it today only because of how package lease
+// orders its steps (the lock looks in the copy before it decides, and the
+// watch's down follows its epoch's moving on), so this check is what
+// shows it.
+func (w *world) joinCopy() {
+	c := w.queue.copy
 	var old Source
 	if w.queue.sub != nil {
 		old = w.queue.sub.src
 	}
 	var base int64
-	if !w.q.JoinCopy(w.queue, w.epoch, func() (int64, bool) {
+	joined := w.q.JoinCopy(w.queue, w.epoch, func() (int64, bool) {
 		v := c.Snapshot(w.epoch, w.h.own, w.h.token, w.reader)
 		base = v.Base
 		return v.Base, v.OK
-	}) {
+	})
+	st := c.State()
+	inEpoch, there := w.queue.gen == w.epoch, st.Valid && st.Epoch == w.epoch
+	if joined != (inEpoch && there) {
+		w.fail("JoinCopy says joined %v, with the watch in generation %d (the lock's epoch %d) and the copy of the lock's epoch there: %v",
+			joined, w.queue.gen, w.epoch, there)
+		return
+	}
+	if !joined {
+		w.refused, w.refusedLeft = true, w.refusedLeft || there
+		w.logf("JoinCopy refuses (watch in generation %d, copy of epoch %d there: %v)", w.queue.gen, w.epoch, there)
 		w.leave()
 		return
 	}
@@ -692,8 +794,12 @@ func (w *world) lookInCopy() bool {
 // leave is leaveCopy: one step ends the subscription via the copy and
 // starts one to the queue watch's events, up from the revision after the
 // last the watch handed on if it is up. What the lock missed meanwhile,
-// the rule reads.
+// the rule reads. A lock not on the copy (it never joined, or left
+// already) keeps its subscription: LeaveCopy tells.
 func (w *world) leave() {
+	if w.queue == nil {
+		return
+	}
 	var old Source
 	if w.queue.sub != nil {
 		old = w.queue.sub.src
@@ -722,11 +828,10 @@ func (w *world) blocking(kvs map[string]*mvccpb.KeyValue) []*mvccpb.KeyValue {
 // answer reads the queue at rev, as a member that has applied rev does:
 // every key older than the own one, or, as a page of a long queue, only
 // the two newest of them. A lock waiting on the copy leaves it as it
-// reads (readView).
+// reads (readView): every read asks LeaveCopy, which tells whether there
+// was a copy to leave.
 func (w *world) answer(rev int64) {
-	if w.q.Mirrored() {
-		w.leave()
-	}
+	w.leave()
 	kvs := w.h.at(rev)
 	older := w.blocking(kvs) // the lock lists only keys that block it
 	complete := true
@@ -769,6 +874,7 @@ func (w *world) check() {
 	if w.done {
 		return
 	}
+	defer w.checkTrust()
 	if w.joining {
 		w.tryJoin()
 	}
@@ -798,6 +904,42 @@ func (w *world) check() {
 		if !w.reading && !w.joining {
 			w.reading, w.ownOnly, w.floor = true, d.Kind == ReadOwn, d.Rev
 			w.logf("asks a read at %d or later (own key only: %v)", d.Rev, w.ownOnly)
+		}
+	}
+}
+
+// checkTrust holds the waiter's record of its subscriptions to what the
+// watches know of them, after each look. It waits on the copy (Mirrored)
+// exactly while its subscription to the queue watch is the one via the
+// copy: Mirrored decides whether the lock looks in the copy, and whether
+// LeaveCopy ends and restarts its queue subscription, which costs a read
+// of what the restart missed. And the rule counts each current
+// subscription up only in the generation its watch is in (or has just
+// left, its down not yet told): the rule orders a watch's news by
+// generation, so a subscription recorded in an earlier one would be ended
+// by news of a stretch before it, one in a later one not by the down of
+// its own. (A subscription the lock ended that the rule still trusts is
+// the hang the end of a run finds: bug 1 of issue 35.)
+func (w *world) checkTrust() {
+	if w.err != nil {
+		return
+	}
+	if w.queue != nil {
+		s := w.queue.sub
+		if onCopy := s != nil && s.viaCopy; w.q.Mirrored() != onCopy {
+			w.fail("the waiter says it waits on the copy: %v, though its subscription to the queue watch is via the copy: %v", w.q.Mirrored(), onCopy)
+			return
+		}
+	}
+	for _, wt := range w.watches {
+		if wt.sub == nil {
+			continue
+		}
+		c := w.k.sources[wt.sub.src]
+		if c != nil && c.up && c.gen != wt.gen && !(wt.telling && c.gen+1 == wt.gen) {
+			w.fail("the rule counts subscription %d to the %s watch up in generation %d, while the watch is in %d",
+				wt.sub.src, wt.name, c.gen, wt.gen)
+			return
 		}
 	}
 }
@@ -890,7 +1032,9 @@ func joinLines(lines []string) string {
 
 // outcomes counts how the explorer's runs ended, and how many took the
 // Keeper's path: joined its copy, left it again, were granted on it.
-type outcomes struct{ granted, lost, waiting, joined, left, onCopy int }
+// refused: JoinCopy refused it; refusedLeft: the watch had left the lock's
+// epoch, the copy of it still there.
+type outcomes struct{ granted, lost, waiting, joined, left, onCopy, refused, refusedLeft int }
 
 // explore runs the explorer over seeds, each with a step budget, and
 // returns the first failure, which names its seed.
@@ -926,8 +1070,9 @@ func run(seed uint64, steps int, mutate func(*world), shape worldShape) *world {
 }
 
 func (o outcomes) String() string {
-	return fmt.Sprintf("%d granted, %d lost, %d still waiting at the end; %d joined a Keeper's copy, %d left it, %d granted on it",
-		o.granted, o.lost, o.waiting, o.joined, o.left, o.onCopy)
+	return fmt.Sprintf("%d granted, %d lost, %d still waiting at the end; %d joined a Keeper's copy, %d left it, %d granted on it; "+
+		"JoinCopy refused %d (%d with the copy there, the watch gone from its epoch)",
+		o.granted, o.lost, o.waiting, o.joined, o.left, o.onCopy, o.refused, o.refusedLeft)
 }
 
 func (o *outcomes) count(w *world) {
@@ -947,6 +1092,12 @@ func (o *outcomes) count(w *world) {
 	}
 	if w.left {
 		o.left++
+	}
+	if w.refused {
+		o.refused++
+	}
+	if w.refusedLeft {
+		o.refusedLeft++
 	}
 }
 
@@ -971,7 +1122,9 @@ func TestGrantRuleExplorer(t *testing.T) {
 // every run: it joins the copy, pauses and resumes with the shared watch,
 // and leaves the copy, and ends subscriptions only as the lock does. With
 // unlisten reverted to keep trusting an ended subscription (issue 35, bug
-// 1), the explorer finds the hang here too (rule_mutants_test.go).
+// 1), the explorer finds the hang here too (rule_mutants_test.go). The
+// lock registers with the copy and moves onto it in two steps, so that
+// JoinCopy meets a watch gone from the lock's epoch and a copy gone.
 func TestGrantRuleExplorerKeeper(t *testing.T) {
 	seeds := 20000
 	if testing.Short() {
@@ -984,6 +1137,12 @@ func TestGrantRuleExplorerKeeper(t *testing.T) {
 	t.Logf("%d runs: %s", seeds, o)
 	if o.joined < seeds/4 || o.left < seeds/10 || o.onCopy < seeds/20 {
 		t.Fatalf("too few runs took the Keeper's path: %+v", o)
+	}
+	// JoinCopy must be seen to refuse, and in the stretch where only the
+	// watch's epoch tells that the copy is about to go, or its checks are
+	// left unchecked.
+	if o.refused < seeds/100 || o.refusedLeft < seeds/200 {
+		t.Fatalf("too few runs saw JoinCopy refuse: %+v", o)
 	}
 }
 

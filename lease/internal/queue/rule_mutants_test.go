@@ -35,6 +35,15 @@ func TestGrantRuleExplorerCatchesMutants(t *testing.T) {
 		{"joining the copy keeps trusting the watch's events", waiter(waiterJoinKeepsTrust), worldShape{}, ""},
 		{"a Keeper's waiter trusts the watch it left for the copy", waiter(waiterJoinKeepsTrust), worldShape{keeper: true}, "hangs: the queue grants it"},
 		{"the copy does not wake its new head", copyOf(copyMissesHead), worldShape{keeper: true}, "hangs: the queue grants it"},
+		// The four below break JoinCopy's and LeaveCopy's word, which
+		// package lease's order of steps makes harmless today (the lock
+		// looks in the copy before it decides, and a watch's down follows
+		// its epoch's moving on): the explorer catches them by holding the
+		// waiter to what the watches know (joinCopy, checkTrust).
+		{"joining the copy never refuses", waiter(waiterJoinNeverRefuses), worldShape{keeper: true}, "JoinCopy says joined true"},
+		{"joining takes the copy of an epoch the watch left", waiter(waiterJoinIgnoresEpoch), worldShape{keeper: true}, "JoinCopy says joined true"},
+		{"leaving the copy keeps the lock on it", waiter(waiterLeaveKeepsMirrored), worldShape{keeper: true}, "the waiter says it waits on the copy: true"},
+		{"the copy's subscription is up in the first epoch", waiter(waiterJoinUpsFirstEpoch), worldShape{keeper: true}, "up in generation 1, while the watch is in"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			for seed := range uint64(seeds) {

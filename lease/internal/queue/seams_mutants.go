@@ -47,12 +47,37 @@ const (
 	// waiterSkipsConfirmOwn reads on without confirming the own key after
 	// the own-key watch was down since the view was read.
 	waiterSkipsConfirmOwn
+	// waiterJoinNeverRefuses has JoinCopy report joined whatever became of
+	// the watch's epoch and the copy while the lock registered with it.
+	waiterJoinNeverRefuses
+	// waiterJoinIgnoresEpoch has JoinCopy take the copy of the lock's
+	// epoch though the watch has left that epoch (its down not yet told,
+	// the copy not yet dropped).
+	waiterJoinIgnoresEpoch
+	// waiterLeaveKeepsMirrored has LeaveCopy leave the lock marked as
+	// waiting on the copy: each look then takes the copy, and each read
+	// restarts the queue subscription.
+	waiterLeaveKeepsMirrored
+	// waiterJoinUpsFirstEpoch has JoinCopy record the subscription via the
+	// copy as up in epoch 1, whatever epoch the lock joined in.
+	waiterJoinUpsFirstEpoch
 )
 
 func (s waiterSeam) joinKeepsTrust() bool  { return s.mutation == waiterJoinKeepsTrust }
 func (s waiterSeam) dropsRefollow() bool   { return s.mutation == waiterDropsRefollow }
 func (s waiterSeam) keepsFar() bool        { return s.mutation == waiterKeepsFar }
 func (s waiterSeam) skipsConfirmOwn() bool { return s.mutation == waiterSkipsConfirmOwn }
+
+func (s waiterSeam) joinNeverRefuses() bool   { return s.mutation == waiterJoinNeverRefuses }
+func (s waiterSeam) joinIgnoresEpoch() bool   { return s.mutation == waiterJoinIgnoresEpoch }
+func (s waiterSeam) leaveKeepsMirrored() bool { return s.mutation == waiterLeaveKeepsMirrored }
+
+func (s waiterSeam) copyEpoch(epoch Epoch) Epoch {
+	if s.mutation == waiterJoinUpsFirstEpoch {
+		return 1
+	}
+	return epoch
+}
 
 // copySeam carries a deliberate bug in a Keeper's copy, for the explorer
 // to show that it catches it.

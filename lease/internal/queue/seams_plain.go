@@ -19,6 +19,11 @@ func (waiterSeam) dropsRefollow() bool   { return false }
 func (waiterSeam) keepsFar() bool        { return false }
 func (waiterSeam) skipsConfirmOwn() bool { return false }
 
+func (waiterSeam) joinNeverRefuses() bool      { return false }
+func (waiterSeam) joinIgnoresEpoch() bool      { return false }
+func (waiterSeam) leaveKeepsMirrored() bool    { return false }
+func (waiterSeam) copyEpoch(epoch Epoch) Epoch { return epoch }
+
 // copySeam is empty in release builds: a copy wakes whom copy.go says.
 type copySeam struct{}
 

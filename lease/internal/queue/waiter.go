@@ -106,10 +106,11 @@ func (q *Waiter) JoinCopy(f Feed, epoch Epoch, base func() (rev int64, ok bool))
 	q.mirrored = true
 	cur, src := q.Subscribe(f, true)
 	rev, ok := base()
-	if cur != epoch || src == 0 || !ok {
+	left := cur != epoch && !q.seam.joinIgnoresEpoch()
+	if (left || src == 0 || !ok) && !q.seam.joinNeverRefuses() {
 		return false
 	}
-	q.Rule.Up(src, epoch, rev+1)
+	q.Rule.Up(src, q.seam.copyEpoch(epoch), rev+1)
 	return true
 }
 
@@ -120,7 +121,7 @@ func (q *Waiter) LeaveCopy(f Feed) bool {
 	if !q.mirrored {
 		return false
 	}
-	q.mirrored = false
+	q.mirrored = q.seam.leaveKeepsMirrored()
 	q.Unsubscribe(f)
 	q.Subscribe(f, false)
 	return true

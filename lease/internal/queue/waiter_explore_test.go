@@ -215,6 +215,12 @@ func (w *stepWorld) look() {
 	if st.PauseQueue {
 		w.down(w.queue)
 	}
+	w.carryOut(st)
+}
+
+// carryOut carries out step st: a grant or loss is held to the oracle and
+// ends the run; a read is started.
+func (w *stepWorld) carryOut(st Step) {
 	switch st.Kind {
 	case StepHeld:
 		d := w.q.Rule.Decide()
