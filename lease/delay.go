@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 )
 
 // MaxLockDelay is the longest lock delay WithLockDelay accepts (Consul's
@@ -138,7 +139,7 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 	defer stop()
 	cctx, stopSession := t.s.bound(wctx)
 	defer stopSession()
-	retry := newBackoff(10*time.Millisecond, time.Second)
+	retry := backoff.New(10*time.Millisecond, time.Second)
 	rec, err := l.readRecord(cctx)
 	for {
 		if err == nil {
@@ -149,7 +150,7 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 			}
 		}
 		if err == nil {
-			retry.reset()
+			retry.Reset()
 			continue
 		}
 		if t.ctx.Err() != nil {
@@ -158,7 +159,7 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 		if cctx.Err() != nil || !rpcerr.Transient(cctx, err) {
 			return fmt.Errorf("lock delay: %w", err)
 		}
-		if err = retry.wait(cctx); err != nil {
+		if err = retry.Wait(cctx); err != nil {
 			return fmt.Errorf("lock delay: %w", err)
 		}
 		rec, err = l.readRecord(cctx)

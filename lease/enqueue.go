@@ -73,8 +73,8 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		}
 		// Only keys that do not block were seen: queue, then look again.
 	}
-	// A paused Keeper's watch (keyWatch.granted) keeps no copy: read.
-	mirrored := !try && t.w.queue.mirror != nil && !t.w.queue.isPaused()
+	// A paused Keeper's watch (watch.Watch.Granted) keeps no copy: read.
+	mirrored := !try && t.w.mirror != nil && !t.w.queue.Paused()
 	var reads []clientv3.Op
 	if !mirrored {
 		reads = append(reads, newestFirst(t.name+"/", 0, t.page()+1))
@@ -165,7 +165,7 @@ func (t *tracker) viewFromMirror(ctx context.Context) {
 	t.mu.Lock()
 	epoch := t.q.Epoch()
 	t.mu.Unlock()
-	if !t.w.queue.mirror.join(ctx, epoch, t, t.token, t.mode == Read) {
+	if !t.w.mirror.join(ctx, epoch, t, t.token, t.mode == Read) {
 		return
 	}
 	t.mu.Lock()
@@ -180,9 +180,8 @@ func (t *tracker) viewFromMirror(ctx context.Context) {
 // holds. It reports false if the watch has left epoch meanwhile or the
 // copy is gone. t.mu is held.
 func (t *tracker) joinCopy(epoch queue.Epoch) bool {
-	w := t.w.queue
-	return t.q.JoinCopy(feed{t, w}, epoch, func() (int64, bool) {
-		mv := w.mirror.snapshot(epoch, t.key, t.token, t.mode == Read)
+	return t.q.JoinCopy(feed{t, t.w.queue}, epoch, func() (int64, bool) {
+		mv := t.w.mirror.snapshot(epoch, t.key, t.token, t.mode == Read)
 		return mv.Base, mv.OK
 	})
 }
@@ -202,7 +201,7 @@ func (t *tracker) leaveCopy() {
 // leaveCopyLocked is leaveCopy with t.mu held.
 func (t *tracker) leaveCopyLocked() {
 	if t.q.LeaveCopy(feed{t, t.w.queue}) {
-		t.w.queue.mirror.leave(t, t.token)
+		t.w.mirror.leave(t, t.token)
 	}
 }
 

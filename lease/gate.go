@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
 // gate is one name's turn on a session: locks of one name through one
@@ -16,24 +18,50 @@ type gate struct {
 	w  watches
 }
 
-// watches are a name's long-lived watches on a session (keyWatch). The
+// watches are a name's long-lived watches on a session (watch.Watch). The
 // queue watch is the session's own, or shared by its Keeper's sessions
-// (shared set; release gives it back).
+// (shared set; release gives it back), which keeps the Keeper's copy of
+// the queue (mirror, nil for a session's own).
+//
+//   - The own-key watch starts paused: a waiter opens it before relying on
+//     its view, a lock granted at once after ownWatchDelay (so a brief
+//     hold is not sent its own Unlock's deletion).
+//   - The queue watch serves a lock near the head (nearAhead): the last
+//     deletion ahead grants it with no read. A far waiter pauses it.
+//   - Watches of keys ahead (follows) serve far waiters, so that a long
+//     queue does not send every deletion to every waiter.
 type watches struct {
-	own, queue *keyWatch
-	follows    *follows
+	own, queue *watch.Watch
+	mirror     *queueMirror
+	follows    *watch.Follows
 	shared     *Keeper
 	release    func()
 }
 
 func (w watches) stop() {
-	w.own.stop()
-	w.follows.stop()
+	w.own.Stop()
+	w.follows.Stop()
 	if w.shared != nil {
 		w.release()
 	} else {
-		w.queue.stop()
+		w.queue.Stop()
 	}
+}
+
+// sessionOwner is a session as the owner of its watches' goroutines
+// (watch.Owner).
+type sessionOwner Session
+
+func (o *sessionOwner) Track() error { return (*Session)(o).track() }
+
+func (o *sessionOwner) Untrack() { o.wg.Done() }
+
+// startWatch starts a watch of key, owned by the session: it stops when
+// the session ends or Stop is called. A paused one has no goroutine until
+// Resume.
+func (s *Session) startWatch(key string, paused bool, opts ...clientv3.OpOption) (*watch.Watch, error) {
+	return watch.Start(s.leaderCtx, watch.Config{Client: s.client, Owner: (*sessionOwner)(s), Key: key, Opts: opts,
+		Paused: paused, RestAfter: restAfter})
 }
 
 // openGate makes name's gate and starts its watches, for its first user.
@@ -43,14 +71,14 @@ func (s *Session) openGate(name string) (*gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := watches{own: own, follows: &follows{s: s}, shared: s.keeper}
+	w := watches{own: own, follows: watch.NewFollows(s.startFollowWatch, keptFollows), shared: s.keeper}
 	if s.keeper != nil {
-		w.queue, w.release, err = s.keeper.queueWatch(name)
+		w.queue, w.mirror, w.release, err = s.keeper.queueWatch(name)
 	} else {
 		w.queue, err = s.startWatch(name+"/", true, clientv3.WithPrefix())
 	}
 	if err != nil {
-		own.stop()
+		own.Stop()
 		return nil, err
 	}
 	return &gate{ch: make(chan struct{}, 1), w: w}, nil

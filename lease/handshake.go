@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 )
 
 // grant asks etcd for a lease. etcd's client retries a failed TLS
@@ -59,7 +61,7 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (
 // reads its alert.
 func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 	conn := client.ActiveConnection()
-	retry := newBackoff(20*time.Millisecond, 100*time.Millisecond)
+	retry := backoff.New(20*time.Millisecond, 100*time.Millisecond)
 	for {
 		state := conn.GetState()
 		switch state {
@@ -73,7 +75,7 @@ func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 			if hungUp {
 				conn.ResetConnectBackoff()
 			}
-			if retry.wait(ctx) != nil {
+			if retry.Wait(ctx) != nil {
 				return nil
 			}
 			continue

@@ -166,7 +166,7 @@ func (l *Lock) reportQueued() {
 	mirrored, n := t.q.Mirrored(), t.q.Rule.AheadCount()
 	t.mu.Unlock()
 	if mirrored {
-		if m, ok := t.w.queue.mirror.ahead(t.token, t.mode == Read); ok {
+		if m, ok := t.w.mirror.ahead(t.token, t.mode == Read); ok {
 			n = m
 		}
 	}

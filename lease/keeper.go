@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/lease/internal/renew"
+	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
 // Keeper renews the leases of many sessions of one client together, and
@@ -28,7 +29,7 @@ type Keeper struct {
 	renewer   *renew.Renewer
 
 	// queues holds one queue watch per name, shared by the sessions.
-	queues registry[*keyWatch]
+	queues registry[*sharedQueue]
 
 	mu     sync.Mutex // guards closed; taken before the renewer's mu (renew.Renewer)
 	closed bool
@@ -43,7 +44,7 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx)}
-	k.queues.open, k.queues.shut = k.openQueue, func(w *keyWatch) { w.stop() }
+	k.queues.open, k.queues.shut = k.openQueue, func(q *sharedQueue) { q.w.Stop() }
 	k.renewer = renew.New(ctx, client, clock{}, keeperBatch, time.Second)
 	return k, nil
 }
@@ -99,28 +100,43 @@ func (k *Keeper) track() error {
 	return nil
 }
 
-func (k *Keeper) untrack() { k.wg.Done() }
+// keeperOwner is a Keeper as the owner of its queue watches' goroutines
+// (watch.Owner).
+type keeperOwner Keeper
 
-// queueWatch returns name's queue watch, started if need be, and its release.
-func (k *Keeper) queueWatch(name string) (*keyWatch, func(), error) {
-	w, release, err := k.queues.join(name)
+func (o *keeperOwner) Track() error { return (*Keeper)(o).track() }
+
+func (o *keeperOwner) Untrack() { o.wg.Done() }
+
+// sharedQueue is a name's queue watch shared by a Keeper's sessions, and
+// the copy of the queue it keeps.
+type sharedQueue struct {
+	w      *watch.Watch
+	mirror *queueMirror
+}
+
+// queueWatch returns name's queue watch, started if need be, its copy of
+// the queue, and its release.
+func (k *Keeper) queueWatch(name string) (*watch.Watch, *queueMirror, func(), error) {
+	q, release, err := k.queues.join(name)
 	if err != nil {
-		return nil, nil, fmt.Errorf("keeper: %w", err)
+		return nil, nil, nil, fmt.Errorf("keeper: %w", err)
 	}
 	// Outside the registry's mutex: launching registers the watch's
 	// goroutine with the Keeper (k.mu).
-	w.resume()
-	return w, release, nil
+	q.w.Resume()
+	return q.w, q.mirror, release, nil
 }
 
 // openQueue starts name's shared queue watch, paused (see queueWatch).
-func (k *Keeper) openQueue(name string) (*keyWatch, error) {
-	w, err := startWatch(k.leaderCtx, k.client, k, name+"/", true, clientv3.WithPrefix())
+func (k *Keeper) openQueue(name string) (*sharedQueue, error) {
+	m := newQueueMirror(name + "/")
+	w, err := watch.Start(k.leaderCtx, watch.Config{Client: k.client, Owner: (*keeperOwner)(k), Key: name + "/",
+		Opts: []clientv3.OpOption{clientv3.WithPrefix()}, Copy: m, Paused: true, RestAfter: restAfter})
 	if err != nil {
 		return nil, err
 	}
-	w.mirror = newQueueMirror(name + "/")
-	return w, nil
+	return &sharedQueue{w: w, mirror: m}, nil
 }
 
 // add starts renewing s's lease, unless the Keeper has closed.

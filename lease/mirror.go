@@ -24,8 +24,16 @@ type queueMirror struct {
 	// src is what reload reads from: the watch's client, and its epoch's
 	// context, so that the read ends with the watch.
 	src     mirrorSource
-	waiters map[int64]listener // the locks waiting on the copy, by token
-	heads   []int64            // the copy's wake set, kept so that a deletion allocates nothing
+	waiters map[int64]copyWaiter // the locks waiting on the copy, by token
+	heads   []int64              // the copy's wake set, kept so that a deletion allocates nothing
+}
+
+// copyWaiter is a lock as the copy sees it: Done is closed once it has
+// ended; nudge wakes it to look again: grant, because a deletion may grant
+// it (the copy says so); otherwise because something else changed.
+type copyWaiter interface {
+	Done() <-chan struct{}
+	nudge(grant bool)
 }
 
 // mirrorSource is what a mirror reads the copy from (queueMirror.src).
@@ -43,9 +51,10 @@ func newQueueMirror(prefix string) *queueMirror {
 	})}
 }
 
-// load reads the keys under prefix at created or later, and makes them the
-// copy (or count) of epoch. It reports false if the read failed.
-func (m *queueMirror) load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch queue.Epoch) bool {
+// Load reads the keys under prefix at created or later, and makes them the
+// copy (or count) of epoch. It reports false if the read failed
+// (watch.Copy).
+func (m *queueMirror) Load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch queue.Epoch) bool {
 	page, rev, err := readMirror(ctx, cli, prefix, created)
 	if err != nil {
 		return false
@@ -76,10 +85,10 @@ func (m *queueMirror) install(page *pb.RangeResponse, rev int64, epoch queue.Epo
 	m.advance()
 }
 
-// apply moves the copy of epoch forward by events and wakes the waiters a
+// Apply moves the copy of epoch forward by events and wakes the waiters a
 // deletion may grant; while the copy is off it counts keys instead, and
-// reads it again once they are few enough.
-func (m *queueMirror) apply(prefix string, events []*clientv3.Event, epoch queue.Epoch) {
+// reads it again once they are few enough (watch.Copy).
+func (m *queueMirror) Apply(prefix string, events []*clientv3.Event, epoch queue.Epoch) {
 	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
 	// own before: converted one by one, for both.
 	evs := queue.Events{N: len(events), At: func(i int) *mvccpb.Event { return (*mvccpb.Event)(events[i]) }}
@@ -164,7 +173,7 @@ func (m *queueMirror) only(key string, token int64) bool {
 
 // leave unregisters waiter l. token is read by the caller under t.mu: the
 // lock's finish may run while its enqueue is returning.
-func (m *queueMirror) leave(l listener, token int64) {
+func (m *queueMirror) leave(l copyWaiter, token int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.waiters[token] == l {
@@ -173,8 +182,9 @@ func (m *queueMirror) leave(l listener, token int64) {
 	}
 }
 
-// drop drops the copy as the watch goes down, and wakes its waiters.
-func (m *queueMirror) drop() {
+// Drop drops the copy as the watch goes down, and wakes its waiters
+// (watch.Copy).
+func (m *queueMirror) Drop() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.src = mirrorSource{}
@@ -192,8 +202,8 @@ func (m *queueMirror) advance() {
 // made at token (reader: a reader's), then registers l as a waiter. It
 // reports false at once if there is no copy of epoch, or when ctx or l
 // ends: l then reads its view.
-func (m *queueMirror) join(ctx context.Context, epoch queue.Epoch, l listener, token int64, reader bool) bool {
-	done := l.done()
+func (m *queueMirror) join(ctx context.Context, epoch queue.Epoch, l copyWaiter, token int64, reader bool) bool {
+	done := l.Done()
 	for {
 		m.mu.Lock()
 		select {
@@ -207,7 +217,7 @@ func (m *queueMirror) join(ctx context.Context, epoch queue.Epoch, l listener, t
 		joined, wait := m.c.Join(epoch, token, reader)
 		if joined {
 			if m.waiters == nil {
-				m.waiters = make(map[int64]listener)
+				m.waiters = make(map[int64]copyWaiter)
 			}
 			m.waiters[token] = l
 		}

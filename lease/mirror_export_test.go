@@ -38,7 +38,7 @@ func AwaitKeeperMirror(ctx context.Context, k *Keeper, name string, cond func(Ke
 		c := m.c.State()
 		st := KeeperMirrorState{Valid: c.Valid, Counting: c.Counting, Count: c.Count, Keys: c.Keys,
 			Queue: c.Queue, QueueCap: c.QueueCap, Writers: c.Writers,
-			Rev: c.Rev, Epoch: uint64(c.Epoch), WatchEpoch: e.v.epoch.Load()}
+			Rev: c.Rev, Epoch: uint64(c.Epoch), WatchEpoch: uint64(e.v.w.Epoch())}
 		moved := m.advanced
 		m.mu.Unlock()
 		if cond(st) {

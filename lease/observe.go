@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 )
 
 // Leader is an election's leader as read from etcd.
@@ -142,14 +144,14 @@ func (o *Observer) run() {
 	defer close(o.done)
 	defer close(o.ch)
 	var last Leader
-	retry := newBackoff(50*time.Millisecond, time.Second)
+	retry := backoff.New(50*time.Millisecond, time.Second)
 	for o.ctx.Err() == nil {
 		cur, rev, err := readLeader(o.ctx, o.client, o.name)
 		if err != nil {
-			_ = retry.wait(o.ctx) // the loop checks o.ctx
+			_ = retry.Wait(o.ctx) // the loop checks o.ctx
 			continue
 		}
-		retry.reset()
+		retry.Reset()
 		if cur != nil && cur.newer(last) {
 			if !o.send(*cur) {
 				return

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 )
 
 // leave hands the name's local gate on, once.
@@ -38,7 +39,7 @@ func (l *Lock) abandon() {
 // session's end takes it.
 func (l *Lock) cleanup(ops ...clientv3.Op) {
 	t := l.t
-	retry := newBackoff(20*time.Millisecond, time.Second)
+	retry := backoff.New(20*time.Millisecond, time.Second)
 	then := l.removeOps(ops...)
 	for {
 		resp, err := t.s.keys.Txn(t.s.ctx).If(t.tokenCmp()).Then(then...).Commit()
@@ -54,7 +55,7 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 				zap.String("key", t.key), zap.Error(err))
 			return
 		}
-		if retry.wait(t.s.ctx) != nil {
+		if retry.Wait(t.s.ctx) != nil {
 			t.s.lg.Debug("lock key left for the ended session's lease to remove", zap.String("key", t.key), zap.Error(err))
 			return
 		}
@@ -133,7 +134,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 	default:
 		if rested {
 			// Still held, perhaps: its key's deletion must be heard.
-			t.w.own.resume()
+			t.w.own.Resume()
 		}
 		return err
 	}

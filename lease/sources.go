@@ -7,6 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/lease/internal/queue"
+	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
 // The lock's watches feed its rule (queue.Rule), each subscription as a
@@ -14,13 +15,14 @@ import (
 // and ends a subscription only here, telling the rule in the same step
 // under t.mu, so the rule never trusts a watch the lock no longer hears.
 
-// done is closed once the lock has ended, and cause says why (listener).
-func (t *tracker) done() <-chan struct{} { return t.ctx.Done() }
+// Done is closed once the lock has ended, and Cause says why
+// (watch.Listener).
+func (t *tracker) Done() <-chan struct{} { return t.ctx.Done() }
 
-func (t *tracker) cause() error { return context.Cause(t.ctx) }
+func (t *tracker) Cause() error { return context.Cause(t.ctx) }
 
-// nudge wakes the waiter (listener): as wake does for news that may grant
-// it, as poke does for any other.
+// nudge wakes the waiter (copyWaiter): as wake does for news that may
+// grant it, as poke does for any other.
 func (t *tracker) nudge(grant bool) {
 	if grant {
 		t.wake()
@@ -31,39 +33,39 @@ func (t *tracker) nudge(grant bool) {
 
 // rangeOf is what watch w covers: its keys (nil for the whole queue) and
 // whether the own key is among them.
-func (t *tracker) rangeOf(w *keyWatch) (keys []string, coversOwn bool) {
+func (t *tracker) rangeOf(w *watch.Watch) (keys []string, coversOwn bool) {
 	switch w {
 	case t.w.own:
 		return []string{t.key}, true
 	case t.w.queue:
 		return nil, true
 	}
-	return []string{w.key}, false
+	return []string{w.Key()}, false
 }
 
 // feed is watch w as lock l subscribes to it (queue.Feed).
 type feed struct {
 	l *tracker
-	w *keyWatch
+	w *watch.Watch
 }
 
 func (f feed) Range() ([]string, bool) { return f.l.rangeOf(f.w) }
 
 func (f feed) Subscribe(viaCopy bool, listen func() queue.Source) (queue.Epoch, int64, queue.Source) {
-	return f.w.subscribe(f.l, viaCopy, listen)
+	return f.w.Subscribe(f.l, viaCopy, listen)
 }
 
-func (f feed) Unsubscribe() (queue.Source, bool) { return f.w.unsubscribe(f.l) }
+func (f feed) Unsubscribe() (queue.Source, bool) { return f.w.Unsubscribe(f.l) }
 
-// subscribeTo makes l a subscriber of w, unless it is one, and returns w's
-// epoch. A new subscription to a watch that is up covers l from the
-// revision after the last response it handed on. A response handed on
-// after the subscription waits for t.mu, so it reaches the rule after the
-// subscription is up.
-func (t *tracker) subscribeTo(w *keyWatch) queue.Epoch {
+// SubscribeTo makes l a subscriber of w, unless it is one, and returns w's
+// epoch (watch.Listener). A new subscription to a watch that is up covers
+// l from the revision after the last response it handed on. A response
+// handed on after the subscription waits for t.mu, so it reaches the rule
+// after the subscription is up.
+func (t *tracker) SubscribeTo(w *watch.Watch) queue.Epoch {
 	// Already a subscriber (a follow watch kept across reads): nothing to
 	// do, and no feed to allocate.
-	if epoch, ok := w.subscribed(t); ok {
+	if epoch, ok := w.Subscribed(t); ok {
 		return epoch
 	}
 	t.mu.Lock()
@@ -75,21 +77,21 @@ func (t *tracker) subscribeTo(w *keyWatch) queue.Epoch {
 	return epoch
 }
 
-// unsubscribed ends l's subscription to w, stopped for good, and the
-// rule's trust in it (listener).
-func (t *tracker) unsubscribed(w *keyWatch) {
+// Unsubscribed ends l's subscription to w, stopped for good, and the
+// rule's trust in it (watch.Listener).
+func (t *tracker) Unsubscribed(w *watch.Watch) {
 	t.mu.Lock()
 	t.q.Unsubscribe(feed{t, w})
 	t.mu.Unlock()
 	t.poke()
 }
 
-// up records that subscription src came up in epoch, delivering
-// every change of w's range from start on, and wakes the waiter. As the
-// own-key watch comes up a holder reads its key again (recheck), as a
-// deletion while the watch was down went unseen; an error means that
-// read failed.
-func (t *tracker) up(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error {
+// Up records that subscription src came up in epoch, delivering
+// every change of w's range from start on, and wakes the waiter
+// (watch.Listener). As the own-key watch comes up a holder reads its key
+// again (recheck), as a deletion while the watch was down went unseen; an
+// error means that read failed.
+func (t *tracker) Up(ctx context.Context, w *watch.Watch, src queue.Source, epoch queue.Epoch, start int64) error {
 	t.mu.Lock()
 	t.q.Rule.Up(src, epoch, start)
 	t.mu.Unlock()
@@ -100,9 +102,9 @@ func (t *tracker) up(ctx context.Context, w *keyWatch, src queue.Source, epoch q
 	return nil
 }
 
-// down records that subscription src went down, ending epoch-1,
-// and wakes the waiter.
-func (t *tracker) down(src queue.Source, epoch queue.Epoch) {
+// Down records that subscription src went down, ending epoch-1,
+// and wakes the waiter (watch.Listener).
+func (t *tracker) Down(src queue.Source, epoch queue.Epoch) {
 	t.mu.Lock()
 	t.q.Rule.Down(src, epoch)
 	t.mu.Unlock()
@@ -130,9 +132,9 @@ func (t *tracker) feed(src queue.Source, events []*clientv3.Event, epoch queue.E
 // listen subscribes the lock to its watches, and has the rule read from
 // where they start.
 func (t *tracker) listen() {
-	ownEpoch := t.subscribeTo(t.w.own)
-	epoch := t.subscribeTo(t.w.queue)
-	follows := t.w.follows.subscribe(t)
+	ownEpoch := t.SubscribeTo(t.w.own)
+	epoch := t.SubscribeTo(t.w.queue)
+	follows := t.w.follows.Subscribe(t)
 	t.mu.Lock()
 	t.q.Read(ownEpoch, epoch, follows, 0)
 	t.mu.Unlock()
@@ -147,10 +149,10 @@ func (t *tracker) stopListening() {
 	}
 	token := t.token
 	t.mu.Unlock()
-	t.w.own.unsubscribe(t)
-	t.w.queue.unsubscribe(t)
-	t.w.follows.unsubscribe(t)
-	if m := t.w.queue.mirror; m != nil {
+	t.w.own.Unsubscribe(t)
+	t.w.queue.Unsubscribe(t)
+	t.w.follows.Unsubscribe(t)
+	if m := t.w.mirror; m != nil {
 		m.leave(t, token)
 	}
 }

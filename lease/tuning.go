@@ -59,10 +59,10 @@ const keptFollows = followKeys
 const ownWatchDelay = 50 * time.Millisecond
 
 // restAfter is how many locks of a name in a row that did not need its
-// queue watch, or its own-key watch, pause that watch (granted). Running,
-// the queue watch sends every put and deletion under the name, and the
-// own-key watch those of its key: all the stream traffic of an uncontended
-// name. Eight keep a name contended now and then from closing and opening
+// queue watch, or its own-key watch, pause that watch (watch.Watch.Granted).
+// Running, the queue watch sends every put and deletion under the name, and
+// the own-key watch those of its key: all the stream traffic of an
+// uncontended name. Eight keep a name contended now and then from closing and opening
 // them for each lock.
 //
 // Coupled to idleWatch: both decide when a watch stops costing a stream.

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 )
 
 // A put sent with no definite answer may be applied after the lock gave
@@ -354,6 +355,6 @@ func (s *Session) keyWrites(name, key string) keyWrites {
 // withdrawRetries waits out a doubling backoff before each retry of a
 // withdrawal, until the session ends.
 func (s *Session) withdrawRetries() func() bool {
-	retry := newBackoff(20*time.Millisecond, time.Second)
-	return func() bool { return retry.wait(s.ctx) == nil }
+	retry := backoff.New(20*time.Millisecond, time.Second)
+	return func() bool { return retry.Wait(s.ctx) == nil }
 }

@@ -10,13 +10,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 	"github.com/leasefence/leasefence/lease/internal/queue"
+	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
-// events feeds one watch response's events, in revision order and epoch,
-// to the rule, and wakes the waiter. A change of the own key after the
+// Events feeds one watch response's events, in revision order and epoch,
+// to the rule, and wakes the waiter (watch.Listener). A change of the own key after the
 // token that takes it from this holding ends the lock, waiting or held.
-func (t *tracker) events(w *keyWatch, src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
+func (t *tracker) Events(w *watch.Watch, src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.feed(src, events, epoch)
@@ -77,13 +79,13 @@ func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 		return queue.Step{}, true
 	}
 	mirrored := t.q.Mirrored() && t.lookInMirror()
-	st = t.q.Next(queue.Now{Own: t.w.own.epochNow(), Queue: t.w.queue.epochNow(), Follow: t.w.follows.epochOf}, try, mirrored)
+	st = t.q.Next(queue.Now{Own: t.w.own.Epoch(), Queue: t.w.queue.Epoch(), Follow: t.w.follows.EpochOf}, try, mirrored)
 	switch st.Kind {
 	case queue.StepHeld:
 		t.grant()
 		if mirrored {
-			t.q.Copied(t.w.queue.mirror.only(t.key, t.token))
-			t.w.queue.mirror.leave(t, t.token)
+			t.q.Copied(t.w.mirror.only(t.key, t.token))
+			t.w.mirror.leave(t, t.token)
 		}
 	case queue.StepLost:
 		t.lostLocked()
@@ -99,7 +101,7 @@ func (t *tracker) restQueue() {
 	t.mu.Lock()
 	alone := t.q.Alone()
 	t.mu.Unlock()
-	t.w.queue.granted(alone)
+	t.w.queue.Granted(alone)
 }
 
 // restOwn, as Unlock is about to delete the key, tells the own-key watch
@@ -110,15 +112,15 @@ func (t *tracker) restOwn() bool {
 	t.mu.Lock()
 	brief := t.q.AtOnce() && time.Since(t.hold.grantedAt) < ownWatchDelay
 	t.mu.Unlock()
-	return t.w.own.granted(brief)
+	return t.w.own.Granted(brief)
 }
 
 // grant records that nothing is left ahead of the lock. If its own-key
 // watch is not up, it is opened after ownWatchDelay. t.mu is held.
 func (t *tracker) grant() {
 	t.hold.granted = true
-	if !t.w.own.epochNow().Up() && t.hold.watchOwn == nil {
-		t.hold.watchOwn = time.AfterFunc(ownWatchDelay, t.w.own.resume)
+	if !t.w.own.Epoch().Up() && t.hold.watchOwn == nil {
+		t.hold.watchOwn = time.AfterFunc(ownWatchDelay, t.w.own.Resume)
 	}
 }
 
@@ -127,7 +129,7 @@ func (t *tracker) grant() {
 // false once the copy of the lock's epoch is gone, and then puts the lock
 // back on the queue watch's events. t.mu is held.
 func (t *tracker) lookInMirror() bool {
-	mv := t.w.queue.mirror.snapshot(t.q.Epoch(), t.key, t.token, t.mode == Read)
+	mv := t.w.mirror.snapshot(t.q.Epoch(), t.key, t.token, t.mode == Read)
 	if !mv.OK {
 		t.leaveCopyLocked()
 		return false
@@ -142,7 +144,7 @@ func (t *tracker) lookInMirror() bool {
 // With try set it returns ErrLocked once it sees a key ahead. If ctx ends,
 // the error names the key it waited behind.
 func (t *tracker) wait(ctx context.Context, try bool) error {
-	retry := newBackoff(10*time.Millisecond, time.Second)
+	retry := backoff.New(10*time.Millisecond, time.Second)
 	for {
 		st, ended := t.look(try)
 		if ended {
@@ -150,7 +152,7 @@ func (t *tracker) wait(ctx context.Context, try bool) error {
 		}
 		if st.PauseQueue {
 			// Far: the queue watch would only send every deletion.
-			t.w.queue.pause()
+			t.w.queue.Pause()
 		}
 		switch st.Kind {
 		case queue.StepHeld:
@@ -184,7 +186,7 @@ func (t *tracker) do(ctx context.Context, st queue.Step) error {
 	case queue.StepFollow:
 		return t.follow(ctx)
 	case queue.StepReadNear:
-		t.w.queue.resume()
+		t.w.queue.Resume()
 		return t.rereadNear(ctx)
 	}
 	return t.reread(ctx, st.MinRev)
@@ -193,25 +195,25 @@ func (t *tracker) do(ctx context.Context, st queue.Step) error {
 // retried returns nil once a failed step of wait may run again after a
 // backoff: a transient etcd error leaves the key queued, and ctx ends with
 // the session. Otherwise it returns err, or ctx's error.
-func retried(ctx context.Context, retry *backoff, err error) error {
+func retried(ctx context.Context, retry *backoff.Backoff, err error) error {
 	if err == nil {
-		retry.reset()
+		retry.Reset()
 		return nil
 	}
 	if ctx.Err() != nil || !rpcerr.Transient(ctx, err) {
 		return err
 	}
-	return retry.wait(ctx)
+	return retry.Wait(ctx)
 }
 
 // confirmOwn opens the own-key watch of a lock that has to wait, and reads
 // its key once the watch is up: a deletion before then went unseen.
 func (t *tracker) confirmOwn(ctx context.Context) error {
-	ownEpoch, err := t.w.own.upEpoch(ctx, t)
+	ownEpoch, err := t.w.own.UpEpoch(ctx, t)
 	if err != nil {
 		return err
 	}
-	if err := t.readOwn(ctx, t.w.own.upRev.Load()); err != nil {
+	if err := t.readOwn(ctx, t.w.own.UpRev()); err != nil {
 		return err
 	}
 	t.mu.Lock()
@@ -265,20 +267,20 @@ func readAtLeast(ctx context.Context, cli *clientv3.Client, minRev int64, ops fu
 // reread reads the view at minRev or later once the own-key watch is up;
 // watch deliveries during the read are applied after it.
 func (t *tracker) reread(ctx context.Context, minRev int64) error {
-	ownEpoch, err := t.w.own.upEpoch(ctx, t)
+	ownEpoch, err := t.w.own.UpEpoch(ctx, t)
 	if err != nil {
 		return err
 	}
-	return t.readView(ctx, ownEpoch, t.w.queue.epochNow(), minRev)
+	return t.readView(ctx, ownEpoch, t.w.queue.Epoch(), minRev)
 }
 
 // rereadNear reads the view once the queue watch is up, to keep it current.
 func (t *tracker) rereadNear(ctx context.Context) error {
-	epoch, err := t.w.queue.upEpoch(ctx, t)
+	epoch, err := t.w.queue.UpEpoch(ctx, t)
 	if err != nil {
 		return err
 	}
-	ownEpoch, err := t.w.own.upEpoch(ctx, t)
+	ownEpoch, err := t.w.own.UpEpoch(ctx, t)
 	if err != nil {
 		return err
 	}
@@ -320,15 +322,15 @@ func (t *tracker) readView(ctx context.Context, ownEpoch, epoch queue.Epoch, min
 // set). ErrKeyDeleted if the key is no longer this holding's: such a
 // waiter must never be granted.
 func (t *tracker) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
-	follows := t.w.follows.subscribe(t)
+	follows := t.w.follows.Subscribe(t)
 	// No older than the rule's read floor nor what the watches handed on:
 	// an older read would show keys whose deletion no watch will send
 	// again (the view took none of another epoch's events), and wait for
 	// them.
 	t.mu.Lock()
-	seen := t.w.own.seenRev.Load()
+	seen := t.w.own.SeenRev()
 	if epoch.Up() {
-		seen = max(seen, t.w.queue.seenRev.Load())
+		seen = max(seen, t.w.queue.SeenRev())
 	}
 	minRev = max(minRev, t.q.Read(ownEpoch, epoch, follows, seen))
 	t.mu.Unlock()
@@ -359,7 +361,7 @@ func (t *tracker) recheck(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, t.s.ttl)
 	defer cancel()
-	kv, rev, err := t.readOwnKey(rctx, t.w.own.upRev.Load())
+	kv, rev, err := t.readOwnKey(rctx, t.w.own.UpRev())
 	if err != nil {
 		return err
 	}

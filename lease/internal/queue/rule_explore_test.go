@@ -212,11 +212,12 @@ func (h history) lostBy(rev int64) bool {
 	return false
 }
 
-// watch is one watch of the explorer's world, as a keyWatch: of some keys
-// (nil: the whole queue), it hands on the history's events of its range,
-// in order from where it last came up, to the lock's subscription that is
-// listening when it hands them on (a lock has at most one per watch). It
-// pauses and resumes: down, then up in a new generation at the head+1.
+// watch is one watch of the explorer's world, as a watch.Watch: of some
+// keys (nil: the whole queue), it hands on the history's events of its
+// range, in order from where it last came up, to the lock's subscription
+// that is listening when it hands them on (a lock has at most one per
+// watch). It pauses and resumes: down, then up in a new generation at the
+// head+1.
 type watch struct {
 	name      string
 	keys      []string
@@ -225,14 +226,14 @@ type watch struct {
 	// watch once did (WithFilterPut; worldShape).
 	filterPut bool
 	up        bool
-	gen       Epoch // odd while up, as a keyWatch's epoch
+	gen       Epoch // odd while up, as a watch.Watch's epoch
 	// telling: the watch went down (gen moved on) but has not yet dropped
-	// its copy and told its subscribers, as keyWatch.down does in that
+	// its copy and told its subscribers, as watch.Watch.down does in that
 	// order; it does nothing else until it has (tellDown).
 	telling   bool
 	next      int   // index in the history's events of the next one to hand on
 	lastStart int64 // where its last generation up started
-	seen      int64 // the last revision it handed on (keyWatch.seenRev)
+	seen      int64 // the last revision it handed on (watch.Watch.SeenRev)
 	sub       *subscription
 	// upSub is the events subscription that was told of the last up: the
 	// news may reach the rule late, after the down, or after the lock
@@ -463,7 +464,7 @@ func (w *world) endSubscription() {
 
 func (w *world) pick() *watch { return w.watches[w.r.IntN(len(w.watches))] }
 
-// The world's watches are the waiter's feeds (Feed), as keyWatch is in
+// The world's watches are the waiter's feeds (Feed), as watch.Watch is in
 // package lease: the waiter subscribes and unsubscribes the lock, and
 // tells its rule, through its own methods.
 
@@ -521,9 +522,9 @@ func (w *world) resubscribe(wt *watch) {
 
 // replace stops wt for good and opens a new watch of its range in its
 // place, as a session evicts a follow watch and opens one of the same key
-// again (follows.take): the old one ends the lock's subscription with no
-// word of a down (keyWatch.down), and the lock subscribes to the new one,
-// which comes up later.
+// again (watch.Follows.take): the old one ends the lock's subscription with
+// no word of a down (watch.Watch.down), and the lock subscribes to the new
+// one, which comes up later.
 func (w *world) replace(wt *watch) {
 	old := w.unsubscribe(wt)
 	*wt = watch{name: wt.name, keys: wt.keys, coversOwn: wt.coversOwn, filterPut: wt.filterPut}

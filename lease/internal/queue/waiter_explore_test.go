@@ -140,7 +140,8 @@ func (w *stepWorld) upAt(wt *watch, start int64) {
 	w.logf("%s up at %d (epoch %d)", wt.name, start, wt.gen)
 }
 
-// ensureUp opens wt if it is down, as upEpoch does: at the head+1.
+// ensureUp opens wt if it is down, as watch.Watch.UpEpoch does: at the
+// head+1.
 func (w *stepWorld) ensureUp(wt *watch) {
 	if !wt.up {
 		w.upAt(wt, w.head+1)

@@ -1,4 +1,4 @@
-package lease
+package watch
 
 import (
 	"context"
@@ -10,40 +10,35 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
+	"github.com/leasefence/leasefence/lease/internal/backoff"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
-// keyWatch is one long-lived watch, of the session's own key for a name,
-// of the queue under the name, or of one key ahead, serving the session's
+// Watch is one long-lived watch, of a session's own key for a name, of
+// the queue under the name, or of one key ahead, serving the session's
 // locks of that name in turn (or a Keeper's sessions). Usually up before
 // a lock's key is put, it then misses no deletion after the put. Every
 // watch carries puts as well as deletions: the own-key and queue watches
 // need them, so that someone else's put on the own key comes in order
 // with the deletions the lock waits for; a watch of a key ahead delivers
-// the puts on that key too, which a waiter ignores. Those two pause after restAfter locks in
-// a row that did not need them.
-//
-//   - The own-key watch starts paused: a waiter opens it before relying on
-//     its view, a lock granted at once after ownWatchDelay (so a brief
-//     hold is not sent its own Unlock's deletion).
-//   - The queue watch serves a lock near the head (nearAhead): the last
-//     deletion ahead grants it with no read. A far waiter pauses it.
-//   - Watches of keys ahead (follows) serve far waiters, so that a long
-//     queue does not send every deletion to every waiter.
-type keyWatch struct {
+// the puts on that key too, which a waiter ignores. Those two pause after
+// RestAfter locks in a row that did not need them (Granted).
+type Watch struct {
 	client *clientv3.Client
-	owner  watchOwner // the session, or the Keeper for a queue watch shared by its sessions
+	owner  Owner // the session, or the Keeper for a queue watch shared by its sessions
 	key    string
 	opts   []clientv3.OpOption // the range (WithPrefix) and filters it asks etcd for
-	mirror *queueMirror        // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
+	copy   Copy                // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
 	ctx    context.Context
 	stop   context.CancelFunc
+
+	restAfter int32 // Config.RestAfter
 
 	// epoch grows by one as the watch comes up or goes down: odd exactly
 	// while up. A view read under another epoch may have missed a deletion.
 	epoch atomic.Uint64
 	upRev atomic.Int64 // the revision it last came up at; it reports every change after
-	quiet atomic.Int32 // locks in a row that did not need the watch (granted)
+	quiet atomic.Int32 // locks in a row that did not need the watch (Granted)
 	// seenRev is the revision of the last response handed on (stored
 	// before): a lock that subscribes later reads at least this revision.
 	seenRev atomic.Int64
@@ -60,32 +55,72 @@ type keyWatch struct {
 	endServe context.CancelFunc // ends the current watch, for pause
 }
 
-// watchOwner owns a watch's goroutine: track registers it (failing once
-// the owner has ended), untrack marks it stopped.
-type watchOwner interface {
-	track() error
-	untrack()
+// Config is what Start starts a watch with.
+type Config struct {
+	Client *clientv3.Client
+	// Owner owns the watch's goroutine: the session, or the Keeper for a
+	// queue watch shared by its sessions.
+	Owner Owner
+	Key   string
+	Opts  []clientv3.OpOption // the range (WithPrefix) and filters it asks etcd for
+	// Copy is a Keeper's copy of the queue, kept by the watch; nil for a
+	// session's own watches.
+	Copy Copy
+	// Paused starts the watch paused: it has no goroutine until Resume.
+	Paused bool
+	// RestAfter is how many locks in a row that did not need the watch
+	// pause it (Granted).
+	RestAfter int32
 }
 
-// epochNow is the watch's epoch as of now.
-func (w *keyWatch) epochNow() queue.Epoch { return queue.Epoch(w.epoch.Load()) }
-
-func (s *Session) untrack() { s.wg.Done() }
-
-// startWatch starts a watch of key, owned by the session: it stops when
-// the session ends or stop is called. A paused one has no goroutine until
-// resume.
-func (s *Session) startWatch(key string, paused bool, opts ...clientv3.OpOption) (*keyWatch, error) {
-	return startWatch(s.leaderCtx, s.client, s, key, paused, opts...)
+// Owner owns a watch's goroutine: Track registers it (failing once the
+// owner has ended), Untrack marks it stopped.
+type Owner interface {
+	Track() error
+	Untrack()
 }
 
-// startWatch starts a watch owned by owner, which stops when parent ends.
-// parent carries etcd's require-leader metadata (serve).
-func startWatch(parent context.Context, client *clientv3.Client, owner watchOwner, key string, paused bool, opts ...clientv3.OpOption) (*keyWatch, error) {
+// Copy is what a watch keeps of its range for a Keeper: it is loaded as
+// the watch comes up, fed its events, and dropped as it goes down, all on
+// the watch's goroutine.
+type Copy interface {
+	// Load reads the keys under prefix at created or later, and makes
+	// them the copy of epoch. It reports false if the read failed: the
+	// watch then starts over.
+	Load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch queue.Epoch) bool
+	// Apply moves the copy of epoch forward by one response's events.
+	Apply(prefix string, events []*clientv3.Event, epoch queue.Epoch)
+	// Drop drops the copy as the watch goes down.
+	Drop()
+}
+
+// Epoch is the watch's epoch as of now.
+func (w *Watch) Epoch() queue.Epoch { return queue.Epoch(w.epoch.Load()) }
+
+// UpRev is the revision the watch last came up at: it reports every
+// change after it.
+func (w *Watch) UpRev() int64 { return w.upRev.Load() }
+
+// SeenRev is the revision of the last response handed on: a lock that
+// subscribes later reads at least this revision.
+func (w *Watch) SeenRev() int64 { return w.seenRev.Load() }
+
+// Key is the key (or prefix) the watch watches.
+func (w *Watch) Key() string { return w.key }
+
+// Stop stops the watch for good; one that is open ends its subscriptions
+// as it goes down (Listener.Unsubscribed).
+func (w *Watch) Stop() { w.stop() }
+
+// Start starts a watch owned by c.Owner, which stops when parent ends or
+// Stop is called. parent carries etcd's require-leader metadata (serve).
+// A paused one has no goroutine until Resume.
+func Start(parent context.Context, c Config) (*Watch, error) {
 	ctx, stop := context.WithCancel(parent)
-	w := &keyWatch{client: client, owner: owner, key: key, opts: opts, ctx: ctx, stop: stop,
-		up: make(chan struct{}), refused: make(chan struct{}), paused: paused, resumed: make(chan struct{}, 1)}
-	if !paused {
+	w := &Watch{client: c.Client, owner: c.Owner, key: c.Key, opts: c.Opts, copy: c.Copy, ctx: ctx, stop: stop,
+		restAfter: c.RestAfter, up: make(chan struct{}), refused: make(chan struct{}), paused: c.Paused,
+		resumed: make(chan struct{}, 1)}
+	if !c.Paused {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if err := w.launch(); err != nil {
@@ -97,11 +132,11 @@ func startWatch(parent context.Context, client *clientv3.Client, owner watchOwne
 }
 
 // launch starts run, once, registered with the owner. w.mu is held.
-func (w *keyWatch) launch() error {
+func (w *Watch) launch() error {
 	if w.running {
 		return nil
 	}
-	if err := w.owner.track(); err != nil {
+	if err := w.owner.Track(); err != nil {
 		return err
 	}
 	w.running = true
@@ -111,9 +146,9 @@ func (w *keyWatch) launch() error {
 
 // run keeps the watch open until it is stopped or its owner ends, opening
 // it again, after a backoff, whenever it ends while wanted.
-func (w *keyWatch) run() {
-	defer w.owner.untrack()
-	retry := newBackoff(50*time.Millisecond, time.Second)
+func (w *Watch) run() {
+	defer w.owner.Untrack()
+	retry := backoff.New(50*time.Millisecond, time.Second)
 	for {
 		ctx, endServe, ok := w.wanted()
 		if !ok {
@@ -122,13 +157,13 @@ func (w *keyWatch) run() {
 		cameUp := w.serve(ctx)
 		endServe() // ends etcd's watch if serve returned before it ended
 		if cameUp {
-			retry.reset()
+			retry.Reset()
 		}
 		w.down()
-		if w.isPaused() {
+		if w.Paused() {
 			continue
 		}
-		if retry.wait(w.ctx) != nil {
+		if retry.Wait(w.ctx) != nil {
 			return
 		}
 	}
@@ -136,7 +171,7 @@ func (w *keyWatch) run() {
 
 // wanted waits while the watch is paused, and returns the context of its
 // next opening and its cancel (pause calls it too); false once stopped.
-func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
+func (w *Watch) wanted() (context.Context, context.CancelFunc, bool) {
 	for {
 		w.mu.Lock()
 		if !w.paused {
@@ -163,7 +198,7 @@ func (w *keyWatch) wanted() (context.Context, context.CancelFunc, bool) {
 // etcd's 100 ms catch-up loop). It requires a leader (ctx carries the
 // metadata): a member cut off from the quorum ends it instead of leaving
 // it silent.
-func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
+func (w *Watch) serve(ctx context.Context) (cameUp bool) {
 	opts := append([]clientv3.OpOption{clientv3.WithCreatedNotify()}, w.opts...)
 	for wr := range w.client.Watch(ctx, w.key, opts...) {
 		if wr.Err() != nil {
@@ -179,36 +214,37 @@ func (w *keyWatch) serve(ctx context.Context) (cameUp bool) {
 			if !w.isUp(ctx) {
 				return cameUp
 			}
-			if w.mirror != nil && !w.mirror.load(ctx, w.client, w.key, wr.Header.Revision, w.epochNow()) {
+			if w.copy != nil && !w.copy.Load(ctx, w.client, w.key, wr.Header.Revision, w.Epoch()) {
 				return cameUp
 			}
 			continue
 		}
-		epoch := w.epochNow()
-		if w.mirror != nil {
-			w.mirror.apply(w.key, wr.Events, epoch)
+		epoch := w.Epoch()
+		if w.copy != nil {
+			w.copy.Apply(w.key, wr.Events, epoch)
 		}
 		for _, sub := range w.subscribers(false) {
-			sub.l.events(w, sub.src, wr.Events, epoch)
+			sub.l.Events(w, sub.src, wr.Events, epoch)
 		}
 	}
 	return cameUp
 }
 
 // isUp records that the watch is up and tells its subscribers. It reports
-// false if one could not catch up (listener.up): the watch starts over.
-func (w *keyWatch) isUp(ctx context.Context) bool {
+// false if one could not catch up (Listener.Up): the watch starts over.
+func (w *Watch) isUp(ctx context.Context) bool {
 	w.mu.Lock()
-	if !w.epochNow().Up() {
+	if !w.Epoch().Up() {
 		w.epoch.Add(1)
 		close(w.up)
 	}
-	epoch := w.epochNow()
+	epoch := w.Epoch()
 	w.mu.Unlock()
 	// With no start revision, it reports every change after upRev. A lock
-	// that listens through the copy does so in one epoch only (joinCopy).
+	// that listens through the copy does so in one epoch only (its
+	// queue.Waiter's JoinCopy).
 	for _, sub := range w.subscribers(false) {
-		if sub.l.up(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
+		if sub.l.Up(ctx, w, sub.src, epoch, w.upRev.Load()+1) != nil {
 			return false
 		}
 	}
@@ -217,7 +253,7 @@ func (w *keyWatch) isUp(ctx context.Context) bool {
 
 // refuse records that etcd refused the watch outright (no permission, say):
 // callers waiting for it to come up get err instead.
-func (w *keyWatch) refuse(err error) {
+func (w *Watch) refuse(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.refusal == nil {
@@ -227,31 +263,31 @@ func (w *keyWatch) refuse(err error) {
 }
 
 // down records that the watch is down.
-func (w *keyWatch) down() {
+func (w *Watch) down() {
 	w.mu.Lock()
-	if w.epochNow().Up() {
+	if w.Epoch().Up() {
 		w.epoch.Add(1)
 		w.up = make(chan struct{})
 	}
-	epoch := w.epochNow()
+	epoch := w.Epoch()
 	w.mu.Unlock()
-	if w.mirror != nil {
-		w.mirror.drop()
+	if w.copy != nil {
+		w.copy.Drop()
 	}
 	// Stopped for good, the watch ends its subscriptions: each lock's
 	// rule forgets it in the same step, and it sends nothing more.
 	ended := w.ctx.Err() != nil
 	for _, sub := range w.subscribers(true) {
 		if ended {
-			sub.l.unsubscribed(w)
+			sub.l.Unsubscribed(w)
 		} else {
-			sub.l.down(sub.src, epoch)
+			sub.l.Down(sub.src, epoch)
 		}
 	}
 }
 
-// pause closes the watch until resume, and reports whether it was open.
-func (w *keyWatch) pause() bool {
+// Pause closes the watch until Resume, and reports whether it was open.
+func (w *Watch) Pause() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.paused {
@@ -264,8 +300,8 @@ func (w *keyWatch) pause() bool {
 	return true
 }
 
-// resume opens a paused watch again; once the owner has ended, it does not.
-func (w *keyWatch) resume() {
+// Resume opens a paused watch again; once the owner has ended, it does not.
+func (w *Watch) Resume() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.paused {
@@ -281,63 +317,60 @@ func (w *keyWatch) resume() {
 	}
 }
 
-// granted is told by each lock of the name whether it did not need the
-// watch; restAfter such in a row pause it. It reports whether this one did.
-func (w *keyWatch) granted(unneeded bool) (paused bool) {
+// Granted is told by each lock of the name whether it did not need the
+// watch; RestAfter such in a row pause it. It reports whether this one did.
+func (w *Watch) Granted(unneeded bool) (paused bool) {
 	if !unneeded {
 		w.quiet.Store(0)
 		return false
 	}
-	if w.quiet.Add(1) < restAfter {
+	if w.quiet.Add(1) < w.restAfter {
 		return false
 	}
 	w.quiet.Store(0)
-	return w.pause()
+	return w.Pause()
 }
 
-func (w *keyWatch) isPaused() bool {
+// Paused tells whether the watch is paused.
+func (w *Watch) Paused() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.paused
 }
 
-// listener is a lock as its watches see it: what a watch tells a
+// Listener is a lock as its watches see it: what a watch tells a
 // subscriber, and when the subscriber has ended. A watch calls it with no
 // lock of its own held.
-type listener interface {
-	// events hands on one response's events of subscription src, in
+type Listener interface {
+	// Events hands on one response's events of subscription src, in
 	// revision order, in epoch.
-	events(w *keyWatch, src queue.Source, evs []*clientv3.Event, epoch queue.Epoch)
-	// up says that src came up in epoch, delivering every change of w's
+	Events(w *Watch, src queue.Source, evs []*clientv3.Event, epoch queue.Epoch)
+	// Up says that src came up in epoch, delivering every change of w's
 	// range from start on; an error ends the watch's turn at the news.
-	up(ctx context.Context, w *keyWatch, src queue.Source, epoch queue.Epoch, start int64) error
-	// down says that src went down, ending epoch-1.
-	down(src queue.Source, epoch queue.Epoch)
-	// unsubscribed says that w, stopped for good, ended the subscription.
-	unsubscribed(w *keyWatch)
-	// done is closed once the subscriber has ended, with cause saying why.
-	done() <-chan struct{}
-	cause() error
-	// subscribeTo subscribes the lock to w (a follow watch), unless it is
+	Up(ctx context.Context, w *Watch, src queue.Source, epoch queue.Epoch, start int64) error
+	// Down says that src went down, ending epoch-1.
+	Down(src queue.Source, epoch queue.Epoch)
+	// Unsubscribed says that w, stopped for good, ended the subscription.
+	Unsubscribed(w *Watch)
+	// Done is closed once the subscriber has ended, with Cause saying why.
+	Done() <-chan struct{}
+	Cause() error
+	// SubscribeTo subscribes the lock to w (a follow watch), unless it is
 	// subscribed, and returns w's epoch.
-	subscribeTo(w *keyWatch) queue.Epoch
-	// nudge wakes the lock to look again: grant, because a deletion may
-	// grant it (a Keeper's copy says so); otherwise because something else
-	// changed.
-	nudge(grant bool)
+	SubscribeTo(w *Watch) queue.Epoch
 }
 
 // subscriber is one lock's subscription to the watch: src names it to
 // the lock's rule.
 type subscriber struct {
-	l   listener
+	l   Listener
 	src queue.Source
 }
 
 // ended tells whether l has ended.
-func ended(l listener) bool {
+func ended(l Listener) bool {
 	select {
-	case <-l.done():
+	case <-l.Done():
 		return true
 	default:
 		return false
@@ -347,7 +380,7 @@ func ended(l listener) bool {
 // subscribers lists the subscribers to the watch's events, and with
 // viaCopy also those through its copy. The copy's waiters are kept apart
 // so that an event costs nothing per waiter on the copy.
-func (w *keyWatch) subscribers(viaCopy bool) []subscriber {
+func (w *Watch) subscribers(viaCopy bool) []subscriber {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if viaCopy {
@@ -358,7 +391,7 @@ func (w *keyWatch) subscribers(viaCopy bool) []subscriber {
 
 // listOf is the list of subscribers l is in, and its index there; nil if
 // none. w.mu is held.
-func (w *keyWatch) listOf(l listener) (*[]subscriber, int) {
+func (w *Watch) listOf(l Listener) (*[]subscriber, int) {
 	is := func(s subscriber) bool { return s.l == l }
 	if i := slices.IndexFunc(w.subs, is); i >= 0 {
 		return &w.subs, i
@@ -369,17 +402,17 @@ func (w *keyWatch) listOf(l listener) (*[]subscriber, int) {
 	return nil, -1
 }
 
-// subscribe makes l a subscriber under a serial that listen hands out, if
+// Subscribe makes l a subscriber under a serial that listen hands out, if
 // it is not one already and has not ended. It returns the watch's epoch
 // (even if the watch is not up), the revision of the last response
 // handed on (read after l joined, so l misses nothing after it), and the
 // new subscription's serial (0 if none was made).
-func (w *keyWatch) subscribe(l listener, viaCopy bool, listen func() queue.Source) (epoch queue.Epoch, seen int64, src queue.Source) {
+func (w *Watch) Subscribe(l Listener, viaCopy bool, listen func() queue.Source) (epoch queue.Epoch, seen int64, src queue.Source) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	// An ended lock is not added back: finish unsubscribes only after the
-	// lock's context ends, so a late subscribe (a lock re-reading as it
-	// ends) would otherwise stay on a Keeper's shared watch for good.
+	// An ended lock is not added back: its end unsubscribes it only after
+	// the lock's context ends, so a late subscribe (a lock re-reading as
+	// it ends) would otherwise stay on a Keeper's shared watch for good.
 	if list, _ := w.listOf(l); !ended(l) && list == nil {
 		src = listen()
 		sub := subscriber{l: l, src: src}
@@ -389,21 +422,21 @@ func (w *keyWatch) subscribe(l listener, viaCopy bool, listen func() queue.Sourc
 			w.subs = append(w.subs, sub)
 		}
 	}
-	return w.epochNow(), w.seenRev.Load(), src
+	return w.Epoch(), w.seenRev.Load(), src
 }
 
-// subscribed returns the watch's epoch if l is a subscriber.
-func (w *keyWatch) subscribed(l listener) (queue.Epoch, bool) {
+// Subscribed returns the watch's epoch if l is a subscriber.
+func (w *Watch) Subscribed(l Listener) (queue.Epoch, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	list, _ := w.listOf(l)
-	return w.epochNow(), list != nil
+	return w.Epoch(), list != nil
 }
 
-// upEpoch opens the watch if paused and returns its epoch once it is up;
+// UpEpoch opens the watch if paused and returns its epoch once it is up;
 // it fails if etcd refuses the watch, or ctx or the lock ends.
-func (w *keyWatch) upEpoch(ctx context.Context, l listener) (queue.Epoch, error) {
-	w.resume()
+func (w *Watch) UpEpoch(ctx context.Context, l Listener) (queue.Epoch, error) {
+	w.Resume()
 	for {
 		w.mu.Lock()
 		up := w.up
@@ -412,19 +445,19 @@ func (w *keyWatch) upEpoch(ctx context.Context, l listener) (queue.Epoch, error)
 		case <-up:
 		case <-w.refused:
 			return 0, w.refusal
-		case <-l.done():
-			return 0, l.cause()
+		case <-l.Done():
+			return 0, l.Cause()
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
-		if epoch := w.epochNow(); epoch.Up() {
+		if epoch := w.Epoch(); epoch.Up() {
 			return epoch, nil
 		}
 	}
 }
 
-// unsubscribe ends l's subscription, if any, and returns its serial.
-func (w *keyWatch) unsubscribe(l listener) (src queue.Source, ok bool) {
+// Unsubscribe ends l's subscription, if any, and returns its serial.
+func (w *Watch) Unsubscribe(l Listener) (src queue.Source, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	list, i := w.listOf(l)
