@@ -306,7 +306,7 @@ func TestGivenUpDelayedLockReleasesRecord(t *testing.T) {
 					t.Fatalf("the waiter's key: %v %v", g, err)
 				}
 				token = g.Kvs[0].CreateRevision
-				if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lease.DelayRecordKey(name), fmt.Sprintf("held %d", token)); err != nil {
+				if _, err := cli.Put(etcdproc.Ctx(t, 30*time.Second), lease.DelayRecordKey(name), fmt.Sprintf("held %d %v", token, lockDelay)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -314,7 +314,7 @@ func TestGivenUpDelayedLockReleasesRecord(t *testing.T) {
 			if r := <-ch; r.err == nil {
 				t.Fatal("a Lock whose ctx ended while it waited succeeded")
 			}
-			want := fmt.Sprintf("held %d", token)
+			want := fmt.Sprintf("held %d %v", token, lockDelay)
 			if own {
 				want = fmt.Sprintf("released %d", token)
 			}

@@ -79,9 +79,12 @@
 //     after a reconnect, a compaction or a broken watch reads the leader
 //     afresh: it may skip a leader that came and went, never the current
 //     one.
-//   - With WithLockDelay, a holding that follows an involuntary loss is
-//     granted no sooner than the delay after the new holder learned of
-//     the loss, measured by an etcd lease.
+//   - With WithLockDelay, a holding that follows an involuntary loss of a
+//     session with a lock delay is granted no sooner than the longer of
+//     its own delay and the lost holding's after the new holder learned of
+//     the loss, measured by an etcd lease; a loss older than the lost
+//     holding's delay (by etcd's count) delays nothing. Losses of sessions
+//     without a lock delay are not waited out.
 //   - Bad input (an empty name, one ending in "/", with an empty segment
 //     or a control character; a nil client or option; ReaderValue as a
 //     leader's value) is refused with an error wrapping ErrInvalidArgument

@@ -24,6 +24,11 @@ type Hooks struct {
 	// Ended is called once when a granted lock or leadership ends, with
 	// how long it was held and why (see Cause).
 	Ended func(name string, token int64, held time.Duration, why error)
+	// Delaying is called when a lock whose turn has come starts waiting
+	// out the lock delay after the loss of the holding with token lost
+	// (WithLockDelay), with the time left as etcd counts it (whole
+	// seconds; 0 if not known). Called once per lost holding.
+	Delaying func(name string, lost int64, left time.Duration)
 	// Renewed is called at each keep-alive answer with the margin left:
 	// the time from the answer to the session's new Deadline.
 	Renewed func(margin time.Duration)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasefence/leasefence/lease/internal/delayrec"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -93,4 +94,48 @@ func fillTTLs(ctx context.Context, client *clientv3.Client, entries []QueueEntry
 		}
 	}
 	return nil
+}
+
+// DelayRecord is a name's lock-delay record (WithLockDelay), as
+// InspectDelay reads it.
+type DelayRecord struct {
+	// State is "held", "lost" or "released"; empty if the name has no
+	// record (or one this package did not write).
+	State string
+	Token int64 // the holding the record names
+	// Delay is, for "held", what the holding asks of its successors if
+	// it is lost; for "lost", the delay being waited out. 0 if the record
+	// does not say (an older version's).
+	Delay time.Duration
+	// Left is, for "lost", how long the wait has left, as etcd counts it
+	// (whole seconds); 0 once it has lapsed.
+	Left time.Duration
+}
+
+// InspectDelay reads the lock-delay record of name. A "lost" record names
+// the holding whose loss the head of the queue is waiting out. It writes
+// nothing.
+func InspectDelay(ctx context.Context, client *clientv3.Client, name string) (DelayRecord, error) {
+	op := fmt.Sprintf("inspect delay %q", name)
+	if client == nil {
+		return DelayRecord{}, failed(op, errNilClient)
+	}
+	if err := validateName(name); err != nil {
+		return DelayRecord{}, failed(op, err)
+	}
+	resp, err := client.Get(ctx, DelayRecordKey(name))
+	if err != nil {
+		return DelayRecord{}, failed(op, err)
+	}
+	rec := delayrec.Parse(firstKV(resp.Kvs))
+	if rec.State == delayrec.Clear {
+		return DelayRecord{}, nil
+	}
+	out := DelayRecord{State: rec.State.String(), Token: rec.Token, Delay: max(rec.Delay, 0)}
+	if rec.State == delayrec.Lost && rec.Lease != 0 {
+		if out.Left, err = leaseLeft(ctx, client, rec.Lease); err != nil {
+			return DelayRecord{}, failed(op, err)
+		}
+	}
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -32,6 +33,9 @@ type Lock struct {
 
 	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
 	kw      keyWrites  // the key's writes that need its marker
+
+	// recorded: the lock delay's record says this writer holds the name.
+	recorded atomic.Bool
 }
 
 // tracker is what a lock knows of its key and of the queue ahead, and the
@@ -241,6 +245,7 @@ func (l *Lock) start() error {
 func (l *Lock) finish() {
 	t := l.t
 	defer t.s.wg.Done()
+	defer l.recordOwnLoss() // after Done has closed: the warning comes first
 	defer close(l.finished)
 	t.stopListening()
 	t.s.unhold(l)

@@ -40,6 +40,9 @@ type Session struct {
 	// before the revoke so that successors see clean releases.
 	lockDelay time.Duration
 	holdings  map[*Lock]struct{}
+	// delayID is the lease the session's "held" delay records are on
+	// (delaylease.go); 0 until the first.
+	delayID atomic.Int64
 	owner     string // as recorded; empty if not
 
 	// ctx ends, with the reason as its cause, when the session ends.
@@ -183,7 +186,7 @@ func (s *Session) Close() error {
 	held := s.holdings
 	s.holdings = nil
 	s.mu.Unlock()
-	s.releaseHoldings(held)
+	released := s.releaseHoldings(held)
 	s.cancel(ErrSessionClosed)
 	s.renewer.Remove(kept{s})
 	if s.keeper == nil {
@@ -193,6 +196,9 @@ func (s *Session) Close() error {
 	s.wg.Wait()
 	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))
+	}
+	if released {
+		s.revokeDelayLease()
 	}
 	if err := s.revoke(); err != nil {
 		return failed("revoke", err)
@@ -204,8 +210,10 @@ func (s *Session) Close() error {
 }
 
 // releaseHoldings unlocks the writers before the revoke, for clean
-// releases; one that fails leaves its successor to wait out the delay.
-func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
+// releases, and reports whether all were; one that fails leaves its
+// successor to wait out the delay.
+func (s *Session) releaseHoldings(held map[*Lock]struct{}) (all bool) {
+	all = true
 	for l := range held {
 		if l.t.ctx.Err() != nil {
 			continue // ended between its grant and its registration
@@ -214,9 +222,11 @@ func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 		if err := l.unlock(ctx); err != nil {
 			s.lg.Warn("lock not released before revoking the lease: its successor will wait out the lock delay",
 				zap.String("key", l.t.key), zap.Error(err))
+			all = false
 		}
 		cancel()
 	}
+	return all
 }
 
 // hold registers a granted writer for releaseHoldings unless Close began.
@@ -410,6 +420,7 @@ func (k kept) TTL() time.Duration      { return k.s.ttl }
 func (k kept) Deadline() time.Time     { return k.s.Deadline() }
 func (k kept) Ended() bool             { return k.s.ctx.Err() != nil }
 func (k kept) Lose(reason string)      { k.s.lose(reason) }
+func (k kept) Also() clientv3.LeaseID  { return clientv3.LeaseID(k.s.delayID.Load()) }
 
 // Renewed extends the deadline by etcd's answer, of ttl seconds, to a
 // keep-alive sent at sent, and checks the answer's revision.

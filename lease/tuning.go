@@ -129,3 +129,16 @@ const keeperBatch = 100 * time.Millisecond
 //
 // Set by reasoning, not measured.
 const observerResync = 2 * time.Second
+
+// Lock delay.
+
+// delayLeaseMargin lengthens a session's delay lease beyond its TTL plus
+// the delay: the leader revokes expired leases in batches about every
+// 500 ms, so the session's lease can end up to that much after its TTL
+// while the delay lease ends on time, which would shorten the gap between
+// a holding's loss and its record's lapse below the delay.
+//
+// Coupled to etcd's lease revoke loop (500 ms, ETCD-FACTS). Measured:
+// TestLockDelayAfterExpiry saw the record lapse 1.9985 s after a 2 s
+// delay's key expiry without it.
+const delayLeaseMargin = time.Second

@@ -283,7 +283,7 @@ func TestOldDelayRecordMoved(t *testing.T) {
 		t.Error("the old record is still in its old place")
 	}
 	resp := keyGet(t, cli, lease.DelayRecordKey(name))
-	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "held "+strconv.FormatInt(l.Token(), 10) {
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "held "+strconv.FormatInt(l.Token(), 10)+" 1s" {
 		t.Errorf("record: %v, want held by the new holding", resp.Kvs)
 	}
 	if err := l.Unlock(etcdproc.Ctx(t, 30*time.Second)); err != nil {

@@ -60,6 +60,10 @@ type Session interface {
 	Ended() bool
 	// Lose ends the session, its lease taken for lost, for reason.
 	Lose(reason string)
+	// Also is a second lease of the session's, renewed in the same send
+	// as Lease; 0 for none. Its answers are not the session's: an answer
+	// for it changes nothing.
+	Also() clientv3.LeaseID
 	// Renewed applies etcd's answer to a keep-alive sent at sent: the TTL
 	// in seconds (positive) and the answer header's store revision.
 	Renewed(sent time.Time, ttl, revision int64)
@@ -275,6 +279,9 @@ func (r *Renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 		}
 		if !e.nextSend.After(now.Add(r.batch)) {
 			r.outbox = append(r.outbox, int64(id))
+			if also := s.Also(); also != 0 {
+				r.outbox = append(r.outbox, int64(also))
+			}
 			e.sent = append(e.sent, now)
 			e.nextSend = now.Add(s.TTL()/3 - early) // as early as the deadline, to keep its time to be answered
 		}

@@ -1,9 +1,11 @@
 package renew
 
 import (
+	"slices"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -59,6 +61,24 @@ func TestTickAimsEarlyByLag(t *testing.T) {
 	}
 }
 
+// A session's second lease goes out in the same send as its own, and
+// its answer is no answer for the session.
+func TestTickRenewsAlsoWithLease(t *testing.T) {
+	r := &Renewer{clock: realClock{}, sessions: make(map[clientv3.LeaseID]*keptSession)}
+	s := &fakeSession{id: 1, ttl: 3 * time.Second, deadline: time.Now().Add(3 * time.Second), also: 7}
+	plain := &fakeSession{id: 2, ttl: 3 * time.Second, deadline: time.Now().Add(3 * time.Second)}
+	r.sessions[1], r.sessions[2] = &keptSession{s: s}, &keptSession{s: plain}
+	r.tick(make(chan struct{}, 1), time.Now())
+	slices.Sort(r.outbox)
+	if want := []int64{1, 2, 7}; !slices.Equal(r.outbox, want) {
+		t.Fatalf("outbox %v, want %v", r.outbox, want)
+	}
+	r.answer(&pb.LeaseKeepAliveResponse{ID: 7, TTL: -1})
+	if s.Ended() || len(r.sessions[1].sent) != 1 {
+		t.Fatalf("an answer for the second lease was taken as the session's: ended %v, sent %d", s.Ended(), len(r.sessions[1].sent))
+	}
+}
+
 // realClock is package lease's release clock.
 type realClock struct{}
 
@@ -72,6 +92,7 @@ type fakeSession struct {
 	ttl      time.Duration
 	deadline time.Time
 	lost     string // why Lose ended it; empty while it lives
+	also     clientv3.LeaseID
 }
 
 func (s *fakeSession) Lease() clientv3.LeaseID { return s.id }
@@ -79,5 +100,6 @@ func (s *fakeSession) TTL() time.Duration      { return s.ttl }
 func (s *fakeSession) Deadline() time.Time     { return s.deadline }
 func (s *fakeSession) Ended() bool             { return s.lost != "" }
 func (s *fakeSession) Lose(reason string)      { s.lost = reason }
+func (s *fakeSession) Also() clientv3.LeaseID  { return s.also }
 
 func (s *fakeSession) Renewed(time.Time, int64, int64) {}

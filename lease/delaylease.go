@@ -1,0 +1,54 @@
+package lease
+
+import (
+	"context"
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// A session with a lock delay puts its "held" records on a lease of its
+// own, the delay lease, whose TTL is the session's plus the delay (and
+// delayLeaseMargin) and which its renewer renews with the session's lease, in the same send.
+// While the session lives the records stay; once it ends, they lapse the
+// delay after the session's lease does, so a record still there names a
+// loss no older than the delay its holding asked, and a stale one is
+// gone. A Close that released every holding revokes it.
+
+// delayLease returns the session's delay lease, granting it first.
+func (s *Session) delayLease(ctx context.Context) (clientv3.LeaseID, error) {
+	if id := s.delayID.Load(); id != 0 {
+		return clientv3.LeaseID(id), nil
+	}
+	g, err := s.client.Grant(ctx, ttlSeconds(s.ttl+s.lockDelay+delayLeaseMargin))
+	if err != nil {
+		return 0, err
+	}
+	if !s.delayID.CompareAndSwap(0, int64(g.ID)) {
+		// Another lock granted one first; this one lapses unused.
+		return clientv3.LeaseID(s.delayID.Load()), nil
+	}
+	return g.ID, nil
+}
+
+// dropDelayLease forgets id, found gone, so that the next record is put
+// on a new one.
+func (s *Session) dropDelayLease(id clientv3.LeaseID) {
+	s.delayID.CompareAndSwap(int64(id), 0)
+}
+
+// revokeDelayLease revokes the delay lease of a session closing with every
+// holding released: its records name no holding any more.
+func (s *Session) revokeDelayLease() {
+	id := clientv3.LeaseID(s.delayID.Swap(0))
+	if id == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	if _, err := s.client.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		s.lg.Debug("delay lease left to lapse", zap.Error(err))
+	}
+}
