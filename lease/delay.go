@@ -14,6 +14,7 @@ import (
 	"github.com/leasefence/leasefence/internal/rpcerr"
 	"github.com/leasefence/leasefence/lease/internal/backoff"
 	"github.com/leasefence/leasefence/lease/internal/delayrec"
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 )
 
 // MaxLockDelay is the longest lock delay WithLockDelay accepts (Consul's
@@ -62,13 +63,6 @@ func DelayRecordKey(name string) string { return delayPrefix + name }
 // record: under the parent's queue for a nested name, which blocked etcd's
 // Mutex on the parent. A record found there is moved (delayWait.read).
 func oldDelayRecordKey(name string) string { return name + "\x00lock-delay" }
-
-func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
-	if len(kvs) == 0 {
-		return nil
-	}
-	return kvs[0]
-}
 
 // releaseOps record a writer's clean release in its delete's transaction.
 // The record is then on no lease: nothing removes it but the next record.
@@ -204,8 +198,8 @@ func (d *delayWait) read(ctx context.Context) (delayrec.Record, error) {
 		if err != nil {
 			return delayrec.Record{}, err
 		}
-		cur := firstKV(resp.Responses[0].GetResponseRange().Kvs)
-		was := firstKV(resp.Responses[1].GetResponseRange().Kvs)
+		cur := keywrite.FirstKV(resp.Responses[0].GetResponseRange().Kvs)
+		was := keywrite.FirstKV(resp.Responses[1].GetResponseRange().Kvs)
 		if was == nil {
 			return delayrec.Parse(cur), nil
 		}
@@ -230,7 +224,7 @@ func moveRecord(ctx context.Context, cli *clientv3.Client, name string, cur, was
 		then = append(then, clientv3.OpPut(key, string(keep.Value), clientv3.WithLease(clientv3.LeaseID(keep.Lease))))
 	}
 	_, err := cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(key), "=", modRevision(cur)),
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", keywrite.ModRevision(cur)),
 			clientv3.Compare(clientv3.ModRevision(old), "=", was.ModRevision)).
 		Then(then...).
 		Commit()
@@ -260,7 +254,7 @@ func (d *delayWait) recordLoss(ctx context.Context, rec delayrec.Record, delay t
 	}
 	if !resp.Succeeded {
 		// Someone else recorded first; the unused lease expires by itself.
-		return delayrec.Parse(firstKV(resp.Responses[0].GetResponseRange().Kvs)), nil
+		return delayrec.Parse(keywrite.FirstKV(resp.Responses[0].GetResponseRange().Kvs)), nil
 	}
 	t.s.lg.Warn("lock delay: the previous holder lost the lock; waiting before granting",
 		zap.String("key", t.key), zap.Int64("lost_token", rec.Token), zap.Duration("delay", delay))
@@ -327,7 +321,7 @@ func (d *delayWait) recordHeld(ctx context.Context, rec delayrec.Record) (done b
 	if !t.ownsFirst(resp.Responses[0].GetResponseRange().Kvs) {
 		return false, rec, ErrKeyDeleted
 	}
-	return false, delayrec.Parse(firstKV(resp.Responses[1].GetResponseRange().Kvs)), nil
+	return false, delayrec.Parse(keywrite.FirstKV(resp.Responses[1].GetResponseRange().Kvs)), nil
 }
 
 // recordOwnLoss, for a writer that recorded its holding and lost its key

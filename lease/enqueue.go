@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
@@ -80,7 +81,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		reads = append(reads, newestFirst(t.name+"/", 0, t.page()+1))
 	}
 	for tries := 0; ; tries++ {
-		resp, err := l.kw.put(wctx, t.hold.value, reads...)
+		resp, err := l.kw.Put(wctx, t.hold.value, reads...)
 		if err != nil {
 			return err
 		}
@@ -98,11 +99,11 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 }
 
 // notPut sees to what kept enqueue's put from applying, so that it may
-// try again (keyWrites.notPut): it removes a key at the lock's own path
-// that someone else's put moved off the session's lease, which is no lock.
+// try again (keywrite.Writes.NotPut): it removes a key at the lock's own
+// path that someone else's put moved off the session's lease, which is no
+// lock.
 func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries int) error {
-	key, marker := readsOf(resp.Responses)
-	again, other, err := l.kw.notPut(wctx, key, marker)
+	again, other, err := l.kw.NotPut(wctx, resp)
 	switch {
 	case err != nil:
 		return err
@@ -111,7 +112,7 @@ func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries in
 	case again:
 		return nil
 	}
-	return l.t.s.removeLeftover(wctx, other)
+	return keywrite.RemoveLeftover(wctx, l.t.s.client, l.t.s.lg, other)
 }
 
 // queued takes the view from the put's answer or from the Keeper's copy.
@@ -130,7 +131,7 @@ func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored 
 // failed; otherwise only keys that do not block were found: queue.
 func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 	t := l.t
-	resp, err := l.kw.tryPut(wctx, t.hold.value, oldestFirst(t.name+"/"))
+	resp, err := l.kw.TryPut(wctx, t.hold.value, oldestFirst(t.name+"/"))
 	if err != nil {
 		return true, err
 	}

@@ -6,6 +6,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
@@ -41,7 +42,7 @@ func (t *tracker) follow(ctx context.Context) error {
 	}
 	kvs := make([]*mvccpb.KeyValue, len(keys))
 	for i := range keys {
-		kvs[i] = firstKV(resp.Responses[i].GetResponseRange().Kvs)
+		kvs[i] = keywrite.FirstKV(resp.Responses[i].GetResponseRange().Kvs)
 	}
 	t.mu.Lock()
 	t.q.Followed(resp.Header.Revision, keys, kvs, epochs)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/lease/internal/delayrec"
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -127,7 +128,7 @@ func InspectDelay(ctx context.Context, client *clientv3.Client, name string) (De
 	if err != nil {
 		return DelayRecord{}, failed(op, err)
 	}
-	rec := delayrec.Parse(firstKV(resp.Kvs))
+	rec := delayrec.Parse(keywrite.FirstKV(resp.Kvs))
 	if rec.State == delayrec.Clear {
 		return DelayRecord{}, nil
 	}

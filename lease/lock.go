@@ -10,6 +10,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
@@ -31,8 +32,8 @@ type Lock struct {
 
 	trace *CallHooks // the acquiring call's tracing hooks; nil for none
 
-	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
-	kw      keyWrites  // the key's writes that need its marker
+	writing sync.Mutex      // one write of the key at a time: Unlock, Resign, Proclaim
+	kw      keywrite.Writes // the key's writes that need its marker
 
 	// recorded: the lock delay's record says this writer holds the name.
 	recorded atomic.Bool

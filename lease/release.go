@@ -45,7 +45,7 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 		resp, err := t.s.keys.Txn(t.s.ctx).If(t.tokenCmp()).Then(then...).Commit()
 		if err == nil {
 			if resp.Succeeded {
-				l.kw.released()
+				l.kw.Released()
 			}
 			return
 		}
@@ -63,10 +63,10 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 }
 
 // removeOps delete the holding's key, and its marker unless it is kept
-// (keyWrites.releaseOps), then do ops: cleanup's and Unlock's Then, under
-// tokenCmp. Once they applied, keyWrites.released records it.
+// (keywrite.Writes.ReleaseOps), then do ops: cleanup's and Unlock's Then,
+// under tokenCmp. Once they applied, keywrite.Writes.Released records it.
 func (l *Lock) removeOps(ops ...clientv3.Op) []clientv3.Op {
-	return append(append([]clientv3.Op{clientv3.OpDelete(l.t.key)}, l.kw.releaseOps()...), ops...)
+	return append(append([]clientv3.Op{clientv3.OpDelete(l.t.key)}, l.kw.ReleaseOps()...), ops...)
 }
 
 // tokenCmp holds while the key is this holding's: a later holding of the
@@ -111,7 +111,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 		Then(l.removeOps(l.releaseOps()...)...).
 		Commit()
 	if err == nil && resp.Succeeded {
-		l.kw.released()
+		l.kw.Released()
 	}
 
 	t.mu.Lock()

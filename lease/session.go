@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/renew"
 )
 
@@ -43,7 +44,7 @@ type Session struct {
 	// delayID is the lease the session's "held" delay records are on
 	// (delaylease.go); 0 until the first.
 	delayID atomic.Int64
-	owner     string // as recorded; empty if not
+	owner   string // as recorded; empty if not
 
 	// ctx ends, with the reason as its cause, when the session ends.
 	ctx    context.Context
@@ -66,12 +67,12 @@ type Session struct {
 
 	failing atomic.Bool // set by the first involuntary end, so that it is reported once
 	// markers: what the session knows of its lock keys' markers
-	// (unanswered.go).
-	markers markerBook
+	// (lease/internal/keywrite).
+	markers keywrite.Book
 	// keys sends the writes of lock keys that writes.go lists: the client,
 	// or in tests a KV that loses and delays requests (write model).
 	keys   clientv3.KV
-	writes writeSeam // the write model's mutants; empty in release builds
+	writes keywrite.Seam // the write model's mutants; empty in release builds
 }
 
 // NewSession grants a lease of the configured TTL and keeps it alive until

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
 	"github.com/leasefence/leasefence/lease/internal/backoff"
+	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 	"github.com/leasefence/leasefence/lease/internal/watch"
 )
@@ -343,7 +344,7 @@ func (t *tracker) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, 
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; !t.ownsFirst(kvs) {
 		// The read is at the token or later (the rule's read floor), so
 		// the rule takes it as the key's end.
-		if err := t.ownRead(resp.Header.Revision, firstKV(kvs)); err != nil {
+		if err := t.ownRead(resp.Header.Revision, keywrite.FirstKV(kvs)); err != nil {
 			return nil, 0, err
 		}
 	}
@@ -381,8 +382,8 @@ func (t *tracker) readOwnKey(ctx context.Context, minRev int64) (*mvccpb.KeyValu
 	if err != nil {
 		return nil, 0, err
 	}
-	return firstKV(resp.Responses[0].GetResponseRange().Kvs), resp.Header.Revision, nil
+	return keywrite.FirstKV(resp.Responses[0].GetResponseRange().Kvs), resp.Header.Revision, nil
 }
 
 // ownsFirst is owns for the result of a read of the lock's key.
-func (t *tracker) ownsFirst(kvs []*mvccpb.KeyValue) bool { return t.owns(firstKV(kvs)) }
+func (t *tracker) ownsFirst(kvs []*mvccpb.KeyValue) bool { return t.owns(keywrite.FirstKV(kvs)) }

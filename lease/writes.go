@@ -23,7 +23,7 @@ package lease
 //   - Revoke (Close). Guard: none needed; a copy finds no lease. No answer:
 //     the lease expires after its TTL.
 //
-// Lock key and marker (unanswered.go, lock.go):
+// Lock key and marker (lease/internal/keywrite, lock.go, release.go):
 //   - Enqueue put (Lock, RLock, Campaign): put of the key, with the
 //     marker, in one transaction. Guard: the key is absent and the
 //     marker's mod revision is what the session last knew. No answer: the

@@ -5,15 +5,14 @@ import clientv3 "go.etcd.io/etcd/client/v3"
 // PutCmps are the comparisons a put of s's lock key for name sends now.
 func PutCmps(s *Session, name string) []clientv3.Cmp {
 	w := s.keyWrites(name, lockKey(name, s.id))
-	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w.key), "=", 0), w.markerCmp(s.markers.get(name).rev)}
+	return w.PutCmps()
 }
 
 // Withdraw does what a lock of s does after its put of the key for name
 // had no definite answer (test-only).
 func Withdraw(s *Session, name string) {
 	w := s.keyWrites(name, lockKey(name, s.id))
-	s.markers.keep(name)
-	w.withdraw(s.markers.get(name).rev, 0)
+	w.Unanswered()
 }
 
 // MarkerKey is the marker of s's lock key for name (test-only).
