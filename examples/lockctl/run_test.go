@@ -35,22 +35,40 @@ func buildLockctl(dir string) int {
 
 // proc is a lockctl process.
 type proc struct {
-	cmd    *exec.Cmd
-	stderr bytes.Buffer
-	exited chan struct{}
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	exited         chan struct{}
 }
 
 // startLockctl starts lockctl with args after -endpoints eps (the test's
 // etcd if nil).
 func startLockctl(t *testing.T, eps []string, args ...string) *proc {
 	t.Helper()
+	p := newLockctl(eps, args...)
+	p.start(t)
+	return p
+}
+
+// newLockctl is startLockctl's lockctl, not yet started: a test may
+// change its environment or process attributes first.
+func newLockctl(eps []string, args ...string) *proc {
 	if eps == nil {
 		eps = etcd.Endpoints()
 	}
 	p := &proc{exited: make(chan struct{})}
 	p.cmd = exec.Command(lockctlBin, append([]string{"-endpoints", strings.Join(eps, ",")}, args...)...)
-	p.cmd.Stderr = &p.stderr
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	// A process that left the command's group may outlive lockctl with
+	// the output pipes open: lockctl's exit is what the tests wait for.
+	p.cmd.WaitDelay = time.Second
 	p.cmd.Env = append(os.Environ(), "LEASEFENCE_TOKEN=", "LEASEFENCE_RECORD=")
+	return p
+}
+
+// start starts p, and kills it at the end of the test if it is still
+// running.
+func (p *proc) start(t *testing.T) {
+	t.Helper()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +84,6 @@ func startLockctl(t *testing.T, eps []string, args ...string) *proc {
 			<-p.exited
 		}
 	})
-	return p
 }
 
 // wait returns lockctl's exit status, failing the test if it takes more
