@@ -14,7 +14,7 @@ const (
 	exitUnknown     = 4   // put: no answer; the write may have landed
 	exitUnavailable = 69  // EX_UNAVAILABLE: etcd did not answer in time
 	exitBusy        = 75  // EX_TEMPFAIL: run -no-wait or -wait found the lock held
-	exitLost        = 124 // the holding was lost while the child ran, as timeout(1)
+	exitLost        = 124 // the holding was lost, while the child ran (as timeout(1)) or before it started
 	exitNoExec      = 126 // the command was found but could not be run, as shells do
 	exitNotFound    = 127 // the command was not found, as shells do
 	exitSignal      = 128 // plus N: the child, or lockctl while waiting, got signal N

@@ -136,10 +136,37 @@ func (c *ctl) runHolding(ctx context.Context, r runFlags) error {
 		}
 		return exitWith(exitSignal+int(sig.sig), fmt.Errorf("run %s: %v before the command started; it did not run", r.name, sig.sig))
 	}
+	if errors.Is(err, lease.ErrLost) {
+		// Lost before the command started, mostly while run waited out
+		// a lock delay after the grant: the same loss as while the
+		// command runs, only sooner.
+		return lostError(r, err, r.argv[0]+" did not run")
+	}
 	if err != nil {
 		return err
 	}
 	return c.runUnder(l, s, r)
+}
+
+// lostError is run's error for a loss of lock r.name, whose cause is err
+// (wrapping lease.ErrLost), before or after the command started: exit
+// status 124 and one message, whatever the moment, which ends with what
+// became of the command.
+func lostError(r runFlags, err error, command string) error {
+	return exitWith(exitLost, fmt.Errorf("run %s: lost the lock (%v); %s", r.name, lossCause(err), command))
+}
+
+// lossCause is the part of err that says how the lock was lost: the
+// package's own error (lease.ErrKeyDeleted, lease.ErrLeaseExpired with
+// its reason...) without the name of the call that returned it, so that
+// a loss reads the same whether Lock returned it or the holding ended.
+func lossCause(err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if strings.HasPrefix(e.Error(), lease.ErrLost.Error()) {
+			return e
+		}
+	}
+	return err
 }
 
 // take opens the session, within -timeout, and waits for the lock as r
@@ -251,7 +278,7 @@ func (c *ctl) runUnder(l *lease.Lock, s *lease.Session, r runFlags) error {
 		takeTerminalBack()
 	}
 	if lost {
-		return exitWith(exitLost, fmt.Errorf("run %s: lost the lock (%v); stopped %s", r.name, l.Err(), r.argv[0]))
+		return lostError(r, l.Err(), "stopped "+r.argv[0])
 	}
 	c.unlock(l)
 	return exitWith(status, nil)

@@ -196,3 +196,57 @@ func readBeats(t *testing.T, path string) (term, last time.Time) {
 	}
 	return term, last
 }
+
+// TestRunLossBeforeStart: a loss while run waits out the lock delay,
+// after the grant and before the command starts, exits 124 as a loss
+// while the command runs does, with the same message up to what became
+// of the command.
+func TestRunLossBeforeStart(t *testing.T) {
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := etcdproc.Name(t, "job")
+	dir := t.TempDir()
+	marker, up := filepath.Join(dir, "ran"), filepath.Join(dir, "up")
+	// The holder takes the lock with a delay too, so that its loss is
+	// waited out.
+	hs := session(t, cli, lease.WithLockDelay(4*time.Second))
+	held, err := hs.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startLockctl(t, nil, append(slices.Clone(lossFlags), name, "--", "touch", marker)...)
+	awaitQueue(t, cli, name, 2)
+	if _, err := cli.Revoke(ctx, hs.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	// run's key heads the queue now, and run waits out the 4s delay
+	// before it starts its command: delete the key meanwhile.
+	h := awaitHolder(t, cli, name, held.Token())
+	if _, err := cli.Delete(ctx, h.Key); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 20*time.Second); code != exitLost {
+		t.Fatalf("a loss before the start: exit %d, want %d", code, exitLost)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the command ran after the loss")
+	}
+	before := p.stderr.String()
+
+	// The same loss while the command runs.
+	p = startLockctl(t, nil, append(slices.Clone(lossFlags), name, "--", "sh", "-c", `echo up > "$0"; exec sleep 30`, up)...)
+	p.awaitFile(t, up)
+	h = awaitHolder(t, cli, name, h.Token)
+	if _, err := cli.Delete(ctx, h.Key); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 20*time.Second); code != exitLost {
+		t.Fatalf("a loss after the start: exit %d, want %d", code, exitLost)
+	}
+	after := p.stderr.String()
+	same := "lockctl: run " + name + ": lost the lock (lease: lock lost: lock key deleted or replaced); "
+	if before != same+"touch did not run\n" || after != same+"stopped sh\n" {
+		t.Fatalf("stderr before the start %q, after %q; want both to start %q", before, after, same)
+	}
+}

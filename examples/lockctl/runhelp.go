@@ -36,8 +36,9 @@ COMMAND does not run.
 
 If the lock is lost while COMMAND runs (the lease expired or was revoked,
 the key was deleted), run sends SIGTERM (and SIGCONT) to COMMAND's group at
-once, SIGKILL -kill-after later, and exits 124 when the group is gone. It
-learns of the loss no later than etcd expires the lease, except when the
+once, SIGKILL -kill-after later, and exits 124 when the group is gone. A
+loss before COMMAND starts (while run waits out a lock delay) exits 124
+as well, with the same message, and COMMAND does not run. It learns of the loss no later than etcd expires the lease, except when the
 lease is revoked while run is cut off from etcd: then at its own deadline,
 up to -ttl later. Every run on NAME takes the lock with -lock-delay: after
 a loss, the next holder starts its command only -lock-delay after it
@@ -54,7 +55,8 @@ data: give the token to every write (lockctl put, the HTTP or SQL fence).
 Exit status of run:
   COMMAND's     0 to 255; 128 + N if signal N killed COMMAND
   75            -no-wait or -wait: the lock is held (EX_TEMPFAIL, as flock -E)
-  124           the lock was lost while COMMAND ran (as timeout(1))
+  124           the lock was lost: while COMMAND ran (as timeout(1)), or
+                before it started, and then it did not run
   126           COMMAND could not be run
   127           COMMAND was not found
   128 + N       signal N reached lockctl while it waited
