@@ -56,6 +56,9 @@ func (l *lockedBuffer) next() (string, <-chan struct{}) {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(runHelper(os.Getenv(helperEnv), os.Args[1:]))
+	}
 	dir, err := os.MkdirTemp("", "lockctl-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -273,15 +273,34 @@ func (c *ctl) runUnder(l *lease.Lock, s *lease.Session, r runFlags) error {
 		return exitWith(startFailure(err), fmt.Errorf("run %s: %w", r.name, err))
 	}
 	g := &group{cmd: cmd, pgid: cmd.Process.Pid, killAfter: r.killAfter}
-	status, lost := g.supervise(l, c.sigs)
+	out := g.supervise(l, c.sigs)
 	if term {
 		takeTerminalBack()
 	}
-	if lost {
-		return lostError(r, l.Err(), "stopped "+r.argv[0])
+	if out.lost {
+		return lostError(r, l.Err(), stopped(r.argv[0], g.pgid, out))
 	}
 	c.unlock(l)
-	return exitWith(status, nil)
+	return exitWith(out.status, nil)
+}
+
+// stopped says what run did to the command after a loss: stopped it,
+// and if it gave up on processes still in its group reapBound after
+// SIGKILL, which.
+func stopped(command string, pgid int, out outcome) string {
+	if !out.gaveUp {
+		return "stopped " + command
+	}
+	left := "processes that /proc did not show"
+	if len(out.left) > 0 {
+		pids := make([]string, len(out.left))
+		for i, p := range out.left {
+			pids[i] = "pid " + p.String()
+		}
+		left = strings.Join(pids, ", ")
+	}
+	return fmt.Sprintf("stopped %s, but %v after SIGKILL its group %d still held %s; not waiting longer for them",
+		command, reapBound, pgid, left)
 }
 
 // startFailure is the exit status for a command that did not start, as a

@@ -36,9 +36,12 @@ COMMAND does not run.
 
 If the lock is lost while COMMAND runs (the lease expired or was revoked,
 the key was deleted), run sends SIGTERM (and SIGCONT) to COMMAND's group at
-once, SIGKILL -kill-after later, and exits 124 when the group is gone. A
-loss before COMMAND starts (while run waits out a lock delay) exits 124
-as well, with the same message, and COMMAND does not run. It learns of the loss no later than etcd expires the lease, except when the
+once, SIGKILL -kill-after later, and exits 124 when the group is gone, or
+2s after SIGKILL if what is left in it outlasts SIGKILL (a zombie whose
+parent left the group, a process stuck in the kernel): the message names
+it. A loss before COMMAND starts (while run waits out a lock delay) exits
+124 as well, with the same message, and COMMAND does not run. It
+learns of the loss no later than etcd expires the lease, except when the
 lease is revoked while run is cut off from etcd: then at its own deadline,
 up to -ttl later. Every run on NAME takes the lock with -lock-delay: after
 a loss, the next holder starts its command only -lock-delay after it
