@@ -36,6 +36,10 @@ type group struct {
 	cmd       *exec.Cmd
 	pgid      int
 	killAfter time.Duration
+	term      bool // the group has lockctl's terminal (foregroundTerminal)
+	// suspended is set from when lockctl stops itself with the group
+	// until it is continued.
+	suspended bool
 }
 
 // outcome is how a supervised command ended.
@@ -52,10 +56,11 @@ type outcome struct {
 // no error to anybody.
 func (g *group) signal(sig syscall.Signal) { _ = syscall.Kill(-g.pgid, sig) }
 
-// supervise forwards sigs to the group, stops the group when l is lost,
-// and returns when the command and every process left in its group have
+// supervise forwards sigs to the group, suspends and resumes it with
+// lockctl on jobs (jobControl), stops the group when l is lost, and
+// returns when the command and every process left in its group have
 // exited, or, after a loss, reapBound after SIGKILL at the latest.
-func (g *group) supervise(l *lease.Lock, sigs <-chan os.Signal) outcome {
+func (g *group) supervise(l *lease.Lock, sigs, jobs <-chan os.Signal) outcome {
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
@@ -77,6 +82,10 @@ func (g *group) supervise(l *lease.Lock, sigs <-chan os.Signal) outcome {
 		case <-poll:
 		case sig := <-sigs:
 			g.signal(sig.(syscall.Signal))
+		case sig := <-jobs:
+			if !out.lost { // a lost holder's group is being killed, not suspended
+				g.jobControl(sig.(syscall.Signal))
+			}
 		case <-lossSeen:
 			// The lock is gone and may soon be someone else's: stop the
 			// command now, wake it if it was stopped so that it sees
@@ -100,6 +109,66 @@ func (g *group) supervise(l *lease.Lock, sigs <-chan os.Signal) outcome {
 	}
 	out.status = exitStatus(g.cmd.ProcessState)
 	return out
+}
+
+// jobSignals are the signals jobControl handles: with the terminal, the
+// command's group gets Ctrl-Z, and lockctl learns of it as a child's
+// stop (SIGCHLD); without, only a SIGTSTP sent to lockctl suspends.
+func jobSignals(term bool) []os.Signal {
+	if term {
+		return []os.Signal{syscall.SIGTSTP, syscall.SIGCONT, syscall.SIGCHLD}
+	}
+	return []os.Signal{syscall.SIGTSTP, syscall.SIGCONT}
+}
+
+// jobControl suspends the command's group with lockctl and resumes both,
+// as a shell does a job, so that the shell that started lockctl sees its
+// job stop and can resume it: SIGTSTP to lockctl, or the command's own
+// stop at the terminal lockctl gave it (Ctrl-Z), stops both; SIGCONT to
+// lockctl (the shell's fg or bg) resumes both. A stopped lockctl renews
+// nothing: a suspend longer than the TTL loses the lock, and lockctl acts
+// on the loss once resumed.
+func (g *group) jobControl(sig syscall.Signal) {
+	switch sig {
+	case syscall.SIGTSTP:
+		g.signal(syscall.SIGTSTP)
+		g.suspend()
+	case syscall.SIGCHLD:
+		// Also reported when lockctl's own SIGTSTP stopped the command:
+		// then lockctl is suspended already.
+		if g.leaderStopped() && !g.suspended {
+			g.suspend()
+		}
+	case syscall.SIGCONT:
+		g.suspended = false
+		if g.term && foregroundTerminal() {
+			// fg gave lockctl's group the terminal: the command had it.
+			setForeground(g.pgid)
+		}
+		g.signal(syscall.SIGCONT)
+	}
+}
+
+// suspend stops lockctl, after taking back the terminal that the
+// command's group had, for the shell to take from lockctl's group.
+func (g *group) suspend() {
+	g.suspended = true
+	if g.term {
+		takeTerminalBack(g.pgid)
+	}
+	// SIGSTOP, not SIGTSTP: once os/signal has had SIGTSTP, Go's handler
+	// stays and drops it, signal.Reset or not; and the kernel drops a
+	// SIGTSTP to a process group no shell controls (an orphaned one),
+	// which would leave the command stopped under a running lockctl.
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+}
+
+// leaderStopped tells whether the command itself has stopped, and
+// consumes the report; it leaves its exit to cmd.Wait.
+func (g *group) leaderStopped() bool {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, g.pgid, &info, unix.WSTOPPED|unix.WNOHANG, nil)
+	return err == nil && info.Signo != 0
 }
 
 // alive reaps the group's exited orphans (lockctl is their subreaper)
@@ -180,10 +249,18 @@ func foregroundTerminal() bool {
 }
 
 // takeTerminalBack makes lockctl's group the terminal's foreground again
-// after the command's group had it, as a shell does after a job. A
-// background group that does this gets SIGTTOU, hence the ignore.
-func takeTerminalBack() {
+// if the command's group pgid has it, as a shell does after a job. After
+// a bg, the shell has it, and keeps it.
+func takeTerminalBack(pgid int) {
+	if fg, err := unix.IoctlGetInt(0, unix.TIOCGPGRP); err == nil && fg == pgid {
+		setForeground(syscall.Getpgrp())
+	}
+}
+
+// setForeground makes pgid the terminal's foreground group. A background
+// group that does this gets SIGTTOU, hence the ignore.
+func setForeground(pgid int) {
 	signal.Ignore(syscall.SIGTTOU)
 	defer signal.Reset(syscall.SIGTTOU)
-	_ = unix.IoctlSetPointerInt(0, unix.TIOCSPGRP, syscall.Getpgrp())
+	_ = unix.IoctlSetPointerInt(0, unix.TIOCSPGRP, pgid)
 }

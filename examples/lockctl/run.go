@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -268,14 +269,19 @@ func (c *ctl) runUnder(l *lease.Lock, s *lease.Session, r runFlags) error {
 		// The command reads the terminal, as it would without lockctl.
 		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, 0
 	}
+	// Job control from the start on: before it, SIGTSTP stops lockctl
+	// alone, all there is to stop.
+	jobs := make(chan os.Signal, 8)
+	signal.Notify(jobs, jobSignals(term)...)
+	defer signal.Stop(jobs)
 	if err := cmd.Start(); err != nil {
 		c.unlock(l)
 		return exitWith(startFailure(err), fmt.Errorf("run %s: %w", r.name, err))
 	}
-	g := &group{cmd: cmd, pgid: cmd.Process.Pid, killAfter: r.killAfter}
-	out := g.supervise(l, c.sigs)
+	g := &group{cmd: cmd, pgid: cmd.Process.Pid, killAfter: r.killAfter, term: term}
+	out := g.supervise(l, c.sigs, jobs)
 	if term {
-		takeTerminalBack()
+		takeTerminalBack(g.pgid)
 	}
 	if out.lost {
 		return lostError(r, l.Err(), stopped(r.argv[0], g.pgid, out))

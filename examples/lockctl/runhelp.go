@@ -34,6 +34,11 @@ Signals INT, TERM, HUP and QUIT sent to lockctl go to COMMAND's group. A
 signal while waiting ends the wait with 128 + the signal's number, and
 COMMAND does not run.
 
+Ctrl-Z (or SIGTSTP sent to lockctl) suspends COMMAND's group and lockctl
+with it, as a shell's job, and fg or bg (SIGCONT sent to lockctl) resumes
+both. The lock stays held only while lockctl renews it: a suspend longer
+than -ttl loses it, and once resumed, lockctl acts on the loss as below.
+
 If the lock is lost while COMMAND runs (the lease expired or was revoked,
 the key was deleted), run sends SIGTERM (and SIGCONT) to COMMAND's group at
 once, SIGKILL -kill-after later, and exits 124 when the group is gone, or
