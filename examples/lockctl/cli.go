@@ -80,8 +80,14 @@ type invocation struct {
 }
 
 // usageError is an error in the arguments: lockctl prints the usage text
-// after it and exits with status 2.
-type usageError struct{ msg string }
+// after it, or its hint, and exits with status 2.
+type usageError struct {
+	msg string
+	// hint, if set, is printed after msg in place of the usage text: for
+	// an error in a command's own arguments, which forty lines of usage
+	// would bury.
+	hint string
+}
 
 func (e *usageError) Error() string { return e.msg }
 

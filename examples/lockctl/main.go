@@ -83,6 +83,9 @@ func executeWith(ctx context.Context, args []string, stdout, stderr io.Writer, w
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.As(err, &ue) && ue.hint != "":
+		fmt.Fprintf(stderr, "lockctl: %v\n%s\n", err, ue.hint)
+		return exitUsage
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "lockctl: %v\n\n", err)
 		writeUsage(stderr)

@@ -32,11 +32,18 @@ var putCommand = command{
 	run:  func(ctx context.Context, c *ctl, inv invocation) error { return c.put(ctx, inv.put) },
 }
 
+// putUsageErrorf is an error in put's arguments, with a hint to put's own
+// help: put mostly runs in scripts under lockctl run, whose logs the
+// usage text would fill.
+func putUsageErrorf(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...), hint: "lockctl put -h says what put needs."}
+}
+
 // putArgsOf checks put's flags and reads KEY VALUE.
 func putArgsOf(inv *invocation, args []string) error {
 	p := &inv.put
 	if len(args) != 2 {
-		return usageErrorf("put takes KEY VALUE (its flags go before KEY), got %d arguments", len(args))
+		return putUsageErrorf("put takes KEY VALUE (its flags go before KEY), got %d arguments", len(args))
 	}
 	p.key, p.value = args[0], args[1]
 	if p.record == "" {
@@ -48,15 +55,15 @@ func putArgsOf(inv *invocation, args []string) error {
 	token, err := strconv.ParseInt(p.token, 10, 64)
 	switch {
 	case p.key == "":
-		return usageErrorf("put: empty KEY")
+		return putUsageErrorf("put: empty KEY")
 	case p.record == "":
-		return usageErrorf("put needs -record KEY, or LEASEFENCE_RECORD (lockctl run -record sets it)")
+		return putUsageErrorf("put needs -record KEY, or LEASEFENCE_RECORD (lockctl run -record sets it)")
 	case p.record == p.key:
-		return usageErrorf("put: KEY %q is the fence record itself", p.key)
+		return putUsageErrorf("put: KEY %q is the fence record itself", p.key)
 	case p.token == "":
-		return usageErrorf("put needs -token T, or LEASEFENCE_TOKEN (lockctl run sets it)")
+		return putUsageErrorf("put needs -token T, or LEASEFENCE_TOKEN (lockctl run sets it)")
 	case err != nil || token <= 0:
-		return usageErrorf("put: token %q: want a whole number above 0", p.token)
+		return putUsageErrorf("put: token %q: want a whole number above 0", p.token)
 	}
 	return nil
 }

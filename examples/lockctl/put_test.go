@@ -56,6 +56,12 @@ func TestPutFenced(t *testing.T) {
 	}
 }
 
+// putHint is what lockctl prints after an error in put's arguments, in
+// place of the usage text.
+const putHint = "lockctl put -h says what put needs."
+
+// TestPutArguments: an error in put's arguments prints that error and a
+// one-line hint, not the whole usage text, with status 2.
 func TestPutArguments(t *testing.T) {
 	t.Setenv("LEASEFENCE_TOKEN", "")
 	t.Setenv("LEASEFENCE_RECORD", "")
@@ -71,9 +77,15 @@ func TestPutArguments(t *testing.T) {
 	} {
 		var stdout, stderr bytes.Buffer
 		code := execute(context.Background(), tc.args, &stdout, &stderr, "alice@ops-1")
-		if first, _, _ := strings.Cut(stderr.String(), "\n"); code != exitUsage || first != tc.want {
-			t.Errorf("%v: exit %d, %q; want %d, %q", tc.args, code, first, exitUsage, tc.want)
+		if want := tc.want + "\n" + putHint + "\n"; code != exitUsage || stderr.String() != want || stdout.Len() != 0 {
+			t.Errorf("%v: exit %d, stderr %q, stdout %q; want %d, %q", tc.args, code, stderr.String(), stdout.String(), exitUsage, want)
 		}
+	}
+	// The binary, as the on-call user ran it: no record anywhere.
+	p := startLockctl(t, nil, "put", "k", "v")
+	want := "lockctl: put needs -record KEY, or LEASEFENCE_RECORD (lockctl run -record sets it)\n" + putHint + "\n"
+	if code := p.wait(t, 20*time.Second); code != exitUsage || p.stderr.String() != want || p.stdout.Len() != 0 {
+		t.Fatalf("lockctl put k v: exit %d, stderr %q, stdout %q; want %d, %q", code, p.stderr.String(), p.stdout.String(), exitUsage, want)
 	}
 }
 
