@@ -65,6 +65,8 @@ var shownDefault = map[string]string{
 	// put's, which lockctl run's command finds in its environment.
 	"put -token":  "$LEASEFENCE_TOKEN",
 	"put -record": "$LEASEFENCE_RECORD",
+	// The session's own default, lease.WithOwner's.
+	"run -owner": "host/pid",
 }
 
 // invocation is what the arguments ask for.

@@ -87,6 +87,7 @@ func checkUsage(t *testing.T, text string) {
 		"  -endpoints URLs ", "(default $ETCD_ENDPOINTS, else 127.0.0.1:2379)",
 		"  -timeout DURATION ", "(default 5s)",
 		"  -token T ", "(default none: required)",
+		"  -owner OWNER ", "(default host/pid)",
 		"Exit status: 0 done, 1 failed, 2 bad arguments, 69 etcd did not answer;",
 	}
 	for _, fs := range []*flag.FlagSet{globalFlags(&config{}), commandFlags(lookup("records"), &invocation{}), commandFlags(lookup("release"), &invocation{}),
@@ -94,8 +95,8 @@ func checkUsage(t *testing.T, text string) {
 		fs.VisitAll(func(f *flag.Flag) {
 			if line := lineWith(lines, "  -"+f.Name+" "); line == "" {
 				t.Errorf("usage: no line for flag -%s", f.Name)
-			} else if !strings.HasSuffix(line, ")") || !strings.Contains(line, "(default ") {
-				t.Errorf("usage: flag -%s without its default: %q", f.Name, line)
+			} else if !strings.HasSuffix(line, ")") || strings.Count(line, "(default ") != 1 {
+				t.Errorf("usage: flag -%s without its default, or with two: %q", f.Name, line)
 			}
 		})
 	}
@@ -173,5 +174,19 @@ func TestUnreachableEndpoints(t *testing.T) {
 				t.Errorf("printed %q", out.String())
 			}
 		})
+	}
+}
+
+// TestUsageOfBinary: lockctl help, from the binary, is the usage text,
+// each flag's default given once (run's -owner said it twice).
+func TestUsageOfBinary(t *testing.T) {
+	p := startLockctl(t, []string{closedPort(t)}, "help")
+	if code := p.wait(t, 20*time.Second); code != 0 || p.stderr.Len() != 0 {
+		t.Fatalf("lockctl help: exit %d, stderr %q", code, p.stderr.String())
+	}
+	checkUsage(t, p.stdout.String())
+	owner := lineWith(strings.Split(p.stdout.String(), "\n"), "  -owner ")
+	if !strings.HasSuffix(owner, "for lockctl show and list (default host/pid)") {
+		t.Errorf("run -owner: %q", owner)
 	}
 }

@@ -51,7 +51,7 @@ var runCommand = command{
 		fs.BoolVar(&r.noWait, "no-wait", false, "give up at once if the lock is held (exit 75)")
 		fs.DurationVar(&r.killAfter, "kill-after", defaultKillAfter, "after the lock is lost, SIGKILL the command's group `DURATION` after SIGTERM")
 		fs.DurationVar(&r.lockDelay, "lock-delay", defaultLockDelay, "after a holder lost the lock, the next holder starts its command only `DURATION` later; at least -ttl + -kill-after + 1s")
-		fs.StringVar(&r.owner, "owner", "", "name the holder `OWNER` for lockctl show and list (default host/pid)")
+		fs.StringVar(&r.owner, "owner", "", "name the holder `OWNER` for lockctl show and list")
 		fs.StringVar(&r.record, "record", "", "a fence record `KEY` for lockctl put, passed as LEASEFENCE_RECORD")
 	},
 	args: runArgs,
