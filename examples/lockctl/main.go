@@ -45,6 +45,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"os/user"
 	"slices"
 	"sort"
 	"strconv"
@@ -599,10 +600,20 @@ func orEmpty[T any](s []T) []T {
 
 // whoAmI names the operator for the audit line: user@host.
 func whoAmI() string {
-	user := os.Getenv("USER")
-	if user == "" {
-		user = strconv.Itoa(os.Getuid())
-	}
 	host, _ := os.Hostname()
-	return user + "@" + host
+	return operatorName(os.Getenv("USER"), os.Getuid(), user.LookupId) + "@" + host
+}
+
+// operatorName is the operator's name: $USER (env), else the name of the
+// account of uid, as lookup finds it (su, cron, containers and systemd
+// units often leave USER unset), else the uid itself, marked as one so
+// that nobody reads it as a name.
+func operatorName(env string, uid int, lookup func(uid string) (*user.User, error)) string {
+	if env != "" {
+		return env
+	}
+	if u, err := lookup(strconv.Itoa(uid)); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "uid:" + strconv.Itoa(uid)
 }

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -436,5 +439,51 @@ func TestShowKeyMovedOffLease(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[1], "holder") || !strings.Contains(lines[1], l.Key()) ||
 		!strings.HasPrefix(lines[2], "note: "+holder.Key()) || !strings.Contains(lines[2], "etcd's own lock code waits behind it") {
 		t.Fatalf("show with a key moved off its lease:\n%s", out)
+	}
+}
+
+// TestReleaseOperatorWithoutUSER: with $USER unset (su, cron, a
+// container), release's audit line names the operator by the account of
+// its uid, not by a bare number.
+func TestReleaseOperatorWithoutUSER(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "job")
+	l, err := session(t, cli).Lock(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newLockctl(nil, "release", "-token", fmt.Sprint(l.Token()), name)
+	p.cmd.Env = slices.DeleteFunc(p.cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "USER=") })
+	p.start(t)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("release: exit %d", code)
+	}
+	host, _ := os.Hostname()
+	who := "uid:" + strconv.Itoa(os.Getuid())
+	if u, err := user.LookupId(strconv.Itoa(os.Getuid())); err == nil && u.Username != "" {
+		who = u.Username
+	}
+	if want := " operator=" + who + "@" + host + " "; !strings.Contains(p.stdout.String(), want) {
+		t.Fatalf("audit line %q, want it to name%s", p.stdout.String(), want)
+	}
+}
+
+// TestOperatorName: the operator is $USER, else the uid's account, else
+// the uid itself, marked as one.
+func TestOperatorName(t *testing.T) {
+	found := func(string) (*user.User, error) { return &user.User{Username: "ops"}, nil }
+	missing := func(id string) (*user.User, error) { return nil, user.UnknownUserIdError(1000) }
+	for _, tc := range []struct {
+		env    string
+		lookup func(string) (*user.User, error)
+		want   string
+	}{
+		{"alice", found, "alice"},
+		{"", found, "ops"},
+		{"", missing, "uid:1000"},
+	} {
+		if got := operatorName(tc.env, 1000, tc.lookup); got != tc.want {
+			t.Errorf("operatorName(%q, 1000): %q, want %q", tc.env, got, tc.want)
+		}
 	}
 }
