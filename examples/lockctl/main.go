@@ -224,6 +224,11 @@ func (c *ctl) list(ctx context.Context, prefix string) error {
 	if c.cfg.json {
 		return json.NewEncoder(c.out).Encode(orEmpty(locks))
 	}
+	if len(locks) == 0 {
+		// A bare header would read as a failure to look, or to connect.
+		_, err := fmt.Fprintf(c.out, "no locks held under %s\n", prefix)
+		return err
+	}
 	header := []string{"NAME", "MODE", "HOLDERS", "TOKEN", "LEASE", "TTL", "WAITERS", "HOLDER KEY", "OWNER"}
 	withValue := slices.ContainsFunc(locks, func(l lockInfo) bool { return l.Holder.shownValue() != "" })
 	if withValue {

@@ -314,7 +314,7 @@ func TestLockctlTLSAndAuth(t *testing.T) {
 	if err := run(ctx, append(tlsArgs, "-user", "ops:ops-pw", "list", "ops/"), &out, "alice@ops-1"); err != nil {
 		t.Fatalf("list over TLS as ops: %v", err)
 	}
-	if !strings.Contains(out.String(), "NAME") {
+	if out.String() != "no locks held under ops/\n" {
 		t.Fatalf("list printed %q", out.String())
 	}
 	out.Reset()
@@ -439,6 +439,27 @@ func TestShowKeyMovedOffLease(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[1], "holder") || !strings.Contains(lines[1], l.Key()) ||
 		!strings.HasPrefix(lines[2], "note: "+holder.Key()) || !strings.Contains(lines[2], "etcd's own lock code waits behind it") {
 		t.Fatalf("show with a key moved off its lease:\n%s", out)
+	}
+}
+
+// TestListNoLocks: list under a prefix with no locks says so, rather
+// than printing a bare header; -json prints an empty array.
+func TestListNoLocks(t *testing.T) {
+	pfx := etcdproc.Name(t, "none")
+	if _, err := etcd.Client(t).Put(context.Background(), pfx+"/data", "not a lock"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", pfx}, "no locks held under " + pfx + "\n"},
+		{[]string{"-json", "list", pfx}, "[]\n"},
+	} {
+		p := startLockctl(t, nil, tc.args...)
+		if code := p.wait(t, 20*time.Second); code != 0 || p.stdout.String() != tc.want || p.stderr.Len() != 0 {
+			t.Errorf("lockctl %v: exit %d, stdout %q, stderr %q; want 0, %q", tc.args, code, p.stdout.String(), p.stderr.String(), tc.want)
+		}
 	}
 }
 
