@@ -146,10 +146,6 @@ func (d *delayWait) step(ctx context.Context, rec delayrec.Record) (done bool, n
 	t := d.l.t
 	st := delayrec.Next(rec, t.token, t.s.lockDelay, t.mode == Read)
 	switch st.Action {
-	case delayrec.AskLease:
-		rec.Left, err = leaseLeft(ctx, t.s.client, rec.Lease)
-		rec.LeftKnown = err == nil
-		return false, rec, err
 	case delayrec.RecordLoss:
 		next, err = d.recordLoss(ctx, rec, st.Delay)
 		return false, next, err
@@ -182,7 +178,7 @@ func (d *delayWait) announce(ctx context.Context, rec delayrec.Record) {
 	}
 	d.announced = rec.Token
 	left := rec.Left
-	if !rec.LeftKnown && rec.Lease != 0 {
+	if left == 0 && rec.Lease != 0 {
 		left, _ = leaseLeft(ctx, t.s.client, rec.Lease) // for the report only
 	}
 	h(t.name, rec.Token, left)
@@ -259,7 +255,7 @@ func (d *delayWait) recordLoss(ctx context.Context, rec delayrec.Record, delay t
 	t.s.lg.Warn("lock delay: the previous holder lost the lock; waiting before granting",
 		zap.String("key", t.key), zap.Int64("lost_token", rec.Token), zap.Duration("delay", delay))
 	return delayrec.Record{State: delayrec.Lost, Token: rec.Token, Delay: delay, Lease: g.ID,
-		ModRev: resp.Header.Revision, Left: time.Duration(g.TTL) * time.Second, LeftKnown: true}, nil
+		ModRev: resp.Header.Revision, Left: time.Duration(g.TTL) * time.Second}, nil
 }
 
 // awaitChange returns the record once it is no longer rec.
@@ -325,17 +321,18 @@ func (d *delayWait) recordHeld(ctx context.Context, rec delayrec.Record) (done b
 }
 
 // recordOwnLoss, for a writer that recorded its holding and lost its key
-// while its session lives, records the loss under a fresh lease of its
-// delay: its successors wait that long from now, and no longer once that
-// has passed (the session's delay lease would keep the record "held" for
-// the session's life). A session that ended leaves the record to its
-// delay lease, which outlasts the session's by the delay.
+// (someone else's delete, a put that moved it off the lease), records the
+// loss under a fresh lease of its delay: its successors wait that long
+// from now, and no longer once that has passed (the session's delay lease
+// would keep the record "held" for the session's life). It runs even as
+// the session closes: Close waits for it. A session whose lease ended
+// leaves the record to its delay lease, which outlasts the session's.
 func (l *Lock) recordOwnLoss() {
 	t := l.t
-	if !l.recorded.Load() || !errors.Is(context.Cause(t.ctx), ErrKeyDeleted) || t.s.ctx.Err() != nil {
+	if !l.recorded.Load() || !errors.Is(context.Cause(t.ctx), ErrKeyDeleted) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(t.s.ctx, t.s.ttl)
+	ctx, cancel := context.WithTimeout(context.Background(), t.s.ttl)
 	defer cancel()
 	cli, key := t.s.client, DelayRecordKey(t.name)
 	g, err := cli.Grant(ctx, ttlSeconds(t.s.lockDelay))
@@ -346,7 +343,7 @@ func (l *Lock) recordOwnLoss() {
 			Commit()
 	}
 	if err != nil {
-		t.s.lg.Debug("lock delay: the lost holding stays recorded as held until the session ends",
+		t.s.lg.Debug("lock delay: the lost holding stays recorded as held on the delay lease",
 			zap.String("key", t.key), zap.Error(err))
 	}
 }

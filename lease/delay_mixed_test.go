@@ -150,3 +150,48 @@ func TestCloseRevokesDelayLease(t *testing.T) {
 		t.Error("a session without a lock delay granted a delay lease")
 	}
 }
+
+// A session closed right after one of its holdings lost its key keeps
+// the loss on record: Close does not take the delay lease down while a
+// record is on it, and the holder's own loss record is written even as
+// the session closes. (A cold review found Close deleting it.)
+func TestCloseAfterLossKeepsDelay(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "delay-close-after-loss")
+	holder := newSession(t, cli, lease.WithLockDelay(lockDelay))
+	l := mustLock(t, holder, name)
+	waitRecord(t, cli, name, "held ")
+	lost := time.Now()
+	if _, err := cli.Delete(etcdproc.Ctx(t, 30*time.Second), l.Key()); err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done()
+	holder.Close()
+	l2 := mustLock(t, newSession(t, cli, lease.WithLockDelay(lockDelay)), name)
+	if waited := time.Since(lost); waited < lockDelay {
+		t.Errorf("granted %v after an involuntary loss and its session's Close, want at least %v", waited, lockDelay)
+	}
+	mustUnlock(t, l2)
+}
+
+// A "lost" record of an older version, which says no delay, is waited out
+// for the waiter's own delay, counted from when it found it.
+func TestOldLostRecordCountsOwnDelay(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "delay-old-lost")
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	g, err := cli.Grant(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, lease.DelayRecordKey(name), "lost 1", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	const own = 4 * time.Second
+	start := time.Now()
+	l := mustLock(t, newSession(t, cli, lease.WithLockDelay(own)), name)
+	if waited := time.Since(start); waited < own {
+		t.Errorf("granted %v after an old lost record on a 2 s lease, want the waiter's own %v", waited, own)
+	}
+	mustUnlock(t, l)
+}

@@ -15,7 +15,7 @@ import (
 // While the session lives the records stay; once it ends, they lapse the
 // delay after the session's lease does, so a record still there names a
 // loss no older than the delay its holding asked, and a stale one is
-// gone. A Close that released every holding revokes it.
+// gone. A Close revokes it once no record is on it.
 
 // delayLease returns the session's delay lease, granting it first.
 func (s *Session) delayLease(ctx context.Context) (clientv3.LeaseID, error) {
@@ -39,15 +39,22 @@ func (s *Session) dropDelayLease(id clientv3.LeaseID) {
 	s.delayID.CompareAndSwap(int64(id), 0)
 }
 
-// revokeDelayLease revokes the delay lease of a session closing with every
-// holding released: its records name no holding any more.
+// revokeDelayLease revokes the delay lease of a closing session if no
+// record is on it any more: each clean release took its record off (a
+// "released" record is on no lease), so one still on it names a holding
+// that ended otherwise (its release failed, its key was deleted and its
+// own loss record could not be written), which must lapse in its time.
 func (s *Session) revokeDelayLease() {
-	id := clientv3.LeaseID(s.delayID.Swap(0))
+	id := clientv3.LeaseID(s.delayID.Load())
 	if id == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
+	ttl, err := s.client.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+	if err != nil || len(ttl.Keys) > 0 {
+		return // left to lapse
+	}
 	if _, err := s.client.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		s.lg.Debug("delay lease left to lapse", zap.Error(err))
 	}

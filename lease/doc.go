@@ -108,6 +108,12 @@
 // the write, makes the write safe: pass Lock.Token to it (see package
 // fence), and have a new holder claim the resource before it reads.
 //
+// A lock delay is timed by etcd's leases, which etcd may lengthen (a
+// leader change) or, rarely, shorten: a holding that comes to a name only
+// after the record of a loss has lapsed, where a leader change spread out
+// thousands of expiring leases, can start up to a second or two early.
+// A waiter queued at the loss counts from when it learned of it.
+//
 // A lock granted with nobody ahead learns of its key's deletion in its
 // first 50 ms only at their end. A put on the lock key made with the
 // session's own lease ID is not told apart from the holder's own.

@@ -187,7 +187,7 @@ func (s *Session) Close() error {
 	held := s.holdings
 	s.holdings = nil
 	s.mu.Unlock()
-	released := s.releaseHoldings(held)
+	s.releaseHoldings(held)
 	s.cancel(ErrSessionClosed)
 	s.renewer.Remove(kept{s})
 	if s.keeper == nil {
@@ -198,9 +198,7 @@ func (s *Session) Close() error {
 	if cause := context.Cause(s.ctx); errors.Is(cause, ErrLeaseExpired) {
 		return failed("close", fmt.Errorf("session had already ended: %w", cause))
 	}
-	if released {
-		s.revokeDelayLease()
-	}
+	s.revokeDelayLease()
 	if err := s.revoke(); err != nil {
 		return failed("revoke", err)
 	}
@@ -211,10 +209,8 @@ func (s *Session) Close() error {
 }
 
 // releaseHoldings unlocks the writers before the revoke, for clean
-// releases, and reports whether all were; one that fails leaves its
-// successor to wait out the delay.
-func (s *Session) releaseHoldings(held map[*Lock]struct{}) (all bool) {
-	all = true
+// releases; one that fails leaves its successor to wait out the delay.
+func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	for l := range held {
 		if l.t.ctx.Err() != nil {
 			continue // ended between its grant and its registration
@@ -223,11 +219,9 @@ func (s *Session) releaseHoldings(held map[*Lock]struct{}) (all bool) {
 		if err := l.unlock(ctx); err != nil {
 			s.lg.Warn("lock not released before revoking the lease: its successor will wait out the lock delay",
 				zap.String("key", l.t.key), zap.Error(err))
-			all = false
 		}
 		cancel()
 	}
-	return all
 }
 
 // hold registers a granted writer for releaseHoldings unless Close began.

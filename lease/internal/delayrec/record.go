@@ -35,10 +35,9 @@ type Record struct {
 	Delay  time.Duration
 	Lease  clientv3.LeaseID // the lease the record is attached to; 0 for none
 	ModRev int64            // the record's mod revision; 0 when there is none
-	// Left is how long Lease has left, as etcd counts it, once asked
-	// (LeftKnown); 0 if the lease is gone.
-	Left      time.Duration
-	LeftKnown bool
+	// Left is, for a record this lock wrote, how long its lease had; 0
+	// if not known.
+	Left time.Duration
 }
 
 // Format is the value of a record: "held T D", "lost T D" or

@@ -16,9 +16,6 @@ const (
 	RecordLoss
 	// Await: a loss is being waited out; wait until the record changes.
 	Await
-	// AskLease: read how long the record's lease has left (Record.Left),
-	// then decide again.
-	AskLease
 )
 
 // Step is an Action and, for RecordLoss, how long the loss is waited out.
@@ -33,12 +30,12 @@ type Step struct {
 // of a predecessor. reader: a reader never records its own holding.
 //
 // A loss is waited out for the longer of own and what the lost holding
-// asked (its record's Delay; own if the record does not say), timed by an
-// etcd lease from no earlier than the loss. A held record is attached to
-// a lease of its session's that is renewed with the session's own and
-// outlasts it by the delay asked, so a record whose session has ended
-// lapses by itself once its loss is that old; until then, if it lapses
-// no later than a fresh lease would, the lock waits for that.
+// asked (its record's Delay; own if the record does not say), timed by a
+// fresh etcd lease from when the lock learned of it, never before the
+// loss. A held record whose session has ended lapses by itself once its
+// loss is about as old as the delay it asked; a lock that finds it still
+// there counts from now all the same, as etcd may shorten the gap between
+// the two leases' ends (a leader change spreads out crowded expiries).
 func Next(rec Record, token int64, own time.Duration, reader bool) Step {
 	wait := own
 	if rec.Delay != Unknown {
@@ -48,22 +45,15 @@ func Next(rec Record, token int64, own time.Duration, reader bool) Step {
 	case rec.State == Clear || rec.State == Released || rec.Token >= token:
 		// Nothing to wait out: no record, a clean release, or the
 		// lock's own record (a record is never about a later holding).
-	case rec.State == Held && rec.Lease != 0 && rec.Delay != Unknown && own <= rec.Delay:
-		// Its key is gone (this lock's turn has come), with no release
-		// recorded: a loss, timed by the record's own lease if that ends
-		// no later than a fresh one would.
-		if !rec.LeftKnown {
-			return Step{Action: AskLease}
-		}
-		if rec.Left <= wait {
-			return Step{Action: Await}
-		}
-		return Step{Action: RecordLoss, Delay: wait}
 	case rec.State == Held:
+		// Its key is gone (this lock's turn has come), with no release
+		// recorded: a loss.
 		return Step{Action: RecordLoss, Delay: wait}
-	case rec.Delay != Unknown && rec.Delay < own:
-		// Lost, and waited out for less than this lock's own delay:
-		// count it again, from now, for the longer one.
+	case rec.Delay < own:
+		// Lost, and waited out for less than this lock's own delay, or
+		// for a delay the record does not say (an older version's:
+		// Unknown is below any delay): count it again, from now, for
+		// this lock's.
 		return Step{Action: RecordLoss, Delay: wait}
 	default: // Lost
 		return Step{Action: Await}

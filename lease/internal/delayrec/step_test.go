@@ -57,7 +57,6 @@ func TestNext(t *testing.T) {
 	held := func(token int64, d time.Duration, lease int64) Record {
 		return Record{State: Held, Token: token, Delay: d, Lease: clientv3.LeaseID(lease)}
 	}
-	withLeft := func(r Record, left time.Duration) Record { r.Left, r.LeftKnown = left, true; return r }
 	for _, c := range []struct {
 		name   string
 		rec    Record
@@ -72,12 +71,10 @@ func TestNext(t *testing.T) {
 		{"held by an older version", held(5, Unknown, 0), 5 * sec, false, Step{Action: RecordLoss, Delay: 5 * sec}},
 		{"held, holder asked more", held(5, 20*sec, 0), 5 * sec, false, Step{Action: RecordLoss, Delay: 20 * sec}},
 		{"held, own is more", held(5, 2*sec, 3), 5 * sec, false, Step{Action: RecordLoss, Delay: 5 * sec}},
-		{"held on a lease: ask", held(5, 20*sec, 3), 5 * sec, false, Step{Action: AskLease}},
-		{"held, lease lapses first", withLeft(held(5, 20*sec, 3), 12*sec), 5 * sec, false, Step{Action: Await}},
-		{"held, lease lapses first, reader", withLeft(held(5, 20*sec, 3), 12*sec), 5 * sec, true, Step{Action: Await}},
-		{"held, session alive", withLeft(held(5, 20*sec, 3), 25*sec), 5 * sec, false, Step{Action: RecordLoss, Delay: 20 * sec}},
+		{"held on a lease", held(5, 20*sec, 3), 5 * sec, false, Step{Action: RecordLoss, Delay: 20 * sec}},
+		{"held on a lease, reader", held(5, 20*sec, 3), 5 * sec, true, Step{Action: RecordLoss, Delay: 20 * sec}},
 		{"lost", Record{State: Lost, Token: 5, Delay: 20 * sec}, 5 * sec, false, Step{Action: Await}},
-		{"lost by an older version", Record{State: Lost, Token: 5, Delay: Unknown}, 30 * sec, false, Step{Action: Await}},
+		{"lost by an older version", Record{State: Lost, Token: 5, Delay: Unknown}, 30 * sec, false, Step{Action: RecordLoss, Delay: 30 * sec}},
 		{"lost, own is more", Record{State: Lost, Token: 5, Delay: 2 * sec}, 5 * sec, true, Step{Action: RecordLoss, Delay: 5 * sec}},
 	} {
 		if got := Next(c.rec, 10, c.own, c.reader); got != c.want {
@@ -94,8 +91,7 @@ type lossWorld struct {
 	lapse   time.Duration // when the record's lease ends; -1 for never
 	rewrite time.Duration // when the holder records its own loss; -1 for never
 	heldFor time.Duration // the holder's delay, for its rewrite
-	alive   bool          // the holder's session lives on (it renews the record's lease)
-	ttl     time.Duration // the holder's session TTL
+	lapseAt time.Duration // when the held record's lease ends by itself
 }
 
 // ceilSec is a lease's TTL as etcd grants it for d: whole seconds.
@@ -143,29 +139,33 @@ func TestNextWaitsOutEveryLoss(t *testing.T) {
 		heldFor := time.Duration(rng.IntN(31)) * time.Second
 		own := time.Duration(rng.IntN(31)) * time.Second
 		old := rng.IntN(5) == 0 // written by an older version: no delay, no lease
-		w := &lossWorld{rewrite: -1, lapse: -1, heldFor: heldFor, ttl: ttl}
+		w := &lossWorld{rewrite: -1, lapse: -1, heldFor: heldFor}
 		w.rec = Record{State: Held, Token: token - 1, Delay: heldFor, Lease: 3, ModRev: 1}
 		lossAt := time.Duration(rng.IntN(10000)) * time.Millisecond
 		kind := rng.IntN(3)
 		switch {
 		case old:
 			w.rec.Delay, w.rec.Lease = Unknown, 0
-			if kind == 2 {
-				w.alive = true
-			}
 		case kind == 0: // the session expired: its last keep-alive was a TTL before
 			w.lapse = lossAt - ttl + ceilSec(ttl+heldFor)
 		case kind == 1: // the lease was revoked, up to a third of a TTL after a keep-alive
 			w.lapse = lossAt - time.Duration(rng.Int64N(int64(ttl/3))) + ceilSec(ttl+heldFor)
 		default: // the key was deleted; the session lives and its holder notices
-			w.alive = true
 			w.rewrite = lossAt + time.Duration(rng.IntN(2000))*time.Millisecond
+		}
+		// A leader change may end the record's lease early against the
+		// session's (crowded expiries are spread out): up to all of the
+		// gap, a quarter of the time.
+		squeezed := kind < 2 && !old && heldFor > 0 && rng.IntN(4) == 0
+		if squeezed {
+			w.lapse -= time.Duration(rng.Int64N(int64(heldFor)))
 		}
 		need := own
 		if !old {
 			need = max(own, heldFor)
 		}
 		found := lossAt + time.Duration(rng.IntN(60000))*time.Millisecond
+		w.lapseAt = w.lapse
 		now, steps := found, 0
 		w.at(found)
 		present := w.rec.State != Clear
@@ -174,16 +174,6 @@ func TestNextWaitsOutEveryLoss(t *testing.T) {
 			w.at(now)
 			rec := w.rec
 			st = Next(rec, token, own, false)
-			if st.Action == AskLease {
-				rec.LeftKnown = true
-				switch {
-				case w.alive:
-					rec.Left = ceilSec(w.ttl + w.heldFor) // renewed with the session
-				case w.lapse > now:
-					rec.Left = w.lapse - now
-				}
-				st = Next(rec, token, own, false)
-			}
 			if st.Action == RecordLoss {
 				w.rec = Record{State: Lost, Token: rec.Token, Delay: st.Delay, Lease: 8}
 				w.lapse = now + ceilSec(st.Delay)
@@ -203,14 +193,16 @@ func TestNextWaitsOutEveryLoss(t *testing.T) {
 		}
 		// The holder's own delay always holds; the longer one whenever the
 		// waiter found the loss still recorded.
-		if floor := lossAt + map[bool]time.Duration{true: need, false: heldFor}[present]; !old && now < floor || now < lossAt+need && present {
+		// A squeezed record that lapsed before the waiter came is the
+		// documented gap: only a record still there is counted on.
+		if floor := lossAt + map[bool]time.Duration{true: need, false: heldFor}[present]; !old && !squeezed && now < floor || now < lossAt+need && present {
 			t.Fatalf("case %d (kind %d, old %v): started %v after the loss, want at least %v (found %v after, own %v, held %v, ttl %v, present %v)",
 				i, kind, old, now-lossAt, floor-lossAt, found-lossAt, own, heldFor, ttl, present)
 		}
 		if now > found+ceilSec(need) {
 			t.Fatalf("case %d (kind %d, old %v): started %v after finding the loss, want at most %v", i, kind, old, now-found, ceilSec(need))
 		}
-		if !old && kind < 2 && own <= heldFor && found >= lossAt+ceilSec(ttl+heldFor) && now != found {
+		if !old && kind < 2 && found >= w.lapseAt && now != found {
 			t.Fatalf("case %d: a session ended %v before waited %v", i, found-lossAt, now-found)
 		}
 	}

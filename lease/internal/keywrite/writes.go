@@ -209,7 +209,7 @@ func (w *Writes) settle(rev int64, resp *clientv3.TxnResponse, err error) {
 
 // NotPut is what a Put that did not apply (resp) left to do, from the key
 // and the marker its Else read: again reports whether to put again. A key
-// the session's own put left (ownPut) is removed; a key someone moved off
+// the session's own put left is removed; a key someone moved off
 // the session's lease, at the lock's own path, is removed by the caller
 // (again false, other set: RemoveLeftover); any other key there is
 // another client's on the session's lease, which no lock of the session

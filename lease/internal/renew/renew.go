@@ -61,7 +61,7 @@ type Session interface {
 	// Lose ends the session, its lease taken for lost, for reason.
 	Lose(reason string)
 	// Also is a second lease of the session's, renewed in the same send
-	// as Lease; 0 for none. Its answers are not the session's: an answer
+	// as Lease and just before it; 0 for none. Its answers are not the session's: an answer
 	// for it changes nothing.
 	Also() clientv3.LeaseID
 	// Renewed applies etcd's answer to a keep-alive sent at sent: the TTL
@@ -278,10 +278,13 @@ func (r *Renewer) tick(ready chan<- struct{}, now time.Time) time.Time {
 			continue
 		}
 		if !e.nextSend.After(now.Add(r.batch)) {
-			r.outbox = append(r.outbox, int64(id))
+			// Also first: etcd answers a stream's keep-alives in order and
+			// ends the stream at an error, so a renewal of the session's
+			// lease means its second lease was renewed as well.
 			if also := s.Also(); also != 0 {
 				r.outbox = append(r.outbox, int64(also))
 			}
+			r.outbox = append(r.outbox, int64(id))
 			e.sent = append(e.sent, now)
 			e.nextSend = now.Add(s.TTL()/3 - early) // as early as the deadline, to keep its time to be answered
 		}
