@@ -218,14 +218,17 @@ func authSessionWorks(t *testing.T, ctx context.Context, root, cli *clientv3.Cli
 	dname := p + "delayed"
 	mustLock(t, d1, dname)
 	expectKeys(t, ctx, root, lease.DelayRecordKey(dname), 1)
+	revoked := time.Now()
 	if _, err := root.Revoke(ctx, d1.Lease()); err != nil { // d1 loses its lock
 		t.Fatal(err)
 	}
 	if err := mustLock(t, d2, dname).Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if dlogs.FilterMessageSnippet("the previous holder lost the lock").Len() != 1 {
-		t.Errorf("the loss was not recorded and waited out: %v", dlogs.All())
+	// The loss is recorded by d1 as it sees its key go, or by d2 as its
+	// turn comes: either way under a lease, and waited out.
+	if waited := time.Since(revoked); waited < time.Second {
+		t.Errorf("the loss was not waited out: granted %v after the revoke; %v", waited, dlogs.All())
 	}
 	oldName := p + "moved"
 	if _, err := root.Put(ctx, oldName+"\x00lock-delay", "released 1"); err != nil {

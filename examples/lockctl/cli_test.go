@@ -45,6 +45,10 @@ func TestUsageAndExitStatus(t *testing.T) {
 		{"empty argument", []string{"records", ""}, 2, "lockctl: records: empty PREFIX"},
 		{"release without -token", []string{"release", "x"}, 2, "lockctl: release needs -token T, T > 0: the holder's token, as list or show print it"},
 		{"release with -token 0", []string{"release", "-token", "0", "x"}, 2, "lockctl: release needs -token T, T > 0: the holder's token, as list or show print it"},
+		{"run -q and -v", []string{"run", "-q", "-v", "x", "--", "true"}, 2, "lockctl: run: -q and -v together"},
+		{"run's delay past the longest", []string{"run", "-ttl", "30s", "-kill-after", "40s", "x", "--", "true"}, 2,
+			"lockctl: run: -ttl + -kill-after + 1s = 1m11s: want at most 1m0s, the longest lock delay"},
+		{"run -lock-delay past the longest", []string{"run", "-lock-delay", "2m", "x", "--", "true"}, 2, "lockctl: run: -lock-delay 2m0s: want 0 to 1m0s"},
 		{"not a usage error", []string{"-endpoints", unreachable, "-timeout", "100ms", "list", "x"}, exitUnavailable,
 			"lockctl: etcd at " + unreachable + " (from -endpoints) did not answer within 100ms: context deadline exceeded"},
 	} {

@@ -178,6 +178,32 @@ type entry struct {
 	Owner      string  `json:"owner"` // empty if its session recorded none
 	Value      string  `json:"value"`
 	Mode       string  `json:"mode"`
+	// For a holder that waits out a lock delay (it holds the lock, but a
+	// lockctl run has not started its command): the lost token, and
+	// about how long is left.
+	DelayLostToken   int64   `json:"delay_lost_token,omitempty"`
+	DelayLeftSeconds float64 `json:"delay_left_seconds,omitempty"`
+}
+
+// delaying marks e, the head of name's queue, if it waits out a lock
+// delay: the name's delay record says a holding before it was lost.
+func (c *ctl) delaying(ctx context.Context, name string, e *entry) error {
+	rec, err := lease.InspectDelay(ctx, c.cli, name)
+	if err != nil {
+		return err
+	}
+	if rec.State == "lost" && rec.Token < e.Token && rec.Left > 0 {
+		e.DelayLostToken, e.DelayLeftSeconds = rec.Token, rec.Left.Seconds()
+	}
+	return nil
+}
+
+// delayCell is a delay in a table: "-" for none.
+func delayCell(e entry) string {
+	if e.DelayLostToken == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%vs (lost %d)", e.DelayLeftSeconds, e.DelayLostToken)
 }
 
 func entryOf(e lease.QueueEntry) entry {
@@ -234,6 +260,10 @@ func (c *ctl) list(ctx context.Context, prefix string) error {
 	if withValue {
 		header = append(header, "VALUE")
 	}
+	withDelay := slices.ContainsFunc(locks, func(l lockInfo) bool { return l.Holder.DelayLostToken != 0 })
+	if withDelay {
+		header = append(header, "DELAY")
+	}
 	var rows [][]string
 	for _, l := range locks {
 		h := l.Holder
@@ -241,6 +271,9 @@ func (c *ctl) list(ctx context.Context, prefix string) error {
 			fmt.Sprintf("%vs", h.TTLSeconds), strconv.Itoa(l.Waiters), h.Key, ownerCell(h.Owner)}
 		if withValue {
 			row = append(row, strconv.Quote(h.shownValue()))
+		}
+		if withDelay {
+			row = append(row, delayCell(h))
 		}
 		rows = append(rows, row)
 	}
@@ -272,7 +305,11 @@ func (c *ctl) locksUnder(ctx context.Context, prefix string) ([]lockInfo, error)
 			continue // released since the first read
 		}
 		holding := lease.Holding(entries)
-		locks = append(locks, lockInfo{Name: name, Holder: entryOf(entries[0]), Holders: holding, Waiters: len(entries) - holding})
+		info := lockInfo{Name: name, Holder: entryOf(entries[0]), Holders: holding, Waiters: len(entries) - holding}
+		if err := c.delaying(ctx, name, &info.Holder); err != nil {
+			return nil, err
+		}
+		locks = append(locks, info)
 	}
 	return locks, nil
 }
@@ -288,6 +325,11 @@ func (c *ctl) show(ctx context.Context, name string) error {
 	entries := []entry{}
 	for _, e := range queue {
 		entries = append(entries, entryOf(e))
+	}
+	if len(entries) > 0 {
+		if err := c.delaying(rctx, name, &entries[0]); err != nil {
+			return err
+		}
 	}
 	if c.cfg.json {
 		return json.NewEncoder(c.out).Encode(entries)
@@ -307,6 +349,8 @@ func (c *ctl) show(ctx context.Context, name string) error {
 		pos := "holder"
 		if i >= holding {
 			pos = strconv.Itoa(i - holding + 1)
+		} else if e.DelayLostToken != 0 {
+			pos = "delaying"
 		}
 		row := []string{pos, e.Mode, strconv.FormatInt(e.Token, 10), e.Lease, queue[i].TTL.String(), e.Key, ownerCell(e.Owner)}
 		if withValue {
@@ -316,6 +360,10 @@ func (c *ctl) show(ctx context.Context, name string) error {
 	}
 	if err := writeTable(c.out, header, rows); err != nil {
 		return err
+	}
+	if h := entries[0]; h.DelayLostToken != 0 {
+		fmt.Fprintf(c.out, "%s: the lock delay after the loss of token %d has about %vs left: a holder with a lock delay (lockctl run) waits it out before it starts its command\n",
+			name, h.DelayLostToken, h.DelayLeftSeconds)
 	}
 	return c.showStray(rctx, name)
 }

@@ -21,7 +21,7 @@ import (
 // runFlags is what lockctl run is asked to do.
 type runFlags struct {
 	ttl, wait, killAfter, lockDelay time.Duration
-	noWait                          bool
+	noWait, quiet, verbose          bool
 	owner, record                   string
 	name                            string
 	argv                            []string
@@ -29,17 +29,25 @@ type runFlags struct {
 
 // Defaults of run's periods. A lost holder's child gets SIGTERM no later
 // than etcd expires its lease, and SIGKILL killAfter later; the next
-// holder waits lockDelay after it learned of the loss. lockDelay must
-// cover the TTL too: a lease revoked while its holder is cut off from
-// etcd is only known lost at the holder's own deadline, up to a TTL later.
+// holder waits the holding's delay after it learned of the loss. That
+// delay must cover the TTL too: a lease revoked while its holder is cut
+// off from etcd is only known lost at the holder's own deadline, up to a
+// TTL later. So a holding asks its successors for TTL + killAfter +
+// delayMargin, from the TTL etcd granted, or -lock-delay if longer; the
+// library makes every successor wait the longer of that and its own.
 const (
 	defaultRunTTL    = 5 * time.Second
 	defaultKillAfter = 10 * time.Second
-	defaultLockDelay = 20 * time.Second
-	// delayMargin is what lockDelay keeps beyond the TTL and the kill
+	// delayMargin is what the delay keeps beyond the TTL and the kill
 	// grace: clock rates, the supervisor's own reaction time.
 	delayMargin = time.Second
 )
+
+// holdingDelay is the lock delay of a run whose session etcd granted ttl:
+// what its holding asks of its successors, and the least it waits out.
+func holdingDelay(r runFlags, ttl time.Duration) time.Duration {
+	return max(r.lockDelay, ttl+r.killAfter+delayMargin)
+}
 
 var runCommand = command{
 	name: "run", synopsis: "run [flags] NAME -- COMMAND [ARGS...]", arg: "NAME",
@@ -50,7 +58,9 @@ var runCommand = command{
 		fs.DurationVar(&r.wait, "wait", 0, "give up after `DURATION` if the lock is still held (exit 75); 0 waits for ever")
 		fs.BoolVar(&r.noWait, "no-wait", false, "give up at once if the lock is held (exit 75)")
 		fs.DurationVar(&r.killAfter, "kill-after", defaultKillAfter, "after the lock is lost, SIGKILL the command's group `DURATION` after SIGTERM")
-		fs.DurationVar(&r.lockDelay, "lock-delay", defaultLockDelay, "after a holder lost the lock, the next holder starts its command only `DURATION` later; at least -ttl + -kill-after + 1s")
+		fs.DurationVar(&r.lockDelay, "lock-delay", 0, "after a loss, the next holder starts its command at least `DURATION` later; 0: -ttl + -kill-after + 1s, the least a holding always asks")
+		fs.BoolVar(&r.quiet, "q", false, "print nothing while waiting (the lines run prints when it starts waiting, behind whom, and for a lock delay)")
+		fs.BoolVar(&r.verbose, "v", false, "print more while waiting and holding: the grant, the command's start, the release")
 		fs.StringVar(&r.owner, "owner", "", "name the holder `OWNER` for lockctl show and list")
 		fs.StringVar(&r.record, "record", "", "a fence record `KEY` for lockctl put, passed as LEASEFENCE_RECORD")
 	},
@@ -86,11 +96,13 @@ func checkRunFlags(r *runFlags) error {
 		return usageErrorf("run: -ttl %v: want at least 1s", r.ttl)
 	case r.killAfter <= 0:
 		return usageErrorf("run: -kill-after %v: want more than 0", r.killAfter)
-	case r.lockDelay > lease.MaxLockDelay:
-		return usageErrorf("run: -lock-delay %v: want at most %v", r.lockDelay, lease.MaxLockDelay)
-	case r.lockDelay < r.ttl+r.killAfter+delayMargin:
-		return usageErrorf("run: -lock-delay %v: want at least -ttl + -kill-after + %v = %v, so that a lost holder's command is stopped before the next one starts",
-			r.lockDelay, delayMargin, r.ttl+r.killAfter+delayMargin)
+	case r.lockDelay < 0 || r.lockDelay > lease.MaxLockDelay:
+		return usageErrorf("run: -lock-delay %v: want 0 to %v", r.lockDelay, lease.MaxLockDelay)
+	case holdingDelay(*r, r.ttl) > lease.MaxLockDelay:
+		return usageErrorf("run: -ttl + -kill-after + %v = %v: want at most %v, the longest lock delay",
+			delayMargin, r.ttl+r.killAfter+delayMargin, lease.MaxLockDelay)
+	case r.quiet && r.verbose:
+		return usageErrorf("run: -q and -v together")
 	}
 	return nil
 }
@@ -171,26 +183,25 @@ func lossCause(err error) error {
 }
 
 // take opens the session, within -timeout, and waits for the lock as r
-// says, until ctx ends. The session is returned whenever it was opened.
+// says, until ctx ends, telling on stderr what it waits for (narrator).
+// The session is returned whenever it was opened.
 func (c *ctl) take(ctx context.Context, r runFlags) (*lease.Session, *lease.Lock, error) {
-	opts := []lease.Option{lease.WithTTL(r.ttl), lease.WithLockDelay(r.lockDelay)}
-	if r.owner != "" {
-		opts = append(opts, lease.WithOwner(r.owner))
+	n := newNarrator(c.cli, r, os.Stderr)
+	defer n.stop()
+	s, err := c.open(ctx, r, n, r.ttl)
+	if err == nil && holdingDelay(r, s.TTL()) > holdingDelay(r, r.ttl) {
+		// etcd granted a longer TTL than asked (its minimum): the delay
+		// the holding asks must cover the granted one.
+		s.Close()
+		s, err = c.open(ctx, r, n, s.TTL())
 	}
-	gctx, stop := context.WithTimeout(ctx, c.cfg.timeout)
-	s, err := lease.NewSession(gctx, c.cli, opts...)
-	stop()
 	if err != nil {
 		if unanswered(err) {
 			return nil, nil, exitWith(exitUnavailable, err)
 		}
 		return nil, nil, err
 	}
-	// etcd may grant a longer TTL than asked (its minimum): the delay must
-	// cover the granted one.
-	if need := s.TTL() + r.killAfter + delayMargin; r.lockDelay < need {
-		return s, nil, exitWith(exitUsage, fmt.Errorf("run: etcd granted a TTL of %v: -lock-delay %v is less than TTL + -kill-after + %v = %v", s.TTL(), r.lockDelay, delayMargin, need))
-	}
+	n.opened(s.Lease())
 	wctx := ctx
 	if r.wait > 0 {
 		var stopWait context.CancelFunc
@@ -205,6 +216,7 @@ func (c *ctl) take(ctx context.Context, r runFlags) (*lease.Session, *lease.Lock
 	}
 	switch {
 	case err == nil:
+		n.granted(l)
 		return s, l, nil
 	case errors.Is(err, lease.ErrLocked):
 		return s, nil, exitWith(exitBusy, fmt.Errorf("run: %w", err))
@@ -214,6 +226,18 @@ func (c *ctl) take(ctx context.Context, r runFlags) (*lease.Session, *lease.Lock
 		return s, nil, exitWith(exitUnavailable, err)
 	}
 	return s, nil, err
+}
+
+// open opens run's session within -timeout, with the lock delay a TTL
+// of ttl needs and the narrator's hooks.
+func (c *ctl) open(ctx context.Context, r runFlags, n *narrator, ttl time.Duration) (*lease.Session, error) {
+	opts := []lease.Option{lease.WithTTL(r.ttl), lease.WithLockDelay(holdingDelay(r, ttl)), lease.WithHooks(n.hooks())}
+	if r.owner != "" {
+		opts = append(opts, lease.WithOwner(r.owner))
+	}
+	gctx, stop := context.WithTimeout(ctx, c.cfg.timeout)
+	defer stop()
+	return lease.NewSession(gctx, c.cli, opts...)
 }
 
 // unlock releases l, guarded by its token, and says so if it could not.
@@ -278,6 +302,9 @@ func (c *ctl) runUnder(l *lease.Lock, s *lease.Session, r runFlags) error {
 		c.unlock(l)
 		return exitWith(startFailure(err), fmt.Errorf("run %s: %w", r.name, err))
 	}
+	if r.verbose {
+		fmt.Fprintf(os.Stderr, "lockctl: run %s: started %s, pid %d\n", r.name, r.argv[0], cmd.Process.Pid)
+	}
 	g := &group{cmd: cmd, pgid: cmd.Process.Pid, killAfter: r.killAfter, term: term}
 	out := g.supervise(l, c.sigs, jobs)
 	if term {
@@ -287,6 +314,9 @@ func (c *ctl) runUnder(l *lease.Lock, s *lease.Session, r runFlags) error {
 		return lostError(r, l.Err(), stopped(r.argv[0], g.pgid, out))
 	}
 	c.unlock(l)
+	if r.verbose {
+		fmt.Fprintf(os.Stderr, "lockctl: run %s: %s exited %d; released the lock\n", r.name, r.argv[0], out.status)
+	}
 	return exitWith(out.status, nil)
 }
 

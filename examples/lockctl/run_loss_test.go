@@ -215,7 +215,8 @@ func TestRunLossBeforeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startLockctl(t, nil, append(slices.Clone(lossFlags), name, "--", "touch", marker)...)
+	// -q: only the loss's message, which the two cases must share.
+	p := startLockctl(t, nil, append(slices.Clone(lossFlags), "-q", name, "--", "touch", marker)...)
 	awaitQueue(t, cli, name, 2)
 	if _, err := cli.Revoke(ctx, hs.Lease()); err != nil {
 		t.Fatal(err)
@@ -235,7 +236,7 @@ func TestRunLossBeforeStart(t *testing.T) {
 	before := p.stderr.String()
 
 	// The same loss while the command runs.
-	p = startLockctl(t, nil, append(slices.Clone(lossFlags), name, "--", "sh", "-c", `echo up > "$0"; exec sleep 30`, up)...)
+	p = startLockctl(t, nil, append(slices.Clone(lossFlags), "-q", name, "--", "sh", "-c", `echo up > "$0"; exec sleep 30`, up)...)
 	p.awaitFile(t, up)
 	h = awaitHolder(t, cli, name, h.Token)
 	if _, err := cli.Delete(ctx, h.Key); err != nil {

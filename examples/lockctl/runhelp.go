@@ -48,17 +48,24 @@ it. A loss before COMMAND starts (while run waits out a lock delay) exits
 124 as well, with the same message, and COMMAND does not run. It
 learns of the loss no later than etcd expires the lease, except when the
 lease is revoked while run is cut off from etcd: then at its own deadline,
-up to -ttl later. Every run on NAME takes the lock with -lock-delay: after
-a loss, the next holder starts its command only -lock-delay after it
-learned of it, and -lock-delay must be at least -ttl + -kill-after + 1s.
-The next holder waits its own -lock-delay, so give every run on NAME the
-same -ttl, -kill-after and -lock-delay (or a -lock-delay that covers every
-holder's -ttl + -kill-after + 1s). Then a lost holder's command is stopped
-before the next one starts, as long as the lost holder's lockctl runs. Not promised: a lockctl that is itself
+up to -ttl later. So every run holds the lock with a lock delay: a
+holding asks whoever follows it, if it is lost, to wait -ttl (as etcd
+granted it) + -kill-after + 1s, or -lock-delay if longer, after learning
+of the loss, and every run waits the longer of that and its own. Runs on
+NAME with different -ttl, -kill-after and -lock-delay are safe together:
+a lost holder's command is stopped before the next one starts, as long as
+the lost holder's lockctl runs. A loss older than the delay its holding
+asked delays nothing. Not promised: a lockctl that is itself
 paused (SIGSTOP, a frozen VM) cannot stop its command, and processes that
 left the group (setsid, daemons) are not stopped; run them in a cgroup
 (systemd-run --scope) if they must be. Then only a fence protects the
 data: give the token to every write (lockctl put, the HTTP or SQL fence).
+
+While it waits, run prints to stderr one line when it starts waiting
+(behind which key, its owner and token, how many ahead) and one when it
+waits out a lock delay (which token was lost, about how long is left);
+-q prints neither, -v adds the grant, the command's start and the release.
+lockctl show and list mark a holder that waits out a delay.
 
 Exit status of run:
   COMMAND's     0 to 255; 128 + N if signal N killed COMMAND

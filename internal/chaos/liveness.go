@@ -403,14 +403,16 @@ const (
 	delayRunning                   // "lost": the delay runs until etcd expires the record's lease
 )
 
-// delayOf reads a record event: "held N", "lost N" or "released N"; a
-// deletion, or any other value, is no record.
+// delayOf reads a record event: "held N D", "lost N D" or "released N"
+// (or an older version's "held N", "lost N"); a deletion, or any other
+// value, is no record.
 func delayOf(ev LockEvent, c int64) delayState {
-	if ev.Delete {
+	fields := strings.Fields(ev.Value)
+	if ev.Delete || len(fields) < 2 {
 		return delayNone
 	}
-	word, num, _ := strings.Cut(ev.Value, " ")
-	token, err := strconv.ParseInt(num, 10, 64)
+	word := fields[0]
+	token, err := strconv.ParseInt(fields[1], 10, 64)
 	switch {
 	case err != nil:
 		return delayNone
