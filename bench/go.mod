@@ -12,6 +12,7 @@ require (
 	github.com/leasefence/leasefence/internal/chaos v0.0.0-00010101000000-000000000000
 	github.com/leasefence/leasefence/internal/etcdtest v0.0.0-00010101000000-000000000000
 	github.com/leasefence/leasefence/internal/s3test v0.0.0-00010101000000-000000000000
+	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/zap v1.28.0
 	gonum.org/v1/plot v0.17.0
@@ -63,7 +64,6 @@ require (
 	github.com/tmc/grpc-websocket-proxy v0.0.0-20220101234140-673ab2c3ae75 // indirect
 	github.com/xiang90/probing v0.0.0-20221125231312-a49e3df8f510 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
-	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/etcdutl/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/pkg/v3 v3.7.3 // indirect

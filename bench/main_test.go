@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -43,6 +44,7 @@ func TestMain(m *testing.M) {
 	}
 	clusters.mu.Unlock()
 	closeLab()
+	closeWatchServer()
 	os.Exit(code)
 }
 
@@ -76,9 +78,10 @@ func cluster(b *testing.B, members int, noFsync bool) *etcdtest.Cluster {
 }
 
 // requests counts what clients send and receive: unary calls, and messages
-// on streams (watch and keep-alive) in each direction.
+// on streams (watch and keep-alive) in each direction; and the watches
+// etcd reported created.
 type requests struct {
-	unary, sent, received, streams atomic.Int64
+	unary, sent, received, streams, created atomic.Int64
 }
 
 func (r *requests) dialOptions() []grpc.DialOption {
@@ -111,6 +114,9 @@ func (s countedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil {
 		s.r.received.Add(1)
+		if w, ok := m.(*pb.WatchResponse); ok && w.Created {
+			s.r.created.Add(1)
+		}
 	}
 	return err
 }

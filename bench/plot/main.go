@@ -10,9 +10,13 @@
 //	go run ./plot -out results -from results/raw.txt    # draw from earlier output
 //	go run ./plot -lab -out results -count 3 -benchtime 200x
 //	                                                    # the rtt lab's benchmarks: lab.txt, lab-*.png, lab.md
+//	go run ./plot -many -out results -count 1 -benchtime 1x
+//	                                                    # many locks held at once: manylocks.txt, .png, .md
 //
 // The lab's benchmarks start three etcd processes behind delayed links
-// and take tens of minutes; they run only with -lab.
+// and take tens of minutes; they run only with -lab. The many-locks
+// benchmarks take 100,000 locks at a time, minutes each; they run only
+// with -many.
 package main
 
 import (
@@ -44,11 +48,15 @@ func main() {
 	count := flag.Int("count", 6, "runs of each benchmark")
 	benchtime := flag.String("benchtime", "2s", "time (or iterations, Nx) per run")
 	lab := flag.Bool("lab", false, "run (or draw from -from) the rtt lab's benchmarks instead")
+	many := flag.Bool("many", false, "run (or draw from -from) the many-locks benchmarks instead")
 	flag.Parse()
 	var err error
-	if *lab {
+	switch {
+	case *lab:
 		err = runLab(*out, *from, *count, *benchtime)
-	} else {
+	case *many:
+		err = runMany(*out, *from, *count, *benchtime)
+	default:
 		err = run(*out, *from, *bench, *count, *benchtime)
 	}
 	if err != nil {
@@ -66,7 +74,7 @@ func run(out, from, bench string, count int, benchtime string) error {
 		return err
 	}
 	r, err := gather(from, filepath.Join(out, "raw.txt"), func(raw string) error {
-		return runBenchmarks(raw, latencyDir, bench, "BenchmarkLab", count, benchtime)
+		return runBenchmarks(raw, latencyDir, bench, "BenchmarkLab|"+manyBenchmarks, count, benchtime)
 	})
 	if err != nil {
 		return err
