@@ -124,20 +124,32 @@ func NewClientVia(endpoints []string, dial func(ctx context.Context, addr string
 // FreePorts finds n loopback ports free now. Another process may take one
 // before the caller binds it: callers retry with new ports.
 func FreePorts(n int) ([]int, error) {
+	ports, release, err := HoldPorts(n)
+	if err != nil {
+		return nil, err
+	}
+	release()
+	return ports, nil
+}
+
+// HoldPorts finds n free loopback ports and keeps them bound until release
+// is called, so that listeners the caller opens meanwhile on port 0 cannot
+// be given one of them.
+func HoldPorts(n int) (ports []int, release func(), err error) {
 	var ls []net.Listener
-	defer func() {
+	release = func() {
 		for _, l := range ls {
 			l.Close()
 		}
-	}()
-	ports := make([]int, 0, n)
+	}
 	for i := 0; i < n; i++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, fmt.Errorf("etcdproc: free port: %w", err)
+			release()
+			return nil, nil, fmt.Errorf("etcdproc: free port: %w", err)
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	return ports, nil
+	return ports, release, nil
 }

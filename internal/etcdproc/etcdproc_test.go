@@ -3,6 +3,7 @@ package etcdproc_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,5 +52,31 @@ func TestMemberAndProxy(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no answer 20s after the blackhole was lifted")
 		}
+	}
+}
+
+// TestTakenPortFailsFast: a member whose port another listener holds exits
+// at once, and starting it reports that rather than waiting out the
+// 30-second readiness timeout, so that callers can retry on new ports.
+func TestTakenPortFailsFast(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bin, err := etcdproc.Binary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, release, err := etcdproc.HoldPorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	start := time.Now()
+	c, err := etcdproc.StartProcessesWith(ctx, bin, t.TempDir(), []etcdproc.ProcHost{{IP: "127.0.0.1", ClientPort: ports[0], PeerPort: ports[1]}}, nil, etcdproc.NewClient)
+	if err == nil {
+		c.Close()
+		t.Fatal("a member on held ports started")
+	}
+	if took := time.Since(start); !strings.Contains(err.Error(), "exited before serving") || took > 15*time.Second {
+		t.Fatalf("after %v: %v; want an early exit reported", took, err)
 	}
 }

@@ -39,15 +39,24 @@ type Proc struct {
 // dir and the given heartbeat and election timeout in milliseconds, and
 // waits until each serves requests.
 func StartProcesses(ctx context.Context, bin, dir string, n int, tickMs, electionMs uint) (*ProcCluster, error) {
-	ports, err := FreePorts(2 * n)
-	if err != nil {
-		return nil, err
+	// A port found free can be taken by another process before etcd binds
+	// it: try new ports, with a fresh data directory each time.
+	var err error
+	for attempt := 0; ; attempt++ {
+		var ports []int
+		if ports, err = FreePorts(2 * n); err != nil {
+			return nil, err
+		}
+		hosts := make([]ProcHost, n)
+		for i := range hosts {
+			hosts[i] = ProcHost{IP: "127.0.0.1", ClientPort: ports[2*i], PeerPort: ports[2*i+1]}
+		}
+		var c *ProcCluster
+		c, err = StartProcessesOn(ctx, bin, filepath.Join(dir, fmt.Sprint(attempt)), hosts, tickMs, electionMs, NewClient)
+		if err == nil || attempt == 2 || ctx.Err() != nil {
+			return c, err
+		}
 	}
-	hosts := make([]ProcHost, n)
-	for i := range hosts {
-		hosts[i] = ProcHost{IP: "127.0.0.1", ClientPort: ports[2*i], PeerPort: ports[2*i+1]}
-	}
-	return StartProcessesOn(ctx, bin, dir, hosts, tickMs, electionMs, NewClient)
 }
 
 // ProcHost is where one member of StartProcessesOn runs: its address and
@@ -142,7 +151,13 @@ func (p *Proc) start(state string) error {
 	return nil
 }
 
+// waitServing waits until p answers a read. A member that exits first (its
+// port taken before it bound it, say) is reported at once, so that the
+// caller can retry on new ports rather than wait out the timeout.
 func (p *Proc) waitServing(ctx context.Context) error {
+	p.mu.Lock()
+	exited := p.exited
+	p.mu.Unlock()
 	cli, err := p.newClient([]string{p.ClientURL})
 	if err != nil {
 		return err
@@ -156,6 +171,11 @@ func (p *Proc) waitServing(ctx context.Context) error {
 		stop()
 		if err == nil {
 			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("etcdproc: %s exited before serving: %w", p.Name, err)
+		default:
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("etcdproc: %s not serving: %w", p.Name, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -52,12 +53,6 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{dir: dir}
-	hosts, err := l.links(cfg)
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
 	var extra []string
 	if cfg.TickMs > 0 {
 		extra = append(extra, "--heartbeat-interval", fmt.Sprint(cfg.TickMs))
@@ -68,22 +63,40 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 	if cfg.NoFsync {
 		extra = append(extra, "--unsafe-no-fsync")
 	}
-	procs, err := etcdproc.StartProcessesWith(ctx, bin, dir, hosts, extra, etcdproc.NewClient)
+	// A port found free can be taken by another process (or by one of our
+	// own links) before etcd binds it: try again on new ports.
+	for attempt := 0; ; attempt++ {
+		l := &Lab{dir: dir}
+		if l.procs, err = l.start(ctx, cfg, bin, filepath.Join(dir, fmt.Sprint(attempt)), extra); err == nil {
+			return l, nil
+		}
+		l.closeParts()
+		if attempt == 2 || ctx.Err() != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+}
+
+// start makes the links and starts the members behind them.
+func (l *Lab) start(ctx context.Context, cfg Config, bin, dataDir string, extra []string) (*etcdproc.ProcCluster, error) {
+	hosts, err := l.links(cfg)
 	if err != nil {
-		l.Close()
 		return nil, err
 	}
-	l.procs = procs
-	return l, nil
+	return etcdproc.StartProcessesWith(ctx, bin, dataDir, hosts, extra, etcdproc.NewClient)
 }
 
 // links makes a client and a peer link for each member, in front of the
 // ports it will listen on.
 func (l *Lab) links(cfg Config) ([]etcdproc.ProcHost, error) {
-	ports, err := etcdproc.FreePorts(2 * cfg.Members)
+	// The members' ports stay bound while the links take theirs, so that
+	// no link is given a member's port.
+	ports, release, err := etcdproc.HoldPorts(2 * cfg.Members)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	hosts := make([]etcdproc.ProcHost, cfg.Members)
 	for i := range hosts {
 		h := etcdproc.ProcHost{IP: "127.0.0.1", ClientPort: ports[2*i], PeerPort: ports[2*i+1]}
@@ -144,11 +157,16 @@ func (l *Lab) Leader(ctx context.Context) (int, error) {
 
 // Close stops the members and the links and removes the members' data.
 func (l *Lab) Close() {
+	l.closeParts()
+	os.RemoveAll(l.dir)
+}
+
+// closeParts stops the members and the links.
+func (l *Lab) closeParts() {
 	if l.procs != nil {
 		l.procs.Close()
 	}
 	for _, k := range append(l.clientLinks, l.peerLinks...) {
 		k.Close()
 	}
-	os.RemoveAll(l.dir)
 }
