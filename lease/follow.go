@@ -14,7 +14,7 @@ import (
 // session's locks. It keeps puts: one that moves the key off its lease
 // makes it no lock, which the waiter must hear as it hears a deletion.
 func (s *Session) startFollowWatch(key string) (*watch.Watch, error) {
-	return s.startWatch(key, false)
+	return s.startWatch(key, false, false)
 }
 
 // follow starts following the newest keys ahead of a far waiter: once

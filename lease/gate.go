@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
@@ -59,15 +57,14 @@ func (o *sessionOwner) Untrack() { o.wg.Done() }
 // startWatch starts a watch of key, owned by the session: it stops when
 // the session ends or Stop is called. A paused one has no goroutine until
 // Resume.
-func (s *Session) startWatch(key string, paused bool, opts ...clientv3.OpOption) (*watch.Watch, error) {
-	return watch.Start(s.leaderCtx, watch.Config{Client: s.client, Owner: (*sessionOwner)(s), Key: key, Opts: opts,
-		Paused: paused, RestAfter: restAfter})
+func (s *Session) startWatch(key string, paused, prefix bool) (*watch.Watch, error) {
+	return watch.Start(watch.Config{Stream: s.stream, Key: key, Prefix: prefix, Paused: paused, RestAfter: restAfter})
 }
 
 // openGate makes name's gate and starts its watches, for its first user.
 func (s *Session) openGate(name string) (*gate, error) {
 	// Paused: a lock granted at once opens it after ownWatchDelay.
-	own, err := s.startWatch(lockKey(name, s.id), true)
+	own, err := s.startWatch(lockKey(name, s.id), true, false)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +72,7 @@ func (s *Session) openGate(name string) (*gate, error) {
 	if s.keeper != nil {
 		w.queue, w.mirror, w.release, err = s.keeper.queueWatch(name)
 	} else {
-		w.queue, err = s.startWatch(name+"/", true, clientv3.WithPrefix())
+		w.queue, err = s.startWatch(name+"/", true, true)
 	}
 	if err != nil {
 		own.Stop()

@@ -24,9 +24,9 @@ import (
 type Keeper struct {
 	client *clientv3.Client
 	cancel context.CancelFunc
-	// leaderCtx, with require-leader metadata, parents the queue watches.
-	leaderCtx context.Context
-	renewer   *renew.Renewer
+	// stream carries the queue watches; it ends with the Keeper.
+	stream  *watch.Stream
+	renewer *renew.Renewer
 
 	// queues holds one queue watch per name, shared by the sessions.
 	queues registry[*sharedQueue]
@@ -43,7 +43,8 @@ func NewKeeper(client *clientv3.Client) (*Keeper, error) {
 		return nil, failed("keeper", errNilClient)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &Keeper{client: client, cancel: cancel, leaderCtx: clientv3.WithRequireLeader(ctx)}
+	k := &Keeper{client: client, cancel: cancel}
+	k.stream = watch.NewStream(clientv3.WithRequireLeader(ctx), client, (*keeperOwner)(k))
 	k.queues.open, k.queues.shut = k.openQueue, func(q *sharedQueue) { q.w.Stop() }
 	k.renewer = renew.New(ctx, client, clock{}, keeperBatch, time.Second)
 	return k, nil
@@ -131,8 +132,8 @@ func (k *Keeper) queueWatch(name string) (*watch.Watch, *queueMirror, func(), er
 // openQueue starts name's shared queue watch, paused (see queueWatch).
 func (k *Keeper) openQueue(name string) (*sharedQueue, error) {
 	m := newQueueMirror(name + "/")
-	w, err := watch.Start(k.leaderCtx, watch.Config{Client: k.client, Owner: (*keeperOwner)(k), Key: name + "/",
-		Opts: []clientv3.OpOption{clientv3.WithPrefix()}, Copy: m, Paused: true, RestAfter: restAfter})
+	w, err := watch.Start(watch.Config{Stream: k.stream, Key: name + "/", Prefix: true,
+		Copy: m, Paused: true, RestAfter: restAfter})
 	if err != nil {
 		return nil, err
 	}

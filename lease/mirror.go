@@ -88,10 +88,8 @@ func (m *queueMirror) install(page *pb.RangeResponse, rev int64, epoch queue.Epo
 // Apply moves the copy of epoch forward by events and wakes the waiters a
 // deletion may grant; while the copy is off it counts keys instead, and
 // reads it again once they are few enough (watch.Copy).
-func (m *queueMirror) Apply(prefix string, events []*clientv3.Event, epoch queue.Epoch) {
-	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
-	// own before: converted one by one, for both.
-	evs := queue.Events{N: len(events), At: func(i int) *mvccpb.Event { return (*mvccpb.Event)(events[i]) }}
+func (m *queueMirror) Apply(prefix string, events []*mvccpb.Event, epoch queue.Epoch) {
+	evs := queue.Events{N: len(events), At: func(i int) *mvccpb.Event { return events[i] }}
 	m.mu.Lock()
 	moved := m.c.Current(epoch)
 	wake, reload := m.c.Apply(evs, epoch, m.heads)

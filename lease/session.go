@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/renew"
+	"github.com/leasefence/leasefence/lease/internal/watch"
 )
 
 // Session is one etcd lease, kept alive until Close or its loss, under
@@ -49,14 +50,13 @@ type Session struct {
 	// ctx ends, with the reason as its cause, when the session ends.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// leaderCtx is ctx with require-leader, made once, not per watch (0.5 KB).
-	leaderCtx context.Context
 
 	mu       sync.Mutex // guards closed, deadline and holdings
 	closed   bool
 	deadline time.Time
 
-	gates registry[*gate] // makes locks of one name on this session take turns
+	gates  registry[*gate] // makes locks of one name on this session take turns
+	stream *watch.Stream   // carries the session's watches
 
 	wg sync.WaitGroup // every lock monitor and revision check
 
@@ -118,7 +118,9 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		return nil, failed("session", err)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	s.leaderCtx = clientv3.WithRequireLeader(s.ctx)
+	// The stream's context carries require-leader: a member cut off from
+	// the quorum ends the stream rather than leave it silent.
+	s.stream = watch.NewStream(clientv3.WithRequireLeader(s.ctx), client, (*sessionOwner)(s))
 	if s.keeper != nil {
 		if err := s.keeper.add(s); err != nil {
 			s.cancel(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/lease/internal/queue"
 	"github.com/leasefence/leasefence/lease/internal/watch"
@@ -119,14 +118,8 @@ func (t *tracker) ownKV() *mvccpb.KeyValue {
 
 // feed hands the rule one response's events of subscription src.
 // t.mu is held.
-func (t *tracker) feed(src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
-	// An alias of mvccpb.Event from etcd's client v3.7 on, a type of its
-	// own before: converted one by one, for both.
-	evs := make([]*mvccpb.Event, len(events))
-	for i, ev := range events {
-		evs[i] = (*mvccpb.Event)(ev)
-	}
-	t.q.Rule.Events(src, epoch, evs, 0)
+func (t *tracker) feed(src queue.Source, events []*mvccpb.Event, epoch queue.Epoch) {
+	t.q.Rule.Events(src, epoch, events, 0)
 }
 
 // listen subscribes the lock to its watches, and has the rule read from

@@ -19,7 +19,7 @@ import (
 // Events feeds one watch response's events, in revision order and epoch,
 // to the rule, and wakes the waiter (watch.Listener). A change of the own key after the
 // token that takes it from this holding ends the lock, waiting or held.
-func (t *tracker) Events(w *watch.Watch, src queue.Source, events []*clientv3.Event, epoch queue.Epoch) {
+func (t *tracker) Events(w *watch.Watch, src queue.Source, events []*mvccpb.Event, epoch queue.Epoch) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.feed(src, events, epoch)

@@ -31,3 +31,11 @@ func (b *Backoff) Wait(ctx context.Context) error {
 
 // Reset starts the delays over, after a success.
 func (b *Backoff) Reset() { b.next = b.first }
+
+// Next returns the current delay and doubles it, for a caller that waits
+// on a timer of its own.
+func (b *Backoff) Next() time.Duration {
+	d := b.next
+	b.next = min(2*b.next, b.max)
+	return d
+}

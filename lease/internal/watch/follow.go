@@ -125,7 +125,7 @@ func (f *Follows) take(keys []string) ([]*Watch, error) {
 	}
 	f.mu.Unlock()
 	for _, w := range evicted {
-		w.stop()
+		w.Stop()
 	}
 	return ws, nil
 }
@@ -146,6 +146,6 @@ func (f *Follows) Stop() {
 	f.m = nil
 	f.mu.Unlock()
 	for _, fw := range m {
-		fw.w.stop()
+		fw.w.Stop()
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
@@ -22,15 +24,13 @@ import (
 // need them, so that someone else's put on the own key comes in order
 // with the deletions the lock waits for; a watch of a key ahead delivers
 // the puts on that key too, which a waiter ignores. Those two pause after
-// RestAfter locks in a row that did not need them (Granted).
+// RestAfter locks in a row that did not need them (Granted). It runs on
+// its owner's Stream, with no goroutine of its own.
 type Watch struct {
-	client *clientv3.Client
-	owner  Owner // the session, or the Keeper for a queue watch shared by its sessions
-	key    string
-	opts   []clientv3.OpOption // the range (WithPrefix) and filters it asks etcd for
-	copy   Copy                // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
-	ctx    context.Context
-	stop   context.CancelFunc
+	stream   *Stream
+	key      string
+	rangeEnd []byte // the end of its range (Config.Prefix); nil for the key alone
+	copy     Copy   // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
 
 	restAfter int32 // Config.RestAfter
 
@@ -44,52 +44,69 @@ type Watch struct {
 	seenRev atomic.Int64
 
 	mu       sync.Mutex
-	running  bool          // run has started (a paused watch starts it on resume)
 	up       chan struct{} // closed while the watch is up; replaced when it goes down
-	refused  chan struct{} // closed when etcd refuses the watch for good (refusal says why)
+	refused  chan struct{} // closed when etcd refuses the watch (refusal says why)
 	refusal  error
-	subs     []subscriber       // locks of this name waiting or held (a map cost 0.1 KB more per lock)
-	copySubs []subscriber       // locks that hear the watch's events through its copy (viaCopy): downs only
-	paused   bool               // the watch is off until resume
-	resumed  chan struct{}      // poked by resume
-	endServe context.CancelFunc // ends the current watch, for pause
+	subs     []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
+	copySubs []subscriber // locks that hear the watch's events through its copy (viaCopy): downs only
+	paused   bool         // the watch is off until resume
+	stopped  bool         // Stop was called
+
+	// Guarded by stream.mu: its creation on the live stream, and when to
+	// create it again after a failure.
+	reg     *reg
+	retry   backoff.Backoff
+	retryAt *time.Timer
+
+	imu      sync.Mutex // guards inbox and draining
+	inbox    []item     // what the stream heard for the watch, not yet handed on
+	draining bool       // a goroutine is handing the inbox on
+}
+
+// item is one thing the stream heard for a watch: a response of creation
+// reg (created, or events), or that the watch went down (err: why etcd
+// refused to create it, if it did).
+type item struct {
+	resp *pb.WatchResponse
+	reg  *reg
+	down bool
+	err  error
 }
 
 // Config is what Start starts a watch with.
 type Config struct {
-	Client *clientv3.Client
-	// Owner owns the watch's goroutine: the session, or the Keeper for a
+	// Stream carries the watch: the session's, or the Keeper's for a
 	// queue watch shared by its sessions.
-	Owner Owner
-	Key   string
-	Opts  []clientv3.OpOption // the range (WithPrefix) and filters it asks etcd for
+	Stream *Stream
+	Key    string
+	Prefix bool // watch every key under Key
 	// Copy is a Keeper's copy of the queue, kept by the watch; nil for a
 	// session's own watches.
 	Copy Copy
-	// Paused starts the watch paused: it has no goroutine until Resume.
+	// Paused starts the watch paused: it has no etcd watch until Resume.
 	Paused bool
 	// RestAfter is how many locks in a row that did not need the watch
 	// pause it (Granted).
 	RestAfter int32
 }
 
-// Owner owns a watch's goroutine: Track registers it (failing once the
-// owner has ended), Untrack marks it stopped.
+// Owner owns a stream's goroutines: Track registers one (failing once
+// the owner has ended), Untrack marks it stopped.
 type Owner interface {
 	Track() error
 	Untrack()
 }
 
 // Copy is what a watch keeps of its range for a Keeper: it is loaded as
-// the watch comes up, fed its events, and dropped as it goes down, all on
-// the watch's goroutine.
+// the watch comes up, fed its events, and dropped as it goes down, all in
+// the order the watch hands things on.
 type Copy interface {
 	// Load reads the keys under prefix at created or later, and makes
 	// them the copy of epoch. It reports false if the read failed: the
 	// watch then starts over.
 	Load(ctx context.Context, cli *clientv3.Client, prefix string, created int64, epoch queue.Epoch) bool
 	// Apply moves the copy of epoch forward by one response's events.
-	Apply(prefix string, events []*clientv3.Event, epoch queue.Epoch)
+	Apply(prefix string, events []*mvccpb.Event, epoch queue.Epoch)
 	// Drop drops the copy as the watch goes down.
 	Drop()
 }
@@ -110,124 +127,94 @@ func (w *Watch) Key() string { return w.key }
 
 // Stop stops the watch for good; one that is open ends its subscriptions
 // as it goes down (Listener.Unsubscribed).
-func (w *Watch) Stop() { w.stop() }
+func (w *Watch) Stop() {
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	w.stopped = true
+	w.mu.Unlock()
+	w.leave()
+}
 
-// Start starts a watch owned by c.Owner, which stops when parent ends or
-// Stop is called. parent carries etcd's require-leader metadata (serve).
-// A paused one has no goroutine until Resume.
-func Start(parent context.Context, c Config) (*Watch, error) {
-	ctx, stop := context.WithCancel(parent)
-	w := &Watch{client: c.Client, owner: c.Owner, key: c.Key, opts: c.Opts, copy: c.Copy, ctx: ctx, stop: stop,
-		restAfter: c.RestAfter, up: make(chan struct{}), refused: make(chan struct{}), paused: c.Paused,
-		resumed: make(chan struct{}, 1)}
+// leave takes the watch off its stream and hands on its down, if it was
+// open.
+func (w *Watch) leave() {
+	s := w.stream
+	if !s.remove(w) {
+		return
+	}
+	s.mu.Lock()
+	inline := s.postLocked(w, item{down: true})
+	s.mu.Unlock()
+	if inline {
+		w.drain()
+	}
+}
+
+// Start starts a watch on c.Stream, which stops when the stream ends or
+// Stop is called. A paused one has no etcd watch until Resume.
+func Start(c Config) (*Watch, error) {
+	w := &Watch{stream: c.Stream, key: c.Key, copy: c.Copy, restAfter: c.RestAfter,
+		up: make(chan struct{}), refused: make(chan struct{}), paused: c.Paused,
+		retry: backoff.New(50*time.Millisecond, time.Second)}
+	if c.Prefix {
+		w.rangeEnd = []byte(clientv3.GetPrefixRangeEnd(c.Key))
+	}
 	if !c.Paused {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if err := w.launch(); err != nil {
-			stop()
+		if err := c.Stream.add(w); err != nil {
 			return nil, err
 		}
 	}
 	return w, nil
 }
 
-// launch starts run, once, registered with the owner. w.mu is held.
-func (w *Watch) launch() error {
-	if w.running {
-		return nil
-	}
-	if err := w.owner.Track(); err != nil {
-		return err
-	}
-	w.running = true
-	go w.run()
-	return nil
-}
-
-// run keeps the watch open until it is stopped or its owner ends, opening
-// it again, after a backoff, whenever it ends while wanted.
-func (w *Watch) run() {
-	defer w.owner.Untrack()
-	retry := backoff.New(50*time.Millisecond, time.Second)
+// drain hands on the inbox, in order, until it is empty.
+func (w *Watch) drain() {
 	for {
-		ctx, endServe, ok := w.wanted()
-		if !ok {
+		w.imu.Lock()
+		if len(w.inbox) == 0 {
+			w.inbox, w.draining = nil, false
+			w.imu.Unlock()
 			return
 		}
-		cameUp := w.serve(ctx)
-		endServe() // ends etcd's watch if serve returned before it ended
-		if cameUp {
-			retry.Reset()
+		it := w.inbox[0]
+		w.inbox[0] = item{}
+		w.inbox = w.inbox[1:]
+		w.imu.Unlock()
+		w.handOn(it)
+	}
+}
+
+// handOn hands one item to the copy and the subscribers.
+func (w *Watch) handOn(it item) {
+	if it.down {
+		if it.err != nil {
+			w.refuseIf(it.err)
 		}
 		w.down()
-		if w.Paused() {
-			continue
-		}
-		if retry.Wait(w.ctx) != nil {
-			return
-		}
+		return
 	}
-}
-
-// wanted waits while the watch is paused, and returns the context of its
-// next opening and its cancel (pause calls it too); false once stopped.
-func (w *Watch) wanted() (context.Context, context.CancelFunc, bool) {
-	for {
-		w.mu.Lock()
-		if !w.paused {
-			ctx, cancel := context.WithCancel(w.ctx)
-			w.endServe = cancel
-			w.mu.Unlock()
-			if w.ctx.Err() != nil {
-				cancel()
-				return nil, nil, false
-			}
-			return ctx, cancel, true
+	resp := it.resp
+	w.seenRev.Store(max(w.seenRev.Load(), resp.Header.Revision))
+	if resp.Created {
+		w.upRev.Store(resp.Header.Revision)
+		ctx := w.stream.ctx
+		if !w.isUp(ctx) || (w.copy != nil && !w.copy.Load(ctx, w.stream.client, w.key, resp.Header.Revision, w.Epoch())) {
+			w.stream.restart(w, it.reg)
 		}
-		w.mu.Unlock()
-		select {
-		case <-w.resumed:
-		case <-w.ctx.Done():
-			return nil, nil, false
-		}
+		return
 	}
-}
-
-// serve runs one watch until it ends, and reports whether it came up. With
-// no start revision etcd serves it at once (a past one would wait for
-// etcd's 100 ms catch-up loop). It requires a leader (ctx carries the
-// metadata): a member cut off from the quorum ends it instead of leaving
-// it silent.
-func (w *Watch) serve(ctx context.Context) (cameUp bool) {
-	opts := append([]clientv3.OpOption{clientv3.WithCreatedNotify()}, w.opts...)
-	for wr := range w.client.Watch(ctx, w.key, opts...) {
-		if wr.Err() != nil {
-			if err := rpcerr.WatchRefusal(wr.Err()); err != nil && !cameUp {
-				w.refuse(err)
-			}
-			return cameUp
-		}
-		w.seenRev.Store(max(w.seenRev.Load(), wr.Header.Revision))
-		if wr.Created {
-			cameUp = true
-			w.upRev.Store(wr.Header.Revision)
-			if !w.isUp(ctx) {
-				return cameUp
-			}
-			if w.copy != nil && !w.copy.Load(ctx, w.client, w.key, wr.Header.Revision, w.Epoch()) {
-				return cameUp
-			}
-			continue
-		}
-		epoch := w.Epoch()
-		if w.copy != nil {
-			w.copy.Apply(w.key, wr.Events, epoch)
-		}
-		for _, sub := range w.subscribers(false) {
-			sub.l.Events(w, sub.src, wr.Events, epoch)
-		}
+	epoch := w.Epoch()
+	if w.copy != nil {
+		w.copy.Apply(w.key, resp.Events, epoch)
 	}
-	return cameUp
+	for _, sub := range w.subscribers(false) {
+		sub.l.Events(w, sub.src, resp.Events, epoch)
+	}
 }
 
 // isUp records that the watch is up and tells its subscribers. It reports
@@ -251,9 +238,13 @@ func (w *Watch) isUp(ctx context.Context) bool {
 	return true
 }
 
-// refuse records that etcd refused the watch outright (no permission, say):
-// callers waiting for it to come up get err instead.
-func (w *Watch) refuse(err error) {
+// refuseIf records that etcd refused the watch outright (no permission,
+// say), if err says so: callers waiting for it to come up get the refusal
+// instead.
+func (w *Watch) refuseIf(err error) {
+	if err = rpcerr.WatchRefusal(err); err == nil {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.refusal == nil {
@@ -276,7 +267,9 @@ func (w *Watch) down() {
 	}
 	// Stopped for good, the watch ends its subscriptions: each lock's
 	// rule forgets it in the same step, and it sends nothing more.
-	ended := w.ctx.Err() != nil
+	w.mu.Lock()
+	ended := w.stopped || w.stream.ctx.Err() != nil
+	w.mu.Unlock()
 	for _, sub := range w.subscribers(true) {
 		if ended {
 			sub.l.Unsubscribed(w)
@@ -289,31 +282,26 @@ func (w *Watch) down() {
 // Pause closes the watch until Resume, and reports whether it was open.
 func (w *Watch) Pause() bool {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.paused {
+	if w.paused || w.stopped {
+		w.mu.Unlock()
 		return false
 	}
 	w.paused = true
-	if w.endServe != nil {
-		w.endServe()
-	}
+	w.mu.Unlock()
+	w.leave()
 	return true
 }
 
-// Resume opens a paused watch again; once the owner has ended, it does not.
+// Resume opens a paused watch again; once its stream has ended, it does
+// not.
 func (w *Watch) Resume() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.paused {
+	if !w.paused || w.stopped {
 		return
 	}
-	if w.launch() != nil {
-		return
-	}
-	w.paused = false
-	select {
-	case w.resumed <- struct{}{}:
-	default:
+	if w.stream.add(w) == nil {
+		w.paused = false
 	}
 }
 
@@ -344,7 +332,7 @@ func (w *Watch) Paused() bool {
 type Listener interface {
 	// Events hands on one response's events of subscription src, in
 	// revision order, in epoch.
-	Events(w *Watch, src queue.Source, evs []*clientv3.Event, epoch queue.Epoch)
+	Events(w *Watch, src queue.Source, evs []*mvccpb.Event, epoch queue.Epoch)
 	// Up says that src came up in epoch, delivering every change of w's
 	// range from start on; an error ends the watch's turn at the news.
 	Up(ctx context.Context, w *Watch, src queue.Source, epoch queue.Epoch, start int64) error

@@ -1,0 +1,370 @@
+package watch
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasefence/leasefence/lease/internal/backoff"
+)
+
+// Stream carries all of an owner's watches on one gRPC watch stream to
+// etcd, through etcd's generated client rather than clientv3's Watch,
+// which spends a goroutine and about 3.4 KB on each watch. Two goroutines
+// serve it however many watches are open: one receives and routes each
+// response to its watch, one sends the requests queued for it (never with
+// a mutex held). A watch hands on what it hears on a goroutine that runs
+// only while it has something to hand on.
+//
+// etcd answers creates on a stream in the order they were sent (one
+// receive loop, one control queue), a refused one with watch ID -1, and
+// holds a new watch's events until its creation is answered: so the
+// oldest create not yet answered is the one an answer is for.
+//
+// When the stream fails, every open watch goes down and is created anew,
+// with no start revision, on the next stream, after a backoff: it comes
+// up in a new epoch, and its subscribers read again (as when etcd loses
+// its leader, which ends a stream that requires one).
+type Stream struct {
+	client *clientv3.Client
+	owner  Owner
+	ctx    context.Context // carries the require-leader metadata
+
+	mu      sync.Mutex
+	running bool                // run has started
+	ended   bool                // run has ended: whoever posts hands on too
+	open    map[*Watch]struct{} // watches wanted open
+	byID    map[int64]*reg      // created on the live stream, by etcd's ID
+	pending []*reg              // creates sent on the live stream, not answered yet
+	live    *link               // the stream up now; nil while none
+	drains  sync.WaitGroup      // watches' goroutines handing on (post)
+}
+
+// reg is one creation of a watch on a stream.
+type reg struct {
+	w       *Watch
+	id      int64 // etcd's watch ID (the first on a stream is 0), once created
+	created bool  // etcd has answered the create
+	gone    bool  // the watch left before etcd answered: cancel it then
+}
+
+// link is one gRPC stream's queue of requests to send.
+type link struct {
+	queue []*pb.WatchRequest
+	poke  chan struct{}
+}
+
+// NewStream makes an owner's stream: it opens at its first watch and ends
+// with ctx, which must carry etcd's require-leader metadata, so that a
+// member cut off from the quorum ends it instead of leaving it silent.
+func NewStream(ctx context.Context, client *clientv3.Client, owner Owner) *Stream {
+	return &Stream{client: client, owner: owner, ctx: ctx, open: map[*Watch]struct{}{}, byID: map[int64]*reg{}}
+}
+
+// add wants w open, starting the stream if need be; it fails once the
+// stream has ended. w.mu is held.
+func (s *Stream) add(w *Watch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
+	}
+	if !s.running {
+		if err := s.owner.Track(); err != nil {
+			return err
+		}
+		s.running = true
+		go s.run()
+	}
+	s.open[w] = struct{}{}
+	if s.live != nil && w.reg == nil {
+		s.createLocked(w)
+	}
+	return nil
+}
+
+// remove no longer wants w open, and cancels its etcd watch. It reports
+// whether w was open: the caller then posts its down. w.mu is held.
+func (s *Stream) remove(w *Watch) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.open[w]; !ok {
+		return false
+	}
+	delete(s.open, w)
+	if w.retryAt != nil {
+		w.retryAt.Stop()
+		w.retryAt = nil
+	}
+	s.dropLocked(w)
+	return true
+}
+
+// dropLocked ends w's creation on the live stream, if any. s.mu is held.
+func (s *Stream) dropLocked(w *Watch) {
+	r := w.reg
+	if r == nil {
+		return
+	}
+	w.reg = nil
+	if !r.created {
+		r.gone = true // cancelled when etcd answers the create
+		return
+	}
+	delete(s.byID, r.id)
+	s.sendLocked(cancelReq(r.id))
+}
+
+// createLocked sends w's create on the live stream. s.mu is held.
+func (s *Stream) createLocked(w *Watch) {
+	r := &reg{w: w}
+	w.reg = r
+	s.pending = append(s.pending, r)
+	s.sendLocked(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
+		Key: []byte(w.key), RangeEnd: w.rangeEnd,
+	}}})
+}
+
+func cancelReq(id int64) *pb.WatchRequest {
+	return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{WatchId: id}}}
+}
+
+// sendLocked queues req for the live stream's sender. s.mu is held.
+func (s *Stream) sendLocked(req *pb.WatchRequest) {
+	if s.live == nil {
+		return
+	}
+	s.live.queue = append(s.live.queue, req)
+	select {
+	case s.live.poke <- struct{}{}:
+	default:
+	}
+}
+
+// restart has w, whose subscribers could not catch up as creation r came
+// up, start over: down now, created again after a backoff.
+func (s *Stream) restart(w *Watch, r *reg) {
+	s.mu.Lock()
+	if w.reg != r {
+		s.mu.Unlock()
+		return // already down, or created again
+	}
+	s.dropLocked(w)
+	s.retryLocked(w)
+	inline := s.postLocked(w, item{down: true})
+	s.mu.Unlock()
+	if inline {
+		w.drain()
+	}
+}
+
+// retryLocked creates w again after its backoff, if it is still wanted
+// then. s.mu is held.
+func (s *Stream) retryLocked(w *Watch) {
+	if w.retryAt != nil {
+		w.retryAt.Stop()
+	}
+	w.retryAt = time.AfterFunc(w.retry.Next(), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if _, ok := s.open[w]; ok && w.reg == nil && !s.ended {
+			s.createLocked(w)
+		}
+	})
+}
+
+// run keeps the stream open until its context ends, opening it again
+// after a backoff whenever it fails.
+func (s *Stream) run() {
+	defer s.owner.Untrack()
+	retry := backoff.New(50*time.Millisecond, time.Second)
+	for s.ctx.Err() == nil {
+		if s.serve() {
+			retry.Reset()
+		}
+		s.fall(false)
+		if retry.Wait(s.ctx) != nil {
+			break
+		}
+	}
+	s.fall(true)
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+	s.drains.Wait()
+}
+
+// serve runs one gRPC stream until it fails, and reports whether etcd
+// answered anything on it.
+func (s *Stream) serve() (answered bool) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	wc, err := pb.NewWatchClient(s.client.ActiveConnection()).Watch(ctx,
+		grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
+	if err != nil {
+		return false
+	}
+	l := &link{poke: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.live = l
+	for w := range s.open {
+		if w.reg == nil && w.retryAt == nil {
+			s.createLocked(w)
+		}
+	}
+	s.mu.Unlock()
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		s.send(ctx, wc, l)
+	}()
+	defer func() {
+		cancel()
+		<-sent
+	}()
+	for {
+		resp, err := wc.Recv()
+		if err != nil {
+			return answered
+		}
+		answered = true
+		s.route(resp)
+	}
+}
+
+// send sends l's queued requests in order until ctx ends or a send fails.
+func (s *Stream) send(ctx context.Context, wc pb.Watch_WatchClient, l *link) {
+	for {
+		select {
+		case <-l.poke:
+		case <-ctx.Done():
+			return
+		}
+		s.mu.Lock()
+		reqs := l.queue
+		l.queue = nil
+		s.mu.Unlock()
+		for _, req := range reqs {
+			if wc.Send(req) != nil {
+				return
+			}
+		}
+	}
+}
+
+// route hands one response to the watch it is for.
+func (s *Stream) route(resp *pb.WatchResponse) {
+	s.mu.Lock()
+	w, it := s.routeLocked(resp)
+	inline := w != nil && s.postLocked(w, it)
+	s.mu.Unlock()
+	if inline {
+		w.drain()
+	}
+}
+
+// routeLocked finds the watch resp is for and what to post it; nil if
+// none (a watch that has left). s.mu is held.
+func (s *Stream) routeLocked(resp *pb.WatchResponse) (*Watch, item) {
+	if resp.Created {
+		if len(s.pending) == 0 {
+			return nil, item{}
+		}
+		r := s.pending[0]
+		s.pending = s.pending[1:]
+		switch {
+		case resp.Canceled && r.gone:
+			return nil, item{}
+		case resp.Canceled:
+			r.w.reg = nil
+			s.retryLocked(r.w)
+			return r.w, item{down: true, err: cancelErr(resp)}
+		case r.gone:
+			s.sendLocked(cancelReq(resp.WatchId))
+			return nil, item{}
+		}
+		r.id, r.created = resp.WatchId, true
+		s.byID[r.id] = r
+		r.w.retry.Reset()
+		return r.w, item{resp: resp, reg: r}
+	}
+	r := s.byID[resp.WatchId]
+	if r == nil {
+		return nil, item{} // cancelled by us: its down went with the cancel
+	}
+	if resp.Canceled { // by etcd, once up: compacted, say
+		delete(s.byID, r.id)
+		r.w.reg = nil
+		s.retryLocked(r.w)
+		return r.w, item{down: true}
+	}
+	return r.w, item{resp: resp, reg: r}
+}
+
+// fall takes every open watch down as the stream fails; final, as it
+// ends for good, also forgets them.
+func (s *Stream) fall(final bool) {
+	s.mu.Lock()
+	s.live, s.pending = nil, nil
+	clear(s.byID)
+	var downs []*Watch
+	for w := range s.open {
+		if w.reg != nil || final {
+			downs = append(downs, w)
+		}
+		w.reg = nil
+		if final && w.retryAt != nil {
+			w.retryAt.Stop()
+			w.retryAt = nil
+		}
+	}
+	if final {
+		clear(s.open)
+	}
+	for _, w := range downs {
+		s.postLocked(w, item{down: true}) // never inline: run has not ended
+	}
+	s.mu.Unlock()
+}
+
+// postLocked queues it for w's listeners and starts w's goroutine to
+// hand it on unless one is running. Once run has ended it reports true
+// instead: the caller hands it on (drain) with no mutex held. s.mu is
+// held.
+func (s *Stream) postLocked(w *Watch, it item) (inline bool) {
+	w.imu.Lock()
+	defer w.imu.Unlock()
+	w.inbox = append(w.inbox, it)
+	if w.draining {
+		return false
+	}
+	w.draining = true
+	if s.ended {
+		return true
+	}
+	s.drains.Add(1)
+	go func() {
+		defer s.drains.Done()
+		w.drain()
+	}()
+	return false
+}
+
+// cancelErr is why etcd cancelled a watch, as clientv3 reports it.
+func cancelErr(resp *pb.WatchResponse) error {
+	switch {
+	case resp.CompactRevision != 0:
+		return rpctypes.ErrCompacted
+	case resp.CancelReason != "":
+		return rpctypes.Error(status.Error(codes.FailedPrecondition, resp.CancelReason))
+	}
+	return rpctypes.ErrFutureRev
+}
