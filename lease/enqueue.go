@@ -81,6 +81,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		reads = append(reads, newestFirst(t.name+"/", 0, t.page()+1))
 	}
 	for tries := 0; ; tries++ {
+		seen := t.s.highest.Load()
 		resp, err := l.kw.Put(wctx, t.hold.value, reads...)
 		if err != nil {
 			return err
@@ -88,7 +89,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		if resp.Succeeded {
 			t.setToken(resp.Header.Revision)
 			t.s.probeKey.Store(t.key)
-			t.s.sawRevision(resp.Header.Revision)
+			t.s.sawRevision(seen, resp.Header.Revision)
 			l.queued(ctx, resp, mirrored)
 			return nil
 		}

@@ -27,8 +27,9 @@ type Lock struct {
 
 	// finished (Done) is closed once finish has run after t.ctx ended.
 	finished chan struct{}
-	// stopFinish keeps finish off a goroutine of its own, if not too late.
-	stopFinish func() bool
+	// finishRun is set by whoever runs finish, once: the one who ended the
+	// lock, or the session's end (Session.endLocks).
+	finishRun atomic.Bool
 
 	trace *CallHooks // the acquiring call's tracing hooks; nil for none
 
@@ -46,6 +47,7 @@ type Lock struct {
 // caller's API, the key's writes and the lock's end.
 type tracker struct {
 	s     *Session
+	l     *Lock // the handle, whose finish runs once the lock ends
 	name  string
 	key   string
 	token int64
@@ -192,7 +194,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	if mode == Read {
 		value = ReaderValue
 	}
-	t := &tracker{s: s, name: name, key: lockKey(name, s.id), mode: mode, w: w}
+	t := &tracker{s: s, name: name, key: w.own.Key(), mode: mode, w: w} // the key: one string per name
 	t.hold.value, t.hold.gate = value, release
 	pfx := name + "/"
 	t.q.Waiter = queue.NewWaiter(queue.NewRule(t.key, t.owns, t.blocksKV), queue.Config{
@@ -202,6 +204,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 		IsChild:    func(kv *mvccpb.KeyValue) bool { return isChildKey(pfx, kv) },
 	})
 	l := &Lock{t: t, trace: trace, kw: s.keyWrites(name, t.key)}
+	t.l = l
 	if err := l.start(); err != nil {
 		return nil, err
 	}
@@ -232,12 +235,11 @@ func (l *Lock) start() error {
 	t.ctx, t.cancel = context.WithCancelCause(t.s.ctx)
 	t.changed = make(chan struct{}, 1)
 	l.finished = make(chan struct{})
-	if err := t.s.track(); err != nil {
+	if err := t.s.trackLock(l); err != nil {
 		t.cancel(err)
 		l.leave()
 		return err
 	}
-	l.stopFinish = context.AfterFunc(t.ctx, l.finish)
 	t.listen()
 	return nil
 }
@@ -245,7 +247,7 @@ func (l *Lock) start() error {
 // finish stops the ended lock's events, hands on the gate, reports the end.
 func (l *Lock) finish() {
 	t := l.t
-	defer t.s.wg.Done()
+	defer t.s.untrackLock(l)
 	defer l.recordOwnLoss() // after Done has closed: the warning comes first
 	defer close(l.finished)
 	t.stopListening()

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,7 +50,23 @@ func (r *registry[V]) join(name string) (V, func(), error) {
 		e.idle.Stop()
 	}
 	e.users++
-	return e.v, sync.OnceFunc(func() { r.leave(name, e) }), nil
+	lv := &leaver[V]{r: r, name: name, e: e}
+	return e.v, lv.leave, nil
+}
+
+// leaver counts one user out of an entry, once (smaller than a
+// sync.OnceFunc, of which a session holding many names keeps one each).
+type leaver[V any] struct {
+	r    *registry[V]
+	name string
+	e    *entry[V]
+	done atomic.Bool
+}
+
+func (lv *leaver[V]) leave() {
+	if lv.done.CompareAndSwap(false, true) {
+		lv.r.leave(lv.name, lv.e)
+	}
 }
 
 func (r *registry[V]) leave(name string, e *entry[V]) {

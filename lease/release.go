@@ -203,9 +203,18 @@ func (l *Lock) end(cause error) {
 // cancelWith ends the lock's context and reports whether finish is left
 // to the caller: it saves a goroutine and a wake-up on every release.
 func (l *Lock) cancelWith(cause error) (finishHere bool) {
-	finishHere = l.stopFinish()
+	finishHere = l.finishRun.CompareAndSwap(false, true)
 	l.t.cancel(cause)
 	return finishHere
+}
+
+// finishLater runs finish on a goroutine of its own once the lock's
+// context has ended, unless someone runs it already. Session.Close waits
+// for it (trackLock).
+func (l *Lock) finishLater() {
+	if l.finishRun.CompareAndSwap(false, true) {
+		go l.finish()
+	}
 }
 
 // finishOrWait runs finish if left to the caller, or waits for it.

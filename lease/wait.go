@@ -63,6 +63,7 @@ func (t *tracker) keyGoneLocked() {
 		return
 	}
 	t.cancel(ErrKeyDeleted) // reported, with every other end, by reportEnd
+	t.l.finishLater()
 }
 
 // look asks the lock's waiter for its next step (queue.Waiter.Next),

@@ -73,11 +73,11 @@ type coverage struct {
 	over      Epoch // generations below this are over: news of their up may come after their down
 	start     int64
 	progress  int64
-	coversOwn bool            // its range holds the own key
-	keys      map[string]bool // the keys it covers; nil for the whole queue
+	coversOwn bool     // its range holds the own key
+	keys      []string // the keys it covers; nil for the whole queue
 }
 
-func (c *coverage) covers(key string) bool { return c.keys == nil || c.keys[key] }
+func (c *coverage) covers(key string) bool { return c.keys == nil || slices.Contains(c.keys, key) }
 
 // Base is the revision of the snapshot the view rests on; 0 before the
 // first.
@@ -130,8 +130,7 @@ const (
 )
 
 func NewRule(key string, owns, blocks func(*mvccpb.KeyValue) bool) *Rule {
-	return &Rule{key: key, owns: owns, blocks: blocks,
-		ahead: map[string]*Ahead{}, removed: map[string]int64{}, gone: map[string][]int64{}, sources: map[Source]*coverage{}}
+	return &Rule{key: key, owns: owns, blocks: blocks} // maps made at their first write
 }
 
 // SetToken records the own key's creation revision, at which it is this
@@ -245,11 +244,14 @@ func (k *Rule) sawGone(key string, rev int64) {
 	}
 	ds := k.gone[key]
 	if i, found := slices.BinarySearch(ds, rev); !found {
+		if k.gone == nil {
+			k.gone = map[string][]int64{}
+		}
 		k.gone[key] = slices.Insert(ds, i, rev)
 	}
 	if _, ok := k.ahead[key]; ok {
 		delete(k.ahead, key)
-		k.removed[key] = rev
+		k.removed[key] = rev // made with ahead (Snapshot)
 	} else if d, ok := k.removed[key]; ok && rev < d {
 		k.removed[key] = rev
 	}
@@ -270,10 +272,10 @@ func (k *Rule) Listen(keys []string, coversOwn bool) Source {
 	k.serial++
 	c := &coverage{coversOwn: coversOwn}
 	if keys != nil {
-		c.keys = make(map[string]bool, len(keys))
-		for _, key := range keys {
-			c.keys[key] = true
-		}
+		c.keys = slices.Clip(keys) // a few keys at most: a map cost a lock 0.2 KB each
+	}
+	if k.sources == nil {
+		k.sources = map[Source]*coverage{}
 	}
 	k.sources[k.serial] = c
 	return k.serial

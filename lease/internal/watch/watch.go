@@ -44,9 +44,11 @@ type Watch struct {
 	seenRev atomic.Int64
 
 	mu       sync.Mutex
-	up       chan struct{} // closed while the watch is up; replaced when it goes down
-	refused  chan struct{} // closed when etcd refuses the watch (refusal says why)
-	refusal  error
+	// news is closed (and forgotten) when the watch comes up or etcd
+	// refuses it; made by the first to wait (UpEpoch), so that a watch
+	// nobody waits on costs no channel.
+	news     chan struct{}
+	refusal  error // why etcd refused the watch, once it did
 	subs     []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
 	copySubs []subscriber // locks that hear the watch's events through its copy (viaCopy): downs only
 	paused   bool         // the watch is off until resume
@@ -157,7 +159,7 @@ func (w *Watch) leave() {
 // Stop is called. A paused one has no etcd watch until Resume.
 func Start(c Config) (*Watch, error) {
 	w := &Watch{stream: c.Stream, key: c.Key, copy: c.Copy, restAfter: c.RestAfter,
-		up: make(chan struct{}), refused: make(chan struct{}), paused: c.Paused,
+		paused: c.Paused,
 		retry: backoff.New(50*time.Millisecond, time.Second)}
 	if c.Prefix {
 		w.rangeEnd = []byte(clientv3.GetPrefixRangeEnd(c.Key))
@@ -223,7 +225,7 @@ func (w *Watch) isUp(ctx context.Context) bool {
 	w.mu.Lock()
 	if !w.Epoch().Up() {
 		w.epoch.Add(1)
-		close(w.up)
+		w.tellLocked()
 	}
 	epoch := w.Epoch()
 	w.mu.Unlock()
@@ -249,7 +251,16 @@ func (w *Watch) refuseIf(err error) {
 	defer w.mu.Unlock()
 	if w.refusal == nil {
 		w.refusal = err
-		close(w.refused)
+		w.tellLocked()
+	}
+}
+
+// tellLocked wakes whoever waits for the watch to come up (UpEpoch).
+// w.mu is held.
+func (w *Watch) tellLocked() {
+	if w.news != nil {
+		close(w.news)
+		w.news = nil
 	}
 }
 
@@ -258,7 +269,6 @@ func (w *Watch) down() {
 	w.mu.Lock()
 	if w.Epoch().Up() {
 		w.epoch.Add(1)
-		w.up = make(chan struct{})
 	}
 	epoch := w.Epoch()
 	w.mu.Unlock()
@@ -427,19 +437,25 @@ func (w *Watch) UpEpoch(ctx context.Context, l Listener) (queue.Epoch, error) {
 	w.Resume()
 	for {
 		w.mu.Lock()
-		up := w.up
+		if epoch := w.Epoch(); epoch.Up() {
+			w.mu.Unlock()
+			return epoch, nil
+		}
+		if err := w.refusal; err != nil {
+			w.mu.Unlock()
+			return 0, err
+		}
+		if w.news == nil {
+			w.news = make(chan struct{})
+		}
+		news := w.news
 		w.mu.Unlock()
 		select {
-		case <-up:
-		case <-w.refused:
-			return 0, w.refusal
+		case <-news:
 		case <-l.Done():
 			return 0, l.Cause()
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		}
-		if epoch := w.Epoch(); epoch.Up() {
-			return epoch, nil
 		}
 	}
 }
