@@ -43,6 +43,9 @@ const manyFanOut = 1000
 // etcd's share: the keys and, for leasefence, a watcher per lock. n =
 // 100,000 takes minutes; -short skips it.
 func BenchmarkManyLocks(b *testing.B) {
+	if *heldProfile != "" {
+		runtime.MemProfileRate = 1 // every allocation, for a profile per lock
+	}
 	sizes := []int{10000, 100000}
 	if *manyN > 0 {
 		sizes = []int{*manyN}

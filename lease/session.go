@@ -440,7 +440,13 @@ func (s *Session) endLocks() {
 		ls = append(ls, l)
 	}
 	s.mu.Unlock()
+	// The session's context cancels each lock's, but perhaps not yet: it
+	// runs this hook and cancels its children in no set order. A lock's
+	// Done must not close before its Err is set, so end each here first,
+	// with the same cause.
+	cause := context.Cause(s.ctx)
 	for _, l := range ls {
+		l.t.cancel(cause)
 		l.finishLater()
 	}
 }

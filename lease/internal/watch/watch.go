@@ -350,7 +350,8 @@ type Listener interface {
 	Down(src queue.Source, epoch queue.Epoch)
 	// Unsubscribed says that w, stopped for good, ended the subscription.
 	Unsubscribed(w *Watch)
-	// Done is closed once the subscriber has ended, with Cause saying why.
+	// Done is closed once the subscriber has ended; Cause is nil until
+	// then, and then says why.
 	Done() <-chan struct{}
 	Cause() error
 	// SubscribeTo subscribes the lock to w (a follow watch), unless it is
@@ -367,12 +368,9 @@ type subscriber struct {
 
 // ended tells whether l has ended.
 func ended(l Listener) bool {
-	select {
-	case <-l.Done():
-		return true
-	default:
-		return false
-	}
+	// Not through Done: a held lock that nobody waits on would make its
+	// channel only for this (0.1 KB).
+	return l.Cause() != nil
 }
 
 // subscribers lists the subscribers to the watch's events, and with
