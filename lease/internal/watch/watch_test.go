@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
@@ -12,7 +12,7 @@ import (
 // lock is a Listener that only ends.
 type lock struct{ ctx context.Context }
 
-func (l *lock) Events(*Watch, queue.Source, []*clientv3.Event, queue.Epoch) {}
+func (l *lock) Events(*Watch, queue.Source, []*mvccpb.Event, queue.Epoch) {}
 
 func (l *lock) Up(context.Context, *Watch, queue.Source, queue.Epoch, int64) error { return nil }
 
