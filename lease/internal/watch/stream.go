@@ -167,18 +167,25 @@ func (s *Stream) restart(w *Watch, r *reg) {
 }
 
 // retryLocked creates w again after its backoff, if it is still wanted
-// then. s.mu is held.
+// then: on the live stream, or else on the next (serve creates each open
+// watch with no retry due). s.mu is held.
 func (s *Stream) retryLocked(w *Watch) {
 	if w.retryAt != nil {
 		w.retryAt.Stop()
 	}
-	w.retryAt = time.AfterFunc(w.retry.Next(), func() {
+	var t *time.Timer
+	t = time.AfterFunc(w.retry.Next(), func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if _, ok := s.open[w]; ok && w.reg == nil && !s.ended {
+		if w.retryAt != t {
+			return // stopped, or replaced by a later retry
+		}
+		w.retryAt = nil
+		if _, ok := s.open[w]; ok && w.reg == nil && s.live != nil && !s.ended {
 			s.createLocked(w)
 		}
 	})
+	w.retryAt = t
 }
 
 // run keeps the stream open until its context ends, opening it again

@@ -1,0 +1,205 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/etcdproc"
+	"github.com/leasefence/leasefence/lease/internal/queue"
+)
+
+// owner counts a stream's goroutines.
+type owner struct{ wg sync.WaitGroup }
+
+func (o *owner) Track() error { o.wg.Add(1); return nil }
+func (o *owner) Untrack()     { o.wg.Done() }
+
+// recorder is a Listener that records what it hears, and fails the first
+// failUps calls of Up.
+type recorder struct {
+	ctx context.Context
+
+	mu      sync.Mutex
+	failUps int
+	ups     int
+	downs   int
+	keys    []string // keys of the events heard
+	upc     chan struct{}
+	onUp    func() // called (once) at the first Up, before it answers
+}
+
+func newRecorder(ctx context.Context) *recorder {
+	return &recorder{ctx: ctx, upc: make(chan struct{}, 100)}
+}
+
+func (r *recorder) Events(_ *Watch, _ queue.Source, evs []*mvccpb.Event, _ queue.Epoch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range evs {
+		r.keys = append(r.keys, string(ev.Kv.Key))
+	}
+}
+
+func (r *recorder) Up(context.Context, *Watch, queue.Source, queue.Epoch, int64) error {
+	r.mu.Lock()
+	r.ups++
+	fail := r.failUps > 0
+	if fail {
+		r.failUps--
+	}
+	onUp := r.onUp
+	r.onUp = nil
+	r.mu.Unlock()
+	if onUp != nil {
+		onUp()
+	}
+	if fail {
+		return errors.New("cannot catch up")
+	}
+	r.upc <- struct{}{}
+	return nil
+}
+
+func (r *recorder) Down(queue.Source, queue.Epoch) {
+	r.mu.Lock()
+	r.downs++
+	r.mu.Unlock()
+}
+
+func (r *recorder) Unsubscribed(*Watch)            {}
+func (r *recorder) Done() <-chan struct{}          { return r.ctx.Done() }
+func (r *recorder) Cause() error                   { return context.Cause(r.ctx) }
+func (r *recorder) SubscribeTo(*Watch) queue.Epoch { return 0 }
+
+func (r *recorder) heard() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.keys...)
+}
+
+// waitUp waits until r hears a successful Up.
+func (r *recorder) waitUp(t *testing.T, what string, d time.Duration) {
+	t.Helper()
+	select {
+	case <-r.upc:
+	case <-time.After(d):
+		t.Fatalf("%s: not up within %v", what, d)
+	}
+}
+
+// member starts one etcd process of the test's own, which it may kill.
+func member(t *testing.T) (*etcdproc.Proc, *clientv3.Client) {
+	t.Helper()
+	ctx := etcdproc.Ctx(t, 5*time.Minute)
+	bin, err := etcdproc.Binary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := etcdproc.StartProcesses(ctx, bin, t.TempDir(), 1, 100, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.Members[0], etcdproc.Client(t, c.Endpoints())
+}
+
+// streamT makes a stream that ends, and is waited for, when the test ends.
+func streamT(t *testing.T, cli *clientv3.Client) *Stream {
+	ctx, cancel := context.WithCancel(context.Background())
+	o := &owner{}
+	s := NewStream(clientv3.WithRequireLeader(ctx), cli, o)
+	t.Cleanup(func() { cancel(); o.wg.Wait() })
+	return s
+}
+
+func subscribe(w *Watch, r *recorder) {
+	w.Subscribe(r, false, func() queue.Source { return 1 })
+}
+
+// A watch that had to start over once (a listener could not catch up)
+// still comes up again after the stream fails and is opened anew.
+func TestWatchUpAgainAfterRestartAndStreamFailure(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	proc, cli := member(t)
+	s := streamT(t, cli)
+	r := newRecorder(context.Background())
+	r.failUps = 1
+	w, err := Start(Config{Stream: s, Key: "k", Paused: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	subscribe(w, r)
+	w.Resume()
+	r.waitUp(t, "after one failed Up", 10*time.Second)
+
+	proc.Kill()
+	if err := proc.Restart(etcdproc.Ctx(t, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	r.waitUp(t, "after etcd restarted", 20*time.Second)
+}
+
+// A retry that falls due while the stream is down creates nothing: on the
+// next stream, each create's answer goes to its own watch.
+func TestRetryWhileStreamDownDoesNotMisroute(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	proc, cli := member(t)
+	s := streamT(t, cli)
+	a, b := newRecorder(context.Background()), newRecorder(context.Background())
+	wa, err := Start(Config{Stream: s, Key: "a", Paused: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wa.Stop()
+	wb, err := Start(Config{Stream: s, Key: "b", Paused: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wb.Stop()
+	subscribe(wa, a)
+	subscribe(wb, b)
+	wb.Resume()
+	b.waitUp(t, "b", 10*time.Second)
+
+	// a's first Up fails, and etcd dies just after: a starts over after
+	// its backoff (50 ms), which falls due while the stream is down.
+	killed := make(chan struct{})
+	a.failUps = 1
+	a.onUp = func() {
+		go func() {
+			defer close(killed)
+			time.Sleep(10 * time.Millisecond)
+			proc.Kill()
+		}()
+	}
+	wa.Resume()
+	<-killed
+	time.Sleep(time.Second)
+	if err := proc.Restart(etcdproc.Ctx(t, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	a.waitUp(t, "a after etcd restarted", 20*time.Second)
+
+	ctx := etcdproc.Ctx(t, 10*time.Second)
+	for _, k := range []string{"a", "b"} {
+		if _, err := cli.Put(ctx, k, "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && (len(a.heard()) == 0 || len(b.heard()) == 0) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := fmt.Sprint(a.heard(), b.heard()); got != "[a] [b]" {
+		t.Fatalf("a heard, b heard = %s, want [a] [b]", got)
+	}
+	b.waitUp(t, "b after etcd restarted", time.Second)
+}
