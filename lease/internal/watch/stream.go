@@ -91,9 +91,11 @@ func (s *Stream) add(w *Watch) error {
 	return nil
 }
 
-// remove no longer wants w open, and cancels its etcd watch. It reports
-// whether w was open: the caller then posts its down. w.mu is held.
-func (s *Stream) remove(w *Watch) bool {
+// remove no longer wants w open: it cancels w's etcd watch and queues
+// its down, in one step, so that no answer to a later creation can come
+// before it. It reports true if the caller must hand the down on
+// (postLocked), with no mutex held. w.mu is held.
+func (s *Stream) remove(w *Watch) (inline bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.open[w]; !ok {
@@ -105,7 +107,7 @@ func (s *Stream) remove(w *Watch) bool {
 		w.retryAt = nil
 	}
 	s.dropLocked(w)
-	return true
+	return s.postLocked(w, item{down: true})
 }
 
 // dropLocked ends w's creation on the live stream, if any. s.mu is held.

@@ -203,3 +203,30 @@ func TestRetryWhileStreamDownDoesNotMisroute(t *testing.T) {
 	}
 	b.waitUp(t, "b after etcd restarted", time.Second)
 }
+
+// Pause and Resume at once leave the watch either paused or open, never
+// neither (unpaused with no etcd watch wanted, which nothing reopens).
+func TestPauseResumeRace(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli, _ := etcdproc.Unanswered(t)
+	s := streamT(t, cli)
+	w, err := Start(Config{Stream: s, Key: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for i := range 20000 {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); w.Pause() }()
+		go func() { defer wg.Done(); w.Resume() }()
+		wg.Wait()
+		w.Resume()
+		s.mu.Lock()
+		_, open := s.open[w]
+		s.mu.Unlock()
+		if !w.Paused() && !open {
+			t.Fatalf("round %d: the watch is neither paused nor open", i)
+		}
+	}
+}

@@ -136,20 +136,8 @@ func (w *Watch) Stop() {
 		return
 	}
 	w.stopped = true
+	inline := w.stream.remove(w)
 	w.mu.Unlock()
-	w.leave()
-}
-
-// leave takes the watch off its stream and hands on its down, if it was
-// open.
-func (w *Watch) leave() {
-	s := w.stream
-	if !s.remove(w) {
-		return
-	}
-	s.mu.Lock()
-	inline := s.postLocked(w, item{down: true})
-	s.mu.Unlock()
 	if inline {
 		w.drain()
 	}
@@ -290,6 +278,7 @@ func (w *Watch) down() {
 }
 
 // Pause closes the watch until Resume, and reports whether it was open.
+// It takes the watch off its stream before a Resume can see it paused.
 func (w *Watch) Pause() bool {
 	w.mu.Lock()
 	if w.paused || w.stopped {
@@ -297,8 +286,11 @@ func (w *Watch) Pause() bool {
 		return false
 	}
 	w.paused = true
+	inline := w.stream.remove(w)
 	w.mu.Unlock()
-	w.leave()
+	if inline {
+		w.drain()
+	}
 	return true
 }
 
