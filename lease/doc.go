@@ -118,6 +118,11 @@
 // first 50 ms only at their end. A put on the lock key made with the
 // session's own lease ID is not told apart from the holder's own.
 //
+// The client must reach etcd itself, not etcd's gRPC proxy: the proxy
+// answers watch requests out of the order the library checks for, so a
+// lock that has to wait can wait for ever rather than be granted on
+// news it cannot place.
+//
 // Tokens compare only within one lock name. Restoring etcd from a
 // snapshot moves revisions, and so tokens, backwards unless the restore
 // bumps them (etcdutl snapshot restore --bump-revision N

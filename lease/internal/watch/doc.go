@@ -12,16 +12,20 @@
 // that revision misses nothing.
 //
 // A watch hands on what it hears (Events, Up, Down, Unsubscribed) and
-// feeds its Copy on its own goroutine. Lock order: a listener may hold its
-// own mutex while it calls into a Watch or Follows (to subscribe, say, or
-// read an epoch); neither holds a mutex of its own while it calls a
-// listener's methods (but Done, which must take none) or the Copy. A
-// listener that has ended (Done) is never subscribed again, and a watch
-// stopped for good ends each subscription (Unsubscribed) and sends
-// nothing more.
+// feeds its Copy in order, one thing at a time, on a goroutine that runs
+// only while it has something to hand on. Lock order: a listener may hold
+// its own mutex while it calls into a Watch or Follows (to subscribe, say,
+// or read an epoch); neither holds a mutex of its own while it calls a
+// listener's methods (but Done and Cause, which must take none of the
+// listener's) or the Copy. A listener that has ended (Cause not nil) is
+// never subscribed again, and a watch stopped for good ends each
+// subscription (Unsubscribed) and sends nothing more.
 //
-// A paused watch has no etcd watch and, until first resumed, no
-// goroutine; its Owner registers each goroutine it starts, and RestAfter
+// Every watch of an owner (a session, or a Keeper) rides the owner's
+// Stream: one gRPC watch stream to etcd, served by two goroutines however
+// many watches are open. A watch costs no goroutine of its own. When the
+// stream fails, each open watch goes down and comes up again, in a new
+// epoch, on the next stream. A paused watch has no etcd watch; RestAfter
 // locks in a row that did not need it pause it. Follows keeps a bounded
 // set of watches of single keys, closing the least recently used.
 package watch

@@ -25,9 +25,12 @@ import (
 // only while it has something to hand on.
 //
 // etcd answers creates on a stream in the order they were sent (one
-// receive loop, one control queue), a refused one with watch ID -1, and
-// holds a new watch's events until its creation is answered: so the
-// oldest create not yet answered is the one an answer is for.
+// receive loop, one control queue), a refused one with watch ID -1 or the
+// ID asked for (by version), and holds a new watch's events until its
+// creation is answered: so the oldest create not yet answered is the one
+// an answer is for. Each create asks for an ID of its own (etcd 3.4 on
+// grant it), and an answer that gives another one proves the order
+// broken: the stream starts over rather than route by it.
 //
 // When the stream fails, every open watch goes down and is created anew,
 // with no start revision, on the next stream, after a backoff: it comes
@@ -44,6 +47,7 @@ type Stream struct {
 	open    map[*Watch]struct{} // watches wanted open
 	byID    map[int64]*reg      // created on the live stream, by etcd's ID
 	pending []*reg              // creates sent on the live stream, not answered yet
+	lastID  int64               // the last watch ID asked for: IDs are never reused
 	live    *link               // the stream up now; nil while none
 	drains  sync.WaitGroup      // watches' goroutines handing on (post)
 }
@@ -51,9 +55,41 @@ type Stream struct {
 // reg is one creation of a watch on a stream.
 type reg struct {
 	w       *Watch
-	id      int64 // etcd's watch ID (the first on a stream is 0), once created
+	id      int64 // the watch ID asked for, and given once created
 	created bool  // etcd has answered the create
 	gone    bool  // the watch left before etcd answered: cancel it then
+	// upping ends the reads its subscribers and copy make as it comes up
+	// (upContext), when it goes down; nil but meanwhile.
+	upping context.CancelFunc
+}
+
+// endUp ends the reads of r's coming up, if any. Stream.mu is held.
+func (r *reg) endUp() {
+	if r.upping != nil {
+		r.upping()
+		r.upping = nil
+	}
+}
+
+// upContext is the context of the reads that r's coming up makes
+// (Listener.Up, Copy.Load): it ends when r goes down, as a pause or the
+// stream's failure makes a read for a watch no longer there pointless.
+// Call done when they are over.
+func (s *Stream) upContext(r *reg) (ctx context.Context, done func()) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.mu.Lock()
+	if r.w.reg == r {
+		r.upping = cancel
+	} else {
+		cancel() // down already
+	}
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		r.upping = nil
+		s.mu.Unlock()
+		cancel()
+	}
 }
 
 // link is one gRPC stream's queue of requests to send.
@@ -117,6 +153,7 @@ func (s *Stream) dropLocked(w *Watch) {
 		return
 	}
 	w.reg = nil
+	r.endUp()
 	if !r.created {
 		r.gone = true // cancelled when etcd answers the create
 		return
@@ -127,11 +164,12 @@ func (s *Stream) dropLocked(w *Watch) {
 
 // createLocked sends w's create on the live stream. s.mu is held.
 func (s *Stream) createLocked(w *Watch) {
-	r := &reg{w: w}
+	s.lastID++
+	r := &reg{w: w, id: s.lastID}
 	w.reg = r
 	s.pending = append(s.pending, r)
 	s.sendLocked(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
-		Key: []byte(w.key), RangeEnd: w.rangeEnd,
+		Key: []byte(w.key), RangeEnd: w.rangeEnd, WatchId: r.id,
 	}}})
 }
 
@@ -245,7 +283,9 @@ func (s *Stream) serve() (answered bool) {
 			return answered
 		}
 		answered = true
-		s.route(resp)
+		if !s.route(resp) {
+			return answered // an answer out of order: start over on a new stream
+		}
 	}
 }
 
@@ -270,41 +310,57 @@ func (s *Stream) send(ctx context.Context, wc pb.Watch_WatchClient, l *link) {
 }
 
 // route hands one response to the watch it is for.
-func (s *Stream) route(resp *pb.WatchResponse) {
+// It reports false for a created answer that is not for the oldest create
+// unanswered: what passes for etcd (its gRPC proxy, which answers
+// creates as they complete) does not keep the order the routing rests
+// on, and the stream must not be trusted.
+func (s *Stream) route(resp *pb.WatchResponse) bool {
 	s.mu.Lock()
-	w, it := s.routeLocked(resp)
+	w, it, ok := s.routeLocked(resp)
 	inline := w != nil && s.postLocked(w, it)
 	s.mu.Unlock()
 	if inline {
 		w.drain()
 	}
+	return ok
 }
 
 // routeLocked finds the watch resp is for and what to post it; nil if
-// none (a watch that has left). s.mu is held.
-func (s *Stream) routeLocked(resp *pb.WatchResponse) (*Watch, item) {
-	if resp.Created {
-		if len(s.pending) == 0 {
-			return nil, item{}
-		}
-		r := s.pending[0]
-		s.pending = s.pending[1:]
-		switch {
-		case resp.Canceled && r.gone:
-			return nil, item{}
-		case resp.Canceled:
-			r.w.reg = nil
-			s.retryLocked(r.w)
-			return r.w, item{down: true, err: cancelErr(resp)}
-		case r.gone:
-			s.sendLocked(cancelReq(resp.WatchId))
-			return nil, item{}
-		}
-		r.id, r.created = resp.WatchId, true
-		s.byID[r.id] = r
-		r.w.retry.Reset()
-		return r.w, item{resp: resp, reg: r}
+// none (a watch that has left). ok is false for an answer out of order
+// (route). s.mu is held.
+func (s *Stream) routeLocked(resp *pb.WatchResponse) (w *Watch, it item, ok bool) {
+	if !resp.Created {
+		w, it = s.eventsLocked(resp)
+		return w, it, true
 	}
+	if len(s.pending) == 0 {
+		return nil, item{}, false
+	}
+	r := s.pending[0]
+	if !resp.Canceled && resp.WatchId != r.id {
+		return nil, item{}, false
+	}
+	s.pending = s.pending[1:]
+	switch {
+	case resp.Canceled && r.gone:
+		return nil, item{}, true
+	case resp.Canceled:
+		r.w.reg = nil
+		s.retryLocked(r.w)
+		return r.w, item{down: true, err: cancelErr(resp)}, true
+	case r.gone:
+		s.sendLocked(cancelReq(r.id))
+		return nil, item{}, true
+	}
+	r.created = true
+	s.byID[r.id] = r
+	r.w.retry.Reset()
+	return r.w, item{resp: resp, reg: r}, true
+}
+
+// eventsLocked finds the watch of an answer other than a create's:
+// events, or etcd's cancel. s.mu is held.
+func (s *Stream) eventsLocked(resp *pb.WatchResponse) (*Watch, item) {
 	r := s.byID[resp.WatchId]
 	if r == nil {
 		return nil, item{} // cancelled by us: its down went with the cancel
@@ -328,6 +384,9 @@ func (s *Stream) fall(final bool) {
 	for w := range s.open {
 		if w.reg != nil || final {
 			downs = append(downs, w)
+		}
+		if w.reg != nil {
+			w.reg.endUp()
 		}
 		w.reg = nil
 		if final && w.retryAt != nil {

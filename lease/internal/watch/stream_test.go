@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -228,5 +229,41 @@ func TestPauseResumeRace(t *testing.T) {
 		if !w.Paused() && !open {
 			t.Fatalf("round %d: the watch is neither paused nor open", i)
 		}
+	}
+}
+
+// TestCreatedAnswerOutOfOrderResetsStream: a created answer that gives a
+// watch ID other than the one the oldest unanswered create asked for (what
+// a server that answers creates out of order would send) is not routed:
+// route reports it, and the stream starts over. A refusal (ID -1) still
+// goes to the oldest create, and one in order is routed to its watch.
+func TestCreatedAnswerOutOfOrderResetsStream(t *testing.T) {
+	s := NewStream(context.Background(), nil, &owner{})
+	a, b := &Watch{stream: s, key: "a"}, &Watch{stream: s, key: "b"}
+	s.mu.Lock()
+	s.live = &link{poke: make(chan struct{}, 1)}
+	s.createLocked(a)
+	s.createLocked(b)
+	ida, idb := a.reg.id, b.reg.id
+	s.mu.Unlock()
+	if ida == idb {
+		t.Fatalf("two creates asked for the same watch ID %d", ida)
+	}
+	ans := func(id int64, refused bool) *pb.WatchResponse {
+		return &pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, WatchId: id, Created: true, Canceled: refused}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w, _, ok := s.routeLocked(ans(idb, false)); ok || w != nil {
+		t.Fatalf("b's answer while a's is due: routed to %v, ok %v; want refused", w, ok)
+	}
+	if w, it, ok := s.routeLocked(ans(-1, true)); !ok || w != a || !it.down {
+		t.Fatalf("a refusal: routed to %v (down %v), ok %v; want a's down", w, it.down, ok)
+	}
+	if w, it, ok := s.routeLocked(ans(idb, false)); !ok || w != b || it.resp == nil {
+		t.Fatalf("b's answer in order: routed to %v, ok %v; want b", w, ok)
+	}
+	if a.retryAt != nil {
+		a.retryAt.Stop()
 	}
 }

@@ -43,12 +43,12 @@ type Watch struct {
 	// before): a lock that subscribes later reads at least this revision.
 	seenRev atomic.Int64
 
-	mu       sync.Mutex
+	mu sync.Mutex
 	// news is closed (and forgotten) when the watch comes up or etcd
 	// refuses it; made by the first to wait (UpEpoch), so that a watch
 	// nobody waits on costs no channel.
 	news     chan struct{}
-	refusal  error // why etcd refused the watch, once it did
+	refusal  error        // why etcd refused the watch, once it did
 	subs     []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
 	copySubs []subscriber // locks that hear the watch's events through its copy (viaCopy): downs only
 	paused   bool         // the watch is off until resume
@@ -148,7 +148,7 @@ func (w *Watch) Stop() {
 func Start(c Config) (*Watch, error) {
 	w := &Watch{stream: c.Stream, key: c.Key, copy: c.Copy, restAfter: c.RestAfter,
 		paused: c.Paused,
-		retry: backoff.New(50*time.Millisecond, time.Second)}
+		retry:  backoff.New(50*time.Millisecond, time.Second)}
 	if c.Prefix {
 		w.rangeEnd = []byte(clientv3.GetPrefixRangeEnd(c.Key))
 	}
@@ -192,8 +192,10 @@ func (w *Watch) handOn(it item) {
 	w.seenRev.Store(max(w.seenRev.Load(), resp.Header.Revision))
 	if resp.Created {
 		w.upRev.Store(resp.Header.Revision)
-		ctx := w.stream.ctx
-		if !w.isUp(ctx) || (w.copy != nil && !w.copy.Load(ctx, w.stream.client, w.key, resp.Header.Revision, w.Epoch())) {
+		ctx, done := w.stream.upContext(it.reg)
+		caughtUp := w.isUp(ctx) && (w.copy == nil || w.copy.Load(ctx, w.stream.client, w.key, resp.Header.Revision, w.Epoch()))
+		done()
+		if !caughtUp {
 			w.stream.restart(w, it.reg)
 		}
 		return
