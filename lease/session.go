@@ -58,6 +58,8 @@ type Session struct {
 	gates  registry[*gate]    // makes locks of one name on this session take turns
 	locks  map[*Lock]struct{} // every lock not finished (trackLock); mu guards it
 	stream *watch.Stream      // carries the session's watches
+	// rechecks batches held locks' reads of their keys (recheck).
+	rechecks rechecks
 
 	wg sync.WaitGroup // every lock monitor and revision check
 
@@ -114,6 +116,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		deadline:  localDeadline(sent, granted),
 	}
 	s.gates.open, s.gates.shut = s.openGate, func(g *gate) { g.w.stop() }
+	s.rechecks.s = s
 	if err := s.recordOwner(ctx, o); err != nil {
 		s.revoke()
 		return nil, failed("session", err)

@@ -142,3 +142,8 @@ const observerResync = 2 * time.Second
 // TestLockDelayAfterExpiry saw the record lapse 1.9985 s after a 2 s
 // delay's key expiry without it.
 const delayLeaseMargin = time.Second
+
+// recheckBatch is how many held locks' reads of their keys go in one
+// transaction (rechecks): etcd refuses a transaction of more than
+// --max-txn-ops operations, 128 by default.
+const recheckBatch = 128

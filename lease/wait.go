@@ -368,9 +368,7 @@ func (t *tracker) recheck(ctx context.Context) error {
 	if !held {
 		return nil // a waiter reads its view again itself
 	}
-	rctx, cancel := context.WithTimeout(ctx, t.s.ttl)
-	defer cancel()
-	kv, rev, err := t.readOwnKey(rctx, t.w.own.UpRev())
+	kv, rev, err := t.s.rechecks.read(ctx, t.key, max(t.w.own.UpRev(), t.token))
 	if err != nil {
 		return err
 	}

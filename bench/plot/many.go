@@ -22,10 +22,10 @@ var (
 	manyServer = []string{"process", "embedded"}
 )
 
-const manyBenchmarks = "BenchmarkManyLocks|BenchmarkClientWatchCost"
+const manyBenchmarks = "BenchmarkManyLocks|BenchmarkClientWatchCost|BenchmarkDeletionSeen"
 
-func manyName(n int, take, impl string) string {
-	return fmt.Sprintf("BenchmarkManyLocks/n=%d/take=%s/impl=%s", n, take, impl)
+func manyName(n int, server, take, impl string) string {
+	return fmt.Sprintf("BenchmarkManyLocks/n=%d/server=%s/take=%s/impl=%s", n, server, take, impl)
 }
 
 // runMany runs the many-locks benchmarks into out/manylocks.txt, or reads
@@ -47,7 +47,7 @@ func runMany(out, from string, count int, benchtime string) error {
 // each implementation and way of taking them.
 func drawMany(r results, path string) error {
 	p := plot.New()
-	p.Title.Text = "Memory per lock held, one session (one embedded etcd, its share included; fsync off)"
+	p.Title.Text = "Memory per lock held, one session (etcd in a process of its own; fsync off)"
 	p.X.Label.Text = "locks held at once"
 	p.Y.Label.Text = "heap + stack per lock"
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.ConstantTicks([]plot.Tick{{Value: 1e4, Label: "10,000"}, {Value: 1e5, Label: "100,000"}})
@@ -59,7 +59,7 @@ func drawMany(r results, path string) error {
 		for _, take := range manyTakes {
 			var xys plotter.XYs
 			for _, n := range manySizes {
-				if v, ok := r.median(manyName(n, take, im.impl), "totalB/lock"); ok && v > 0 {
+				if v, ok := r.median(manyName(n, "process", take, im.impl), "totalB/lock"); ok && v > 0 {
 					xys = append(xys, plotter.XY{X: float64(n), Y: v})
 				}
 			}
@@ -76,20 +76,22 @@ func drawMany(r results, path string) error {
 // manyTable is the figures as Markdown: per lock held, then per watch.
 func manyTable(r results) string {
 	var b strings.Builder
-	b.WriteString("| locks | take | impl | time to take all | goroutines/lock | heap/lock | stack/lock | total/lock |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| locks | etcd | take | impl | time to take all | goroutines/lock | heap/lock | stack/lock | total/lock |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, n := range manySizes {
-		for _, take := range manyTakes {
-			for _, im := range manyImpls {
-				name := manyName(n, take, im.impl)
-				took, ok := r.median(name, "s-to-take-all")
-				if !ok {
-					continue
+		for _, server := range manyServer {
+			for _, take := range manyTakes {
+				for _, im := range manyImpls {
+					manyRow(&b, r, n, server, take, im.impl, im.label)
 				}
-				fmt.Fprintf(&b, "| %d | %s | %s | %.1f s | %s | %s | %s | %s |\n", n, take, im.label, took,
-					figure(r, name, "goroutines/lock", "%.2f"), kb(r, name, "heapB/lock"),
-					kb(r, name, "stackB/lock"), kb(r, name, "totalB/lock"))
 			}
+		}
+	}
+	b.WriteString("\n| other locks held | deletion seen, p50 | p99 |\n|---|---|---|\n")
+	for _, held := range []int{1, 10000} {
+		name := fmt.Sprintf("BenchmarkDeletionSeen/held=%d", held)
+		if _, ok := r.median(name, "p50-µs"); ok {
+			fmt.Fprintf(&b, "| %d | %s µs | %s µs |\n", held-1, figure(r, name, "p50-µs", "%.0f"), figure(r, name, "p99-µs", "%.0f"))
 		}
 	}
 	b.WriteString("\n| watches | etcd | api | time to open all | goroutines/watch | heap/watch | stack/watch | total/watch |\n")
@@ -107,6 +109,18 @@ func manyTable(r results) string {
 		}
 	}
 	return b.String()
+}
+
+// manyRow is one row of the per-lock table, if the run has its figures.
+func manyRow(b *strings.Builder, r results, n int, server, take, impl, label string) {
+	name := manyName(n, server, take, impl)
+	took, ok := r.median(name, "s-to-take-all")
+	if !ok {
+		return
+	}
+	fmt.Fprintf(b, "| %d | %s | %s | %s | %.1f s | %s | %s | %s | %s |\n", n, server, take, label, took,
+		figure(r, name, "goroutines/lock", "%.4f"), kb(r, name, "heapB/lock"),
+		kb(r, name, "stackB/lock"), kb(r, name, "totalB/lock"))
 }
 
 // figure is a median formatted, or a dash.

@@ -58,8 +58,8 @@ type reg struct {
 	id      int64 // the watch ID asked for, and given once created
 	created bool  // etcd has answered the create
 	gone    bool  // the watch left before etcd answered: cancel it then
-	// upping ends the reads its subscribers and copy make as it comes up
-	// (upContext), when it goes down; nil but meanwhile.
+	// upping ends the context of the reads its coming up makes
+	// (upContext) when it goes down; nil when there is none.
 	upping context.CancelFunc
 }
 
@@ -74,7 +74,10 @@ func (r *reg) endUp() {
 // upContext is the context of the reads that r's coming up makes
 // (Listener.Up, Copy.Load): it ends when r goes down, as a pause or the
 // stream's failure makes a read for a watch no longer there pointless.
-// Call done when they are over.
+// Call done when they are over. A watch with a Copy keeps it until it
+// goes down, since the copy reads again under it while up (done does not
+// end it); any other has it only while it comes up, so that a held lock's
+// watch keeps no context.
 func (s *Stream) upContext(r *reg) (ctx context.Context, done func()) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	s.mu.Lock()
@@ -84,6 +87,9 @@ func (s *Stream) upContext(r *reg) (ctx context.Context, done func()) {
 		cancel() // down already
 	}
 	s.mu.Unlock()
+	if r.w.copy != nil {
+		return ctx, func() {}
+	}
 	return ctx, func() {
 		s.mu.Lock()
 		r.upping = nil

@@ -1,0 +1,105 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/leasefence/leasefence/internal/etcdproc"
+	"github.com/leasefence/leasefence/lease"
+)
+
+// BenchmarkManyLocksAuth takes n locks of different names on one session,
+// one after another, against an etcd process with auth on, as a user whose
+// role may write the names' prefix (and the library's own prefixes) but is
+// not root. etcd then checks, at each put that attaches a lease, write
+// permission on every key already on that lease (ETCD-FACTS, "Auth and
+// retries"), so the n-th lock costs in proportion to the locks held
+// before it. Reported: the time to take all, and the time per lock of
+// the last tenth against the first tenth. This library and
+// concurrency.Mutex (one concurrency.Session) side by side; both hold
+// every key on one lease.
+func BenchmarkManyLocksAuth(b *testing.B) {
+	n := 10000
+	if *manyN > 0 {
+		n = *manyN
+	}
+	for _, impl := range []string{"leasefence", "mutex"} {
+		b.Run(fmt.Sprintf("n=%d/impl=%s", n, impl), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				manyLocksAuthOnce(b, n, impl == "leasefence")
+			}
+		})
+	}
+}
+
+func manyLocksAuthOnce(b *testing.B, n int, leasefence bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := etcdproc.Start(ctx, etcdproc.Config{NoFsync: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	prefix := etcdproc.Name(b, "auth") + "/"
+	root := newClient(b, c.Endpoints()[0], &requests{})
+	authOn(b, ctx, root, "app", append([]string{prefix}, lease.OwnPrefixes(prefix)...))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second,
+		Username: "app", Password: "app-pw", Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	h := mutexHolder
+	if leasefence {
+		h = leasefenceHolder
+	}
+	locker := h(b, cli)
+	tenth := max(n/10, 1)
+	var first, last time.Duration
+	start := time.Now()
+	for j := 0; j < n; j++ {
+		t0 := time.Now()
+		if _, err := locker.lock(ctx, fmt.Sprintf("%s%d", prefix, j)); err != nil {
+			b.Fatal(err)
+		}
+		switch took := time.Since(t0); {
+		case j < tenth:
+			first += took
+		case j >= n-tenth:
+			last += took
+		}
+	}
+	b.ReportMetric(time.Since(start).Seconds(), "s-to-take-all")
+	b.ReportMetric(float64(first.Microseconds())/float64(tenth), "first-tenth-µs/lock")
+	b.ReportMetric(float64(last.Microseconds())/float64(tenth), "last-tenth-µs/lock")
+	// Closing revokes the lease: a last check over every key on it.
+	if err := locker.close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// authOn adds user root (role root) and user role, whose role may read and
+// write each of prefixes, then turns auth on.
+func authOn(b *testing.B, ctx context.Context, cli *clientv3.Client, role string, prefixes []string) {
+	b.Helper()
+	must := func(_ any, err error) {
+		b.Helper()
+		if err != nil {
+			b.Fatalf("setting up auth: %v", err)
+		}
+	}
+	for _, r := range []string{"root", role} {
+		must(cli.RoleAdd(ctx, r))
+		must(cli.UserAdd(ctx, r, r+"-pw"))
+		must(cli.UserGrantRole(ctx, r, r))
+	}
+	for _, p := range prefixes {
+		must(cli.RoleGrantPermission(ctx, role, p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)))
+	}
+	must(cli.AuthEnable(ctx))
+}
