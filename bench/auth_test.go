@@ -38,7 +38,7 @@ func BenchmarkManyLocksAuth(b *testing.B) {
 }
 
 func manyLocksAuthOnce(b *testing.B, n int, leasefence bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c, err := etcdproc.Start(ctx, etcdproc.Config{NoFsync: true})
 	if err != nil {

@@ -22,7 +22,7 @@ var (
 	manyServer = []string{"process", "embedded"}
 )
 
-const manyBenchmarks = "BenchmarkManyLocks|BenchmarkClientWatchCost|BenchmarkDeletionSeen"
+const manyBenchmarks = "^(BenchmarkManyLocks|BenchmarkLabManyLocks|BenchmarkClientWatchCost|BenchmarkDeletionSeen)$"
 
 func manyName(n int, server, take, impl string) string {
 	return fmt.Sprintf("BenchmarkManyLocks/n=%d/server=%s/take=%s/impl=%s", n, server, take, impl)
@@ -85,6 +85,14 @@ func manyTable(r results) string {
 					manyRow(&b, r, n, server, take, im.impl, im.label)
 				}
 			}
+		}
+	}
+	for _, im := range manyImpls {
+		name := fmt.Sprintf("BenchmarkLabManyLocks/n=10000/rtt=1ms/take=concurrent/impl=%s", im.impl)
+		if took, ok := r.median(name, "s-to-take-all"); ok {
+			fmt.Fprintf(&b, "| 10000 | lab, 1 ms | concurrent | %s | %.1f s | %s | %s | %s | %s |\n", im.label, took,
+				figure(r, name, "goroutines/lock", "%.4f"), kb(r, name, "heapB/lock"),
+				kb(r, name, "stackB/lock"), kb(r, name, "totalB/lock"))
 		}
 	}
 	b.WriteString("\n| other locks held | deletion seen, p50 | p99 |\n|---|---|---|\n")
