@@ -53,7 +53,7 @@ func drawMany(r results, path string) error {
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.ConstantTicks([]plot.Tick{{Value: 1e4, Label: "10,000"}, {Value: 1e5, Label: "100,000"}})
 	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.ConstantTicks([]plot.Tick{
 		{Value: 100, Label: "100"}, {Value: 1e3, Label: "1 KB"}, {Value: 1e4, Label: "10 KB"}, {Value: 1e5, Label: "100 KB"}})
-	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.Top, p.Legend.Left = true, false // above the lines, in the empty top of the plot
 	glyph := map[string]draw.GlyphDrawer{"serial": draw.CircleGlyph{}, "concurrent": draw.BoxGlyph{}}
 	for _, im := range manyImpls {
 		for _, take := range manyTakes {
