@@ -414,10 +414,9 @@ func (s *Session) bound(ctx context.Context) (context.Context, func()) {
 func (s *Session) trackLock(l *Lock) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.endedLocked(); err != nil {
+	if err := s.trackLocked(); err != nil {
 		return err
 	}
-	s.wg.Add(1)
 	if s.locks == nil {
 		s.locks = map[*Lock]struct{}{}
 	}
@@ -458,6 +457,11 @@ func (s *Session) endLocks() {
 func (s *Session) track() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.trackLocked()
+}
+
+// trackLocked is track with s.mu held.
+func (s *Session) trackLocked() error {
 	if err := s.endedLocked(); err != nil {
 		return err
 	}

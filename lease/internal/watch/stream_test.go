@@ -183,7 +183,19 @@ func TestRetryWhileStreamDownDoesNotMisroute(t *testing.T) {
 	}
 	wa.Resume()
 	<-killed
-	time.Sleep(time.Second)
+	// Wait for a's retry to fall due with the stream down: no stream, no
+	// creation of a, and no retry pending.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		due := s.live == nil && wa.reg == nil && wa.retryAt == nil
+		s.mu.Unlock()
+		if due {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a's retry did not fall due with the stream down in 10 s")
+		}
+	}
 	if err := proc.Restart(etcdproc.Ctx(t, time.Minute)); err != nil {
 		t.Fatal(err)
 	}
