@@ -6,6 +6,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/lease/internal/keyread"
 	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/watch"
 )
@@ -30,7 +31,7 @@ func (t *tracker) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	resp, err := readAtLeast(ctx, t.s.client, max(minRev, upRev), func(opts ...clientv3.OpOption) []clientv3.Op {
+	resp, err := keyread.ReadAtLeast(ctx, t.s.client, max(minRev, upRev), func(opts ...clientv3.OpOption) []clientv3.Op {
 		ops := make([]clientv3.Op, len(keys))
 		for i, k := range keys {
 			ops[i] = clientv3.OpGet(k, opts...)

@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/lease/internal/keyread"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
@@ -69,7 +70,7 @@ func (m *queueMirror) Load(ctx context.Context, cli *clientv3.Client, prefix str
 // readMirror reads the first mirrorLimit keys under prefix, and how many
 // there are, in a state no older than minRev; rev is the state's revision.
 func readMirror(ctx context.Context, cli *clientv3.Client, prefix string, minRev int64) (page *pb.RangeResponse, rev int64, err error) {
-	resp, err := readAtLeast(ctx, cli, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
+	resp, err := keyread.ReadAtLeast(ctx, cli, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(prefix, append(opts, clientv3.WithPrefix(), clientv3.WithLimit(mirrorLimit))...)}
 	})
 	if err != nil {

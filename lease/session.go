@@ -12,6 +12,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/leasefence/leasefence/lease/internal/grant"
+	"github.com/leasefence/leasefence/lease/internal/keyread"
 	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/renew"
 	"github.com/leasefence/leasefence/lease/internal/watch"
@@ -59,7 +61,7 @@ type Session struct {
 	locks  map[*Lock]struct{} // every lock not finished (trackLock); mu guards it
 	stream *watch.Stream      // carries the session's watches
 	// rechecks batches held locks' reads of their keys (recheck).
-	rechecks rechecks
+	rechecks keyread.Batcher
 
 	wg sync.WaitGroup // every lock monitor and revision check
 
@@ -97,7 +99,13 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		return nil, fmt.Errorf("%w: the Keeper renews leases through another client", ErrInvalidArgument)
 	}
 	sent := o.clock.Now()
-	resp, err := grant(ctx, client, ttlSeconds(o.ttl), o)
+	resp, err := grant.Grant(ctx, client, ttlSeconds(o.ttl), ErrTLSHandshake, func(waited time.Duration) {
+		o.logger.Warn("etcd has not answered a lease grant; still trying",
+			zap.Strings("endpoints", client.Endpoints()), zap.Duration("waited", waited))
+		if o.hooks.Unanswered != nil {
+			o.hooks.Unanswered(waited)
+		}
+	})
 	if err != nil {
 		return nil, failed("grant", err)
 	}
@@ -116,7 +124,6 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 		deadline:  localDeadline(sent, granted),
 	}
 	s.gates.open, s.gates.shut = s.openGate, func(g *gate) { g.w.stop() }
-	s.rechecks.s = s
 	if err := s.recordOwner(ctx, o); err != nil {
 		s.revoke()
 		return nil, failed("session", err)
@@ -125,6 +132,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	// The stream's context carries require-leader: a member cut off from
 	// the quorum ends the stream rather than leave it silent.
 	s.stream = watch.NewStream(clientv3.WithRequireLeader(s.ctx), client, (*sessionOwner)(s))
+	s.rechecks = keyread.Batcher{Client: client, Max: recheckBatch, Ctx: s.ctx, Timeout: granted, Go: s.goTracked}
 	if s.keeper != nil {
 		if err := s.keeper.add(s); err != nil {
 			s.cancel(err)
@@ -458,6 +466,19 @@ func (s *Session) track() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.trackLocked()
+}
+
+// goTracked runs f on a goroutine Close waits for, unless the session
+// ended.
+func (s *Session) goTracked(f func()) error {
+	if err := s.track(); err != nil {
+		return err
+	}
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+	return nil
 }
 
 // trackLocked is track with s.mu held.

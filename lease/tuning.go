@@ -144,6 +144,6 @@ const observerResync = 2 * time.Second
 const delayLeaseMargin = time.Second
 
 // recheckBatch is how many held locks' reads of their keys go in one
-// transaction (rechecks): etcd refuses a transaction of more than
+// transaction (keyread.Batcher): etcd refuses a transaction of more than
 // --max-txn-ops operations, 128 by default.
 const recheckBatch = 128

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
 	"github.com/leasefence/leasefence/lease/internal/backoff"
+	"github.com/leasefence/leasefence/lease/internal/keyread"
 	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 	"github.com/leasefence/leasefence/lease/internal/watch"
@@ -262,17 +263,6 @@ func behind(pred *mvccpb.KeyValue, err error) error {
 	return fmt.Errorf("waiting behind %s (token %d): %w", pred.Key, pred.CreateRevision, err)
 }
 
-// readAtLeast runs the ops serializably (the client's member answers, with
-// no quorum round), and linearizably if that member had not applied
-// minRev: either way the answer is one revision's state, at least minRev.
-func readAtLeast(ctx context.Context, cli *clientv3.Client, minRev int64, ops func(...clientv3.OpOption) []clientv3.Op) (*clientv3.TxnResponse, error) {
-	resp, err := cli.Txn(ctx).Then(ops(clientv3.WithSerializable())...).Commit()
-	if err != nil || resp.Header.Revision >= minRev {
-		return resp, err
-	}
-	return cli.Txn(ctx).Then(ops()...).Commit()
-}
-
 // reread reads the view at minRev or later once the own-key watch is up;
 // watch deliveries during the read are applied after it.
 func (t *tracker) reread(ctx context.Context, minRev int64) error {
@@ -343,7 +333,7 @@ func (t *tracker) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, 
 	}
 	minRev = max(minRev, t.q.Read(ownEpoch, epoch, follows, seen))
 	t.mu.Unlock()
-	resp, err := readAtLeast(ctx, t.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
+	resp, err := keyread.ReadAtLeast(ctx, t.s.client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(t.key, opts...), rng(opts...)}
 	})
 	if err != nil {
@@ -368,7 +358,7 @@ func (t *tracker) recheck(ctx context.Context) error {
 	if !held {
 		return nil // a waiter reads its view again itself
 	}
-	kv, rev, err := t.s.rechecks.read(ctx, t.key, max(t.w.own.UpRev(), t.token))
+	kv, rev, err := t.s.rechecks.Read(ctx, t.key, max(t.w.own.UpRev(), t.token))
 	if err != nil {
 		return err
 	}
@@ -379,10 +369,10 @@ func (t *tracker) recheck(ctx context.Context) error {
 
 // readOwnKey reads the lock's key (nil if absent) at minRev, the token or
 // later. A recheck passes its own-key watch's up revision, so no change
-// goes unseen. readAtLeast lets the client's member answer: a linearizable
+// goes unseen. keyread.ReadAtLeast lets the client's member answer: a linearizable
 // read waits out a member cut off from the quorum.
 func (t *tracker) readOwnKey(ctx context.Context, minRev int64) (*mvccpb.KeyValue, int64, error) {
-	resp, err := readAtLeast(ctx, t.s.client, max(minRev, t.token), func(opts ...clientv3.OpOption) []clientv3.Op {
+	resp, err := keyread.ReadAtLeast(ctx, t.s.client, max(minRev, t.token), func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(t.key, opts...)}
 	})
 	if err != nil {

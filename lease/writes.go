@@ -9,7 +9,7 @@ package lease
 // table; the write model (writes_model_test.go) loses, holds back and
 // replays the lock key's writes against a real etcd.
 //
-// Session (session.go, handshake.go, internal/renew, owner.go):
+// Session (session.go, internal/grant, internal/renew, owner.go):
 //   - Grant of the session's lease. Guard: none needed; a late or repeated
 //     grant makes a lease nobody keeps alive, with no key, gone after its
 //     TTL. No answer: NewSession waits, reporting it, until ctx ends.

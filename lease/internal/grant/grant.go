@@ -1,4 +1,4 @@
-package lease
+package grant
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
@@ -18,12 +17,13 @@ import (
 	"github.com/leasefence/leasefence/lease/internal/backoff"
 )
 
-// grant asks etcd for a lease. etcd's client retries a failed TLS
-// handshake until ctx ends, so grant watches the connection and fails at
-// once with ErrTLSHandshake on a certificate failure. An unanswered grant
-// is reported (warnUnanswered) rather than left a silent hang, and fails
+// Grant asks etcd for a lease. etcd's client retries a failed TLS
+// handshake until ctx ends, so Grant watches the connection and fails at
+// once with an error wrapping tlsErr on a certificate failure. While the
+// grant is unanswered, unanswered is called with the time waited (after 2
+// s, then every 10 s) rather than leave a silent hang; the grant fails
 // when ctx ends with an error that names the endpoints.
-func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (*clientv3.LeaseGrantResponse, error) {
+func Grant(ctx context.Context, client *clientv3.Client, ttl int64, tlsErr error, unanswered func(waited time.Duration)) (*clientv3.LeaseGrantResponse, error) {
 	start := time.Now()
 	gctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -31,13 +31,13 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		if err := handshakeFailure(gctx, client); err != nil {
+		if err := handshakeFailure(gctx, client, tlsErr); err != nil {
 			cancel(err)
 		}
 	}()
 	go func() {
 		defer wg.Done()
-		warnUnanswered(gctx, client, o)
+		warnUnanswered(gctx, unanswered)
 	}()
 	resp, err := client.Grant(gctx, ttl)
 	cancel(nil) // ends the watcher; a cause it set first stays
@@ -59,7 +59,7 @@ func grant(ctx context.Context, client *clientv3.Client, ttl int64, o options) (
 // hang-up it retries at once: a server that refuses the client's
 // certificate may be seen only hanging up, and the next attempt usually
 // reads its alert.
-func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
+func handshakeFailure(ctx context.Context, client *clientv3.Client, tlsErr error) error {
 	conn := client.ActiveConnection()
 	retry := backoff.New(20*time.Millisecond, 100*time.Millisecond)
 	for {
@@ -68,7 +68,7 @@ func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 		case connectivity.Ready:
 			return nil
 		case connectivity.TransientFailure:
-			hungUp, err := probe(ctx, conn)
+			hungUp, err := probe(ctx, conn, tlsErr)
 			if err != nil {
 				return err
 			}
@@ -88,8 +88,8 @@ func handshakeFailure(ctx context.Context, client *clientv3.Client) error {
 
 // probe opens a stream that does not wait for a ready connection, to get
 // a failed one's last error (etcd's client would retry a unary call). err
-// is a certificate's failure; hungUp, a hang-up with no reason read.
-func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) {
+// wraps tlsErr for a certificate's failure; hungUp, a hang-up with no reason read.
+func probe(ctx context.Context, conn *grpc.ClientConn, tlsErr error) (hungUp bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	_, err = pb.NewLeaseClient(conn).LeaseKeepAlive(sctx, grpc.WaitForReady(false))
@@ -102,7 +102,7 @@ func probe(ctx context.Context, conn *grpc.ClientConn) (hungUp bool, err error) 
 	// or a timeout too, which retrying does fix.
 	for _, sign := range []string{"x509:", "tls:", "certificate"} {
 		if strings.Contains(msg, sign) {
-			return false, fmt.Errorf("%w: %s", ErrTLSHandshake, msg)
+			return false, fmt.Errorf("%w: %s", tlsErr, msg)
 		}
 	}
 	for _, sign := range []string{"broken pipe", "connection reset", "closed before server preface"} {
@@ -119,8 +119,8 @@ const (
 	unansweredEvery = 10 * time.Second
 )
 
-// warnUnanswered reports a grant still waiting for etcd, until ctx ends.
-func warnUnanswered(ctx context.Context, client *clientv3.Client, o options) {
+// warnUnanswered calls unanswered with the time waited, until ctx ends.
+func warnUnanswered(ctx context.Context, unanswered func(time.Duration)) {
 	start := time.Now()
 	t := time.NewTimer(unansweredFirst)
 	defer t.Stop()
@@ -130,12 +130,7 @@ func warnUnanswered(ctx context.Context, client *clientv3.Client, o options) {
 			return
 		case <-t.C:
 		}
-		waited := time.Since(start)
-		o.logger.Warn("etcd has not answered a lease grant; still trying",
-			zap.Strings("endpoints", client.Endpoints()), zap.Duration("waited", waited))
-		if o.hooks.Unanswered != nil {
-			o.hooks.Unanswered(waited)
-		}
+		unanswered(time.Since(start))
 		t.Reset(unansweredEvery)
 	}
 }

@@ -1,0 +1,126 @@
+package keyread
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Batcher batches the reads of their keys that held locks make as their
+// own-key watches come up: with many locks held, the watches come up
+// together (after a burst of grants, or when the watch stream fails and
+// opens again), and one transaction of up to Max reads answers them all.
+// A read waits for no timer: it goes out at once if no batch is in
+// flight, or with the next batch, which leaves as the one in flight is
+// answered.
+type Batcher struct {
+	Client *clientv3.Client
+	// Max is the most reads in one transaction; etcd refuses a
+	// transaction of more than --max-txn-ops operations.
+	Max int
+	// Ctx and Timeout bound each batch: the batch is not any one
+	// reader's, so no reader's context ends it.
+	Ctx     context.Context
+	Timeout time.Duration
+	// Go runs f on a goroutine its owner waits for, or returns why it
+	// cannot (the owner has ended).
+	Go func(f func()) error
+
+	mu      sync.Mutex
+	queued  []*read
+	sending bool // a batch is in flight; its sender sends the next
+}
+
+// read is one lock's read of its key, at minRev or later: its answer (kv
+// nil if the key is absent) once done is closed.
+type read struct {
+	key    string
+	minRev int64
+
+	done chan struct{}
+	kv   *mvccpb.KeyValue
+	rev  int64
+	err  error
+}
+
+// Read reads key at minRev or later, batched with the reads queued beside
+// it, and returns the key (nil if absent) and the revision read. It
+// returns ctx's error if ctx ends first.
+func (b *Batcher) Read(ctx context.Context, key string, minRev int64) (*mvccpb.KeyValue, int64, error) {
+	q := &read{key: key, minRev: minRev, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queued = append(b.queued, q)
+	send := !b.sending
+	b.sending = true
+	b.mu.Unlock()
+	if send {
+		if err := b.Go(b.sendAll); err != nil {
+			b.failAll(err)
+		}
+	}
+	select {
+	case <-q.done:
+		return q.kv, q.rev, q.err
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+}
+
+// sendAll sends batches until none is queued.
+func (b *Batcher) sendAll() {
+	for {
+		b.mu.Lock()
+		n := min(len(b.queued), b.Max)
+		if n == 0 {
+			b.sending = false
+			b.mu.Unlock()
+			return
+		}
+		batch := b.queued[:n:n]
+		b.queued = b.queued[n:]
+		b.mu.Unlock()
+		b.send(batch)
+	}
+}
+
+// failAll answers every queued read with err.
+func (b *Batcher) failAll(err error) {
+	b.mu.Lock()
+	queued := b.queued
+	b.queued, b.sending = nil, false
+	b.mu.Unlock()
+	for _, q := range queued {
+		q.err = err
+		close(q.done)
+	}
+}
+
+// send reads the batch's keys in one transaction, at the highest minRev
+// of them, and answers each.
+func (b *Batcher) send(batch []*read) {
+	var minRev int64
+	for _, q := range batch {
+		minRev = max(minRev, q.minRev)
+	}
+	ctx, cancel := context.WithTimeout(b.Ctx, b.Timeout)
+	defer cancel()
+	resp, err := ReadAtLeast(ctx, b.Client, minRev, func(opts ...clientv3.OpOption) []clientv3.Op {
+		ops := make([]clientv3.Op, len(batch))
+		for i, q := range batch {
+			ops[i] = clientv3.OpGet(q.key, opts...)
+		}
+		return ops
+	})
+	for i, q := range batch {
+		if q.err = err; err == nil {
+			if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) > 0 {
+				q.kv = kvs[0]
+			}
+			q.rev = resp.Header.Revision
+		}
+		close(q.done)
+	}
+}
