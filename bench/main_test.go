@@ -154,7 +154,7 @@ func reportRequests(b *testing.B, before, now snapshot, ops int) {
 
 // newClient opens a client to c's first member (or to member i), counting
 // its requests into r, closed when b ends.
-func newClient(b *testing.B, endpoint string, r *requests) *clientv3.Client {
+func newClient(b testing.TB, endpoint string, r *requests) *clientv3.Client {
 	b.Helper()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{endpoint},

@@ -118,7 +118,8 @@
 // first 50 ms only at their end; after that, or once it had to wait, as
 // soon as etcd's watch delivers the deletion (measured on one host: Done
 // about 50 µs after the deleting client had its answer, with 10,000
-// other locks held on the session). A put on the lock key made with the
+// other locks held on the session; with 100,000 held, 100 of them
+// deleted at once all ended within 3 ms of their deletes' answers). A put on the lock key made with the
 // session's own lease ID is not told apart from the holder's own.
 //
 // The client must reach etcd itself, not etcd's gRPC proxy: the proxy

@@ -88,15 +88,14 @@ func (t *tracker) Unsubscribed(w *watch.Watch) {
 // Up records that subscription src came up in epoch, delivering
 // every change of w's range from start on, and wakes the waiter
 // (watch.Listener). As the own-key watch comes up a holder reads its key
-// again (recheck), as a deletion while the watch was down went unseen; an
-// error means that read failed.
-func (t *tracker) Up(ctx context.Context, w *watch.Watch, src queue.Source, epoch queue.Epoch, start int64) error {
+// again (recheck), as a deletion while the watch was down went unseen.
+func (t *tracker) Up(_ context.Context, w *watch.Watch, src queue.Source, epoch queue.Epoch, start int64) error {
 	t.mu.Lock()
 	t.q.Rule.Up(src, epoch, start)
 	t.mu.Unlock()
 	t.poke()
 	if w == t.w.own {
-		return t.recheck(ctx)
+		t.recheck(epoch)
 	}
 	return nil
 }

@@ -349,22 +349,33 @@ func (t *tracker) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, 
 	return resp.Responses[1].GetResponseRange(), resp.Header.Revision, nil
 }
 
-// recheck reads a held lock's key again after its watch was down, when a
-// deletion may have gone unseen.
-func (t *tracker) recheck(ctx context.Context) error {
+// recheck reads a held lock's key again after its own-key watch came up
+// in epoch, when a deletion while it was down went unseen. The read is
+// batched with other held locks' (keyread.Batcher) and its answer taken
+// when it comes, while the watch goes on handing on its events: a held
+// lock ends on a deletion that either shows, in whichever order they come
+// (queue.Rule.OwnRead), so a deletion the watch delivers is not held up
+// behind a backlog of reads (100,000 locks taken at once make one). If
+// the read fails, the watch starts over, if still up in epoch, and reads
+// again as it comes up.
+func (t *tracker) recheck(epoch queue.Epoch) {
 	t.mu.Lock()
 	held := t.hold.granted
 	t.mu.Unlock()
 	if !held {
-		return nil // a waiter reads its view again itself
+		return // a waiter reads its view again itself
 	}
-	kv, rev, err := t.s.rechecks.Read(ctx, t.key, max(t.w.own.UpRev(), t.token))
-	if err != nil {
-		return err
-	}
-	// A key gone ends the lock (ownRead); that is no failure of the read.
-	_ = t.ownRead(rev, kv)
-	return nil
+	own := t.w.own
+	t.s.rechecks.Read(t.key, max(own.UpRev(), t.token), func(kv *mvccpb.KeyValue, rev int64, err error) {
+		if err != nil {
+			if t.s.ctx.Err() == nil {
+				own.StartOver(epoch)
+			}
+			return
+		}
+		// A key gone ends the lock (ownRead); that is no failure of the read.
+		_ = t.ownRead(rev, kv)
+	})
 }
 
 // readOwnKey reads the lock's key (nil if absent) at minRev, the token or

@@ -15,7 +15,7 @@ import (
 // opens again), and one transaction of up to Max reads answers them all.
 // A read waits for no timer: it goes out at once if no batch is in
 // flight, or with the next batch, which leaves as the one in flight is
-// answered.
+// answered. The caller does not wait: its answer comes to a function.
 type Batcher struct {
 	Client *clientv3.Client
 	// Max is the most reads in one transaction; etcd refuses a
@@ -34,25 +34,24 @@ type Batcher struct {
 	sending bool // a batch is in flight; its sender sends the next
 }
 
-// read is one lock's read of its key, at minRev or later: its answer (kv
-// nil if the key is absent) once done is closed.
+// read is one lock's read of its key, at minRev or later.
 type read struct {
 	key    string
 	minRev int64
-
-	done chan struct{}
-	kv   *mvccpb.KeyValue
-	rev  int64
-	err  error
+	answer Answer
 }
 
+// Answer takes a read's answer: the key (nil if absent) and the revision
+// read, or why the read failed.
+type Answer func(kv *mvccpb.KeyValue, rev int64, err error)
+
 // Read reads key at minRev or later, batched with the reads queued beside
-// it, and returns the key (nil if absent) and the revision read. It
-// returns ctx's error if ctx ends first.
-func (b *Batcher) Read(ctx context.Context, key string, minRev int64) (*mvccpb.KeyValue, int64, error) {
-	q := &read{key: key, minRev: minRev, done: make(chan struct{})}
+// it, and calls answer with the outcome: on the batch's goroutine, or on
+// the caller's at once if the batch cannot start (Go failed). A batch is
+// bounded by Timeout, so answer is called within about that.
+func (b *Batcher) Read(key string, minRev int64, answer Answer) {
 	b.mu.Lock()
-	b.queued = append(b.queued, q)
+	b.queued = append(b.queued, &read{key: key, minRev: minRev, answer: answer})
 	send := !b.sending
 	b.sending = true
 	b.mu.Unlock()
@@ -60,12 +59,6 @@ func (b *Batcher) Read(ctx context.Context, key string, minRev int64) (*mvccpb.K
 		if err := b.Go(b.sendAll); err != nil {
 			b.failAll(err)
 		}
-	}
-	select {
-	case <-q.done:
-		return q.kv, q.rev, q.err
-	case <-ctx.Done():
-		return nil, 0, ctx.Err()
 	}
 }
 
@@ -93,8 +86,7 @@ func (b *Batcher) failAll(err error) {
 	b.queued, b.sending = nil, false
 	b.mu.Unlock()
 	for _, q := range queued {
-		q.err = err
-		close(q.done)
+		q.answer(nil, 0, err)
 	}
 }
 
@@ -115,12 +107,14 @@ func (b *Batcher) send(batch []*read) {
 		return ops
 	})
 	for i, q := range batch {
-		if q.err = err; err == nil {
-			if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) > 0 {
-				q.kv = kvs[0]
-			}
-			q.rev = resp.Header.Revision
+		if err != nil {
+			q.answer(nil, 0, err)
+			continue
 		}
-		close(q.done)
+		var kv *mvccpb.KeyValue
+		if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) > 0 {
+			kv = kvs[0]
+		}
+		q.answer(kv, resp.Header.Revision, nil)
 	}
 }

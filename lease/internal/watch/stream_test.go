@@ -279,3 +279,43 @@ func TestCreatedAnswerOutOfOrderResetsStream(t *testing.T) {
 		a.retryAt.Stop()
 	}
 }
+
+// StartOver takes a watch still up in the epoch given down and up again
+// in a later epoch, delivering what changed meanwhile; given an epoch the
+// watch has left, it does nothing.
+func TestStartOver(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	_, cli := member(t)
+	s := streamT(t, cli)
+	r := newRecorder(context.Background())
+	w, err := Start(Config{Stream: s, Key: "k", Paused: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	subscribe(w, r)
+	w.Resume()
+	r.waitUp(t, "first", 10*time.Second)
+	first := w.Epoch()
+	w.StartOver(first)
+	r.waitUp(t, "after StartOver", 10*time.Second)
+	again := w.Epoch()
+	if again <= first || !again.Up() {
+		t.Fatalf("after StartOver(%d) the watch is in epoch %d, want a later one, up", first, again)
+	}
+	w.StartOver(first) // gone by: nothing happens
+	if _, err := cli.Put(context.Background(), "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(r.heard()) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the put after a stale StartOver was not heard in 10 s")
+		}
+	}
+	r.mu.Lock()
+	ups, downs := r.ups, r.downs
+	r.mu.Unlock()
+	if ups != 2 || downs != 1 || w.Epoch() != again {
+		t.Fatalf("ups %d, downs %d, epoch %d: want 2, 1 and %d (a stale StartOver restarted the watch)", ups, downs, w.Epoch(), again)
+	}
+}

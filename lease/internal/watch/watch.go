@@ -209,6 +209,20 @@ func (w *Watch) handOn(it item) {
 	}
 }
 
+// StartOver has the watch, if it is still up in epoch, go down and be
+// created again after its backoff: a subscriber could not catch up on
+// what it may have missed while it was down, and reads again as it comes
+// up.
+func (w *Watch) StartOver(epoch queue.Epoch) {
+	s := w.stream
+	s.mu.Lock()
+	r := w.reg
+	s.mu.Unlock()
+	if r != nil && w.Epoch() == epoch {
+		s.restart(w, r)
+	}
+}
+
 // isUp records that the watch is up and tells its subscribers. It reports
 // false if one could not catch up (Listener.Up): the watch starts over.
 func (w *Watch) isUp(ctx context.Context) bool {
