@@ -132,7 +132,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	// The stream's context carries require-leader: a member cut off from
 	// the quorum ends the stream rather than leave it silent.
 	s.stream = watch.NewStream(clientv3.WithRequireLeader(s.ctx), client, (*sessionOwner)(s))
-	s.rechecks = keyread.Batcher{Client: client, Max: recheckBatch, Ctx: s.ctx, Timeout: granted, Go: s.goTracked}
+	s.rechecks = keyread.Batcher{Client: client, Max: recheckBatch, MaxInFlight: recheckInFlight, Ctx: s.ctx, Timeout: granted, Go: s.goTracked}
 	if s.keeper != nil {
 		if err := s.keeper.add(s); err != nil {
 			s.cancel(err)

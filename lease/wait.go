@@ -379,9 +379,8 @@ func (t *tracker) recheck(epoch queue.Epoch) {
 }
 
 // readOwnKey reads the lock's key (nil if absent) at minRev, the token or
-// later. A recheck passes its own-key watch's up revision, so no change
-// goes unseen. keyread.ReadAtLeast lets the client's member answer: a linearizable
-// read waits out a member cut off from the quorum.
+// later. keyread.ReadAtLeast lets the client's member answer: a
+// linearizable read waits out a member cut off from the quorum.
 func (t *tracker) readOwnKey(ctx context.Context, minRev int64) (*mvccpb.KeyValue, int64, error) {
 	resp, err := keyread.ReadAtLeast(ctx, t.s.client, max(minRev, t.token), func(opts ...clientv3.OpOption) []clientv3.Op {
 		return []clientv3.Op{clientv3.OpGet(t.key, opts...)}

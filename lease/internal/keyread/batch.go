@@ -13,14 +13,18 @@ import (
 // own-key watches come up: with many locks held, the watches come up
 // together (after a burst of grants, or when the watch stream fails and
 // opens again), and one transaction of up to Max reads answers them all.
-// A read waits for no timer: it goes out at once if no batch is in
-// flight, or with the next batch, which leaves as the one in flight is
-// answered. The caller does not wait: its answer comes to a function.
+// A read waits for no timer: it goes out at once if fewer than
+// MaxInFlight batches are in flight, or else with the next batch, which
+// leaves as one in flight is answered; so a batch etcd does not answer
+// holds up only its own reads. The caller does not wait: its answer
+// comes to a function.
 type Batcher struct {
 	Client *clientv3.Client
 	// Max is the most reads in one transaction; etcd refuses a
 	// transaction of more than --max-txn-ops operations.
 	Max int
+	// MaxInFlight is the most batches sent and not yet answered.
+	MaxInFlight int
 	// Ctx and Timeout bound each batch: the batch is not any one
 	// reader's, so no reader's context ends it.
 	Ctx     context.Context
@@ -31,7 +35,7 @@ type Batcher struct {
 
 	mu      sync.Mutex
 	queued  []*read
-	sending bool // a batch is in flight; its sender sends the next
+	senders int // goroutines sending batches, each one at a time
 }
 
 // read is one lock's read of its key, at minRev or later.
@@ -52,23 +56,28 @@ type Answer func(kv *mvccpb.KeyValue, rev int64, err error)
 func (b *Batcher) Read(key string, minRev int64, answer Answer) {
 	b.mu.Lock()
 	b.queued = append(b.queued, &read{key: key, minRev: minRev, answer: answer})
-	send := !b.sending
-	b.sending = true
+	send := b.senders < b.MaxInFlight
+	if send {
+		b.senders++
+	}
 	b.mu.Unlock()
 	if send {
 		if err := b.Go(b.sendAll); err != nil {
+			b.mu.Lock()
+			b.senders--
+			b.mu.Unlock()
 			b.failAll(err)
 		}
 	}
 }
 
-// sendAll sends batches until none is queued.
+// sendAll sends batches, one at a time, until none is queued.
 func (b *Batcher) sendAll() {
 	for {
 		b.mu.Lock()
 		n := min(len(b.queued), b.Max)
 		if n == 0 {
-			b.sending = false
+			b.senders--
 			b.mu.Unlock()
 			return
 		}
@@ -83,7 +92,7 @@ func (b *Batcher) sendAll() {
 func (b *Batcher) failAll(err error) {
 	b.mu.Lock()
 	queued := b.queued
-	b.queued, b.sending = nil, false
+	b.queued = nil
 	b.mu.Unlock()
 	for _, q := range queued {
 		q.answer(nil, 0, err)

@@ -2,9 +2,9 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -131,7 +131,7 @@ func (c *recheckCtl) nextHeld(t *testing.T, within time.Duration) *heldRead {
 // A recheck read that etcd fails (on the batch's goroutine, not at its
 // start) has the watch start over: the deletion made before the watch came
 // up still ends the lock.
-func TestReviewAsyncFailedRecheck(t *testing.T) {
+func TestRecheckFailedOnItsGoroutine(t *testing.T) {
 	name := etcdproc.Name(t, "asyncfail")
 	ctl := newRecheckCtl(name)
 	cli := ctl.client(t, etcd.Endpoints())
@@ -154,7 +154,7 @@ func TestReviewAsyncFailedRecheck(t *testing.T) {
 // A held lock's recheck answered only after it was unlocked and the same
 // session took the name again: the answer (the new holding's key) must
 // not touch the new holding, which must still see its key's deletion.
-func TestReviewLateRecheckAfterRelock(t *testing.T) {
+func TestLateRecheckAfterRelock(t *testing.T) {
 	for _, failIt := range []bool{false, true} {
 		t.Run(map[bool]string{false: "answered", true: "failed"}[failIt], func(t *testing.T) {
 			name := etcdproc.Name(t, "relock")
@@ -199,7 +199,7 @@ func TestReviewLateRecheckAfterRelock(t *testing.T) {
 }
 
 // Close while a recheck read is held back: Close returns, nothing leaks.
-func TestReviewCloseWithRecheckInFlight(t *testing.T) {
+func TestCloseWithRecheckInFlight(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	name := etcdproc.Name(t, "close")
 	ctl := newRecheckCtl(name)
@@ -230,7 +230,7 @@ func TestReviewCloseWithRecheckInFlight(t *testing.T) {
 // session's link cut now and then, some keys deleted by another client
 // while the watches are down or up, and locks unlocked and taken again:
 // every deleted holder ends with ErrKeyDeleted, and no other ends.
-func TestReviewRecheckStress(t *testing.T) {
+func TestRecheckStress(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -352,7 +352,7 @@ func TestReviewRecheckStress(t *testing.T) {
 
 // Through a Keeper's session: the link cut, the key deleted meanwhile,
 // the first rechecks as the link comes back failing.
-func TestReviewRecheckKeeperCut(t *testing.T) {
+func TestRecheckKeeperCut(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	target := etcd.Endpoints()[0]
 	p, url := etcdproc.ProxyT(t, target)
