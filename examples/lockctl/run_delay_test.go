@@ -64,66 +64,20 @@ func TestRunMixedDelays(t *testing.T) {
 // revoke, or etcd's expiry) to SIGTERM, and from the holder's command's
 // last sign of life to the waiter's command's start.
 func mixedRound(t *testing.T, cli *clientv3.Client, i int, cut bool) (lag, gap time.Duration) {
-	name := etcdproc.Name(t, fmt.Sprintf("mixed%d", i))
-	dir := t.TempDir()
-	beats, started := filepath.Join(dir, "beats"), filepath.Join(dir, "started")
-	eps := etcd.Endpoints()
-	var px interface {
-		BlackholeTx()
-		BlackholeRx()
-	}
+	sc := startLossScene(t, cli, etcdproc.Name(t, fmt.Sprintf("mixed%d", i)), cut, mixedHolder, mixedWaiter, "ignore")
+	lossAt, deletedAt := sc.lose(t, cli)
 	if cut {
-		p, url := etcdproc.ProxyT(t, eps[0])
-		px, eps = p, []string{url}
+		lossAt = deletedAt // etcd's expiry: when the waiter can learn of it
 	}
-	first := startLockctl(t, eps, append(append([]string{}, mixedHolder...), name, "--", "sh", "-c", heartbeat, beats, "ignore")...)
-	first.awaitFile(t, beats)
-	h := awaitHolder(t, cli, name, 0)
-	next := startLockctl(t, nil, append(append([]string{}, mixedWaiter...), name, "--", "sh", "-c", `date +%s%N > "$0"`, started)...)
-	awaitQueue(t, cli, name, 2)
-
-	wctx, stopWatch := context.WithCancel(context.Background())
-	defer stopWatch()
-	deletes := cli.Watch(wctx, h.Key, clientv3.WithFilterPut(), clientv3.WithRev(h.Token))
-	lossAt := time.Now()
-	if cut {
-		px.BlackholeTx()
-		px.BlackholeRx()
-	} else if _, err := cli.Revoke(context.Background(), h.Lease); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-deletes:
-		if cut {
-			lossAt = time.Now() // etcd's expiry: when the waiter can learn of it
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("round %d: the holder's key was not deleted", i)
-	}
-	stopWatch()
 	if i == 0 {
-		checkShowsDelay(t, name, h.Token)
+		checkShowsDelay(t, sc.name, sc.h.Token)
 	}
-	nextStart := parseNanos(t, awaitFile(t, started, 40*time.Second))
-	if code := first.wait(t, 30*time.Second); code != exitLost {
-		t.Fatalf("round %d: holder exit %d, want %d", i, code, exitLost)
-	}
-	if code := next.wait(t, 20*time.Second); code != 0 {
-		t.Fatalf("round %d: next exit %d", i, code)
-	}
-	term, last := readBeats(t, beats)
-	if term.IsZero() {
-		t.Fatalf("round %d: the command got no SIGTERM", i)
-	}
-	if !last.Before(nextStart) {
-		t.Fatalf("round %d (cut %v): the next command started at %v, %v before the first stopped at %v",
-			i, cut, nextStart, last.Sub(nextStart), last)
-	}
-	out := next.stderr.String()
-	behind := fmt.Sprintf("lockctl: run %s: waiting behind %s (owner ", name, h.Key)
+	nextStart, term, last := sc.finish(t)
+	out := sc.next.stderr.String()
+	behind := fmt.Sprintf("lockctl: run %s: waiting behind %s (owner ", sc.name, sc.h.Key)
 	delay := regexp.MustCompile(fmt.Sprintf(`lockctl: run %s: the holder with token %d lost the lock; waiting out the lock delay, about (\d+)s left`,
-		regexp.QuoteMeta(name), h.Token))
-	if !strings.Contains(out, behind) || !strings.Contains(out, fmt.Sprintf("token %d), 1 ahead\n", h.Token)) || !delay.MatchString(out) {
+		regexp.QuoteMeta(sc.name), sc.h.Token))
+	if !strings.Contains(out, behind) || !strings.Contains(out, fmt.Sprintf("token %d), 1 ahead\n", sc.h.Token)) || !delay.MatchString(out) {
 		t.Errorf("round %d: the waiter's stderr %q lacks the line saying behind whom it waited, or the one saying it waited out a delay", i, out)
 	}
 	if n := strings.Count(out, "\n"); n != 2 {

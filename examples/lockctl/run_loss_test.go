@@ -68,75 +68,104 @@ func spread(ds []time.Duration) string {
 	return fmt.Sprintf("min %v median %v max %v over %d rounds", ds[0], ds[len(ds)/2], ds[len(ds)-1], len(ds))
 }
 
-// lossRound runs one round. It returns, for a revoke, the time from the
-// revoke to SIGTERM, and for a cut, how long before etcd expired the
-// lease the command got SIGTERM.
-func lossRound(t *testing.T, cli *clientv3.Client, i int, cut, ignore bool) (lag, ahead time.Duration) {
-	t.Helper()
-	name := etcdproc.Name(t, fmt.Sprintf("job%d", i))
-	dir := t.TempDir()
-	beats, started := filepath.Join(dir, "beats"), filepath.Join(dir, "started")
-	eps := etcd.Endpoints()
-	var px interface {
+// lossScene is one round of a holder losing its lock to a run queued
+// behind it: the holder's command writes its heartbeats to beats, the
+// next one the time it started to started.
+type lossScene struct {
+	name, beats, started string
+	first, next          *proc
+	h                    lease.QueueEntry
+	px                   interface {
 		BlackholeTx()
 		BlackholeRx()
 		UnblackholeTx()
 		UnblackholeRx()
 	}
+}
+
+// startLossScene starts the holder (through a proxy that can cut it off,
+// if cut) with holderArgs and a heartbeat command in mode ("handle" or
+// "ignore" SIGTERM), then the next run with nextArgs, queued behind it.
+func startLossScene(t *testing.T, cli *clientv3.Client, name string, cut bool, holderArgs, nextArgs []string, mode string) *lossScene {
+	t.Helper()
+	dir := t.TempDir()
+	sc := &lossScene{name: name, beats: filepath.Join(dir, "beats"), started: filepath.Join(dir, "started")}
+	eps := etcd.Endpoints()
 	if cut {
 		p, url := etcdproc.ProxyT(t, eps[0])
-		px, eps = p, []string{url}
+		sc.px, eps = p, []string{url}
 	}
+	sc.first = startLockctl(t, eps, append(slices.Clone(holderArgs), name, "--", "sh", "-c", heartbeat, sc.beats, mode)...)
+	sc.first.awaitFile(t, sc.beats)
+	sc.h = awaitHolder(t, cli, name, 0)
+	sc.next = startLockctl(t, nil, append(slices.Clone(nextArgs), name, "--", "sh", "-c", `date +%s%N > "$0"`, sc.started)...)
+	awaitQueue(t, cli, name, 2)
+	return sc
+}
+
+// lose cuts the holder off (or revokes its lease) and returns when it did
+// and when etcd deleted the holder's key.
+func (sc *lossScene) lose(t *testing.T, cli *clientv3.Client) (lossAt, deletedAt time.Time) {
+	t.Helper()
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	deletes := cli.Watch(wctx, sc.h.Key, clientv3.WithFilterPut(), clientv3.WithRev(sc.h.Token))
+	lossAt = time.Now()
+	if sc.px != nil {
+		sc.px.BlackholeTx()
+		sc.px.BlackholeRx()
+	} else if _, err := cli.Revoke(context.Background(), sc.h.Lease); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-deletes:
+		return lossAt, time.Now()
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: the holder's key was not deleted", sc.name)
+	}
+	return
+}
+
+// finish waits for the next command's start and both runs' exits (the
+// holder's with exitLost), and returns the next start and the holder's
+// command's SIGTERM and last sign of life, checking that it stopped
+// before the next one started.
+func (sc *lossScene) finish(t *testing.T) (nextStart, term, last time.Time) {
+	t.Helper()
+	nextStart = parseNanos(t, awaitFile(t, sc.started, 40*time.Second))
+	if sc.px != nil {
+		sc.px.UnblackholeTx()
+		sc.px.UnblackholeRx()
+	}
+	if code := sc.first.wait(t, 30*time.Second); code != exitLost {
+		t.Fatalf("%s: holder exit %d, want %d", sc.name, code, exitLost)
+	}
+	if code := sc.next.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("%s: next exit %d", sc.name, code)
+	}
+	term, last = readBeats(t, sc.beats)
+	if term.IsZero() {
+		t.Fatalf("%s: the command got no SIGTERM", sc.name)
+	}
+	if !last.Before(nextStart) {
+		t.Fatalf("%s: the next command started at %v, %v before the first stopped at %v",
+			sc.name, nextStart, last.Sub(nextStart), last)
+	}
+	return nextStart, term, last
+}
+
+// lossRound runs one round. It returns, for a revoke, the time from the
+// revoke to SIGTERM, and for a cut, how long before etcd expired the
+// lease the command got SIGTERM.
+func lossRound(t *testing.T, cli *clientv3.Client, i int, cut, ignore bool) (lag, ahead time.Duration) {
+	t.Helper()
 	mode := "handle"
 	if ignore {
 		mode = "ignore"
 	}
-	first := startLockctl(t, eps, append(slices.Clone(lossFlags), name, "--", "sh", "-c", heartbeat, beats, mode)...)
-	first.awaitFile(t, beats)
-	h := awaitHolder(t, cli, name, 0)
-	next := startLockctl(t, nil, append(slices.Clone(lossFlags), name, "--", "sh", "-c", `date +%s%N > "$0"`, started)...)
-	awaitQueue(t, cli, name, 2)
-
-	wctx, stopWatch := context.WithCancel(context.Background())
-	defer stopWatch()
-	deletes := cli.Watch(wctx, h.Key, clientv3.WithFilterPut(), clientv3.WithRev(h.Token))
-	var lossAt time.Time
-	if cut {
-		px.BlackholeTx()
-		px.BlackholeRx()
-		lossAt = time.Now()
-	} else {
-		lossAt = time.Now()
-		if _, err := cli.Revoke(context.Background(), h.Lease); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var expiredAt time.Time
-	select {
-	case <-deletes:
-		expiredAt = time.Now()
-	case <-time.After(20 * time.Second):
-		t.Fatalf("round %d: the holder's key was not deleted", i)
-	}
-	stopWatch()
-	nextStart := parseNanos(t, awaitFile(t, started, 30*time.Second))
-	if cut {
-		px.UnblackholeTx()
-		px.UnblackholeRx()
-	}
-	if code := first.wait(t, 20*time.Second); code != exitLost {
-		t.Fatalf("round %d: holder exit %d, want %d", i, code, exitLost)
-	}
-	if code := next.wait(t, 20*time.Second); code != 0 {
-		t.Fatalf("round %d: next exit %d", i, code)
-	}
-	term, last := readBeats(t, beats)
-	if term.IsZero() {
-		t.Fatalf("round %d: the command got no SIGTERM", i)
-	}
-	if !last.Before(nextStart) {
-		t.Fatalf("round %d: the next command started at %v, before the first stopped at %v", i, nextStart, last)
-	}
+	sc := startLossScene(t, cli, etcdproc.Name(t, fmt.Sprintf("job%d", i)), cut, lossFlags, lossFlags, mode)
+	lossAt, expiredAt := sc.lose(t, cli)
+	nextStart, term, last := sc.finish(t)
 	// A command that ignores SIGTERM lives on until SIGKILL, -kill-after
 	// (1s) later; one that handles it stops within its 0.1s of cleanup.
 	if stopped := last.Sub(term); ignore != (stopped > 500*time.Millisecond) {
