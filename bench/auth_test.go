@@ -22,22 +22,50 @@ import (
 // before it. Reported: the time to take all, and the time per lock of
 // the last tenth against the first tenth. This library and
 // concurrency.Mutex (one concurrency.Session) side by side; both hold
-// every key on one lease.
+// every key on one lease. sessions=10: this library with the locks taken
+// in turn through 10 sessions of one Keeper, so that each lease holds a
+// tenth of them, as the shards example advises under auth.
 func BenchmarkManyLocksAuth(b *testing.B) {
 	n := 10000
 	if *manyN > 0 {
 		n = *manyN
 	}
-	for _, impl := range []string{"leasefence", "mutex"} {
-		b.Run(fmt.Sprintf("n=%d/impl=%s", n, impl), func(b *testing.B) {
+	for _, tc := range []struct {
+		impl     string
+		sessions int
+	}{{"leasefence", 1}, {"mutex", 1}, {"leasefence", 10}} {
+		b.Run(fmt.Sprintf("n=%d/impl=%s/sessions=%d", n, tc.impl, tc.sessions), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				manyLocksAuthOnce(b, n, impl == "leasefence")
+				manyLocksAuthOnce(b, n, tc.impl == "leasefence", tc.sessions)
 			}
 		})
 	}
 }
 
-func manyLocksAuthOnce(b *testing.B, n int, leasefence bool) {
+// keeperHolder takes locks through k sessions of one Keeper, in turn.
+func keeperHolder(b *testing.B, cli *clientv3.Client, k int) holder {
+	keeper, err := lease.NewKeeper(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sessions := make([]*lease.Session, k)
+	for i := range sessions {
+		if sessions[i], err = lease.NewSession(context.Background(), cli, lease.WithKeeper(keeper)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	next := 0
+	return holder{
+		lock: func(ctx context.Context, name string) (any, error) {
+			s := sessions[next%k]
+			next++
+			return s.Lock(ctx, name)
+		},
+		close: keeper.Close, // closes the sessions first
+	}
+}
+
+func manyLocksAuthOnce(b *testing.B, n int, leasefence bool, sessions int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c, err := etcdproc.Start(ctx, etcdproc.Config{NoFsync: true})
@@ -54,11 +82,15 @@ func manyLocksAuthOnce(b *testing.B, n int, leasefence bool) {
 		b.Fatal(err)
 	}
 	defer cli.Close()
-	h := mutexHolder
-	if leasefence {
-		h = leasefenceHolder
+	var locker holder
+	switch {
+	case sessions > 1:
+		locker = keeperHolder(b, cli, sessions)
+	case leasefence:
+		locker = leasefenceHolder(b, cli)
+	default:
+		locker = mutexHolder(b, cli)
 	}
-	locker := h(b, cli)
 	tenth := max(n/10, 1)
 	var first, last time.Duration
 	start := time.Now()
