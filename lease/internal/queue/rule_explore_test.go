@@ -936,7 +936,7 @@ func (w *world) checkTrust() {
 		if wt.sub == nil {
 			continue
 		}
-		c := w.k.sources[wt.sub.src]
+		c := w.k.source(wt.sub.src)
 		if c != nil && c.up && c.gen != wt.gen && !(wt.telling && c.gen+1 == wt.gen) {
 			w.fail("the rule counts subscription %d to the %s watch up in generation %d, while the watch is in %d",
 				wt.sub.src, wt.name, c.gen, wt.gen)
@@ -993,9 +993,9 @@ func (w *world) unfed() string {
 		}
 	}
 	var unfed []Source
-	for src, c := range w.k.sources {
-		if c.up && !fed[src] {
-			unfed = append(unfed, src)
+	for _, c := range w.k.sources {
+		if c.up && !fed[c.src] {
+			unfed = append(unfed, c.src)
 		}
 	}
 	if len(unfed) == 0 {
