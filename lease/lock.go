@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-
 	"github.com/leasefence/leasefence/lease/internal/keywrite"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
@@ -196,12 +194,9 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	}
 	t := &tracker{s: s, name: name, key: w.own.Key(), mode: mode, w: w} // the key: one string per name
 	t.hold.value, t.hold.gate = value, release
-	pfx := name + "/"
 	t.q.Waiter = queue.NewWaiter(queue.NewRule(t.key, t.owns, t.blocksKV), queue.Config{
 		Shared: w.shared != nil, Near: nearAhead, Follow: followKeys,
-		IsReader:   func(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read },
-		IsQueueKey: func(kv *mvccpb.KeyValue) bool { return isQueueKey(pfx, kv) },
-		IsChild:    func(kv *mvccpb.KeyValue) bool { return isChildKey(pfx, kv) },
+		IsReader: isReader, IsQueueKey: t.isQueueKey, IsChild: t.isChild,
 	})
 	l := &Lock{t: t, trace: trace, kw: s.keyWrites(name, t.key)}
 	t.l = l

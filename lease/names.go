@@ -80,6 +80,18 @@ func isQueueKey(pfx string, kv *mvccpb.KeyValue) bool {
 	return strings.TrimPrefix(string(kv.Key), pfx) == strconv.FormatInt(kv.Lease, 16)
 }
 
+// isReader tells a reader's key.
+func isReader(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read }
+
+// prefix is the lock's name and a slash: the start of its key, shared
+// with it rather than made for each lock.
+func (t *tracker) prefix() string { return t.key[:len(t.name)+1] }
+
+// isQueueKey and isChild are isQueueKey and isChildKey for the lock's
+// name.
+func (t *tracker) isQueueKey(kv *mvccpb.KeyValue) bool { return isQueueKey(t.prefix(), kv) }
+func (t *tracker) isChild(kv *mvccpb.KeyValue) bool    { return isChildKey(t.prefix(), kv) }
+
 // isChildKey tells whether kv lies directly under pfx: a key that may be a
 // queue key, as far as a keys-only read tells.
 func isChildKey(pfx string, kv *mvccpb.KeyValue) bool {
