@@ -35,6 +35,24 @@ type recheckCtl struct {
 	held chan *heldRead
 }
 
+// cutLink is a client's link to etcd that a test can cut (the proxy
+// closed) and mend (a proxy started again at the same address).
+type cutLink struct {
+	p                 *etcdproc.Proxy
+	url, addr, target string
+}
+
+func newCutLink(t *testing.T) *cutLink {
+	t.Helper()
+	target := etcd.Endpoints()[0]
+	p, url := etcdproc.ProxyT(t, target)
+	return &cutLink{p: p, url: url, addr: strings.TrimPrefix(url, "http://"), target: target}
+}
+
+func (c *cutLink) cut() { c.p.Close() }
+
+func (c *cutLink) mend(t *testing.T) { c.p = etcdproc.ProxyAt(t, c.addr, c.target) }
+
 type heldRead struct {
 	keys    []string
 	release chan error
@@ -235,16 +253,14 @@ func TestRecheckStress(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rnd := rand.New(rand.NewPCG(uint64(seed), 1))
-	target := etcd.Endpoints()[0]
-	p, url := etcdproc.ProxyT(t, target)
-	addr := strings.TrimPrefix(url, "http://")
+	link := newCutLink(t)
 	prefix := etcdproc.Name(t, "stress")
 	ctl := newRecheckCtl(prefix)
 	var fmu sync.Mutex
 	failPct := 0
 	frnd := rand.New(rand.NewPCG(uint64(seed), 2))
 	inner := ctl.interceptor
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{link.url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			if _, ok := ctl.match(req); ok {
 				fmu.Lock()
@@ -295,7 +311,7 @@ func TestRecheckStress(t *testing.T) {
 		// Some deletions at once, some after a cut of the link.
 		cut := rnd.IntN(2) == 0
 		if cut {
-			p.Close()
+			link.cut()
 		}
 		if d := rnd.IntN(5); d > 0 {
 			time.Sleep(time.Duration(d) * 20 * time.Millisecond) // let some own-key watches come up, or not
@@ -311,7 +327,7 @@ func TestRecheckStress(t *testing.T) {
 			}
 		}
 		if cut {
-			p = etcdproc.ProxyAt(t, addr, target)
+			link.mend(t)
 		}
 		fmu.Lock()
 		failPct = 0 // rechecks must get through in the end
@@ -354,12 +370,10 @@ func TestRecheckStress(t *testing.T) {
 // the first rechecks as the link comes back failing.
 func TestRecheckKeeperCut(t *testing.T) {
 	etcdproc.LeakCheck(t)
-	target := etcd.Endpoints()[0]
-	p, url := etcdproc.ProxyT(t, target)
-	addr := strings.TrimPrefix(url, "http://")
+	link := newCutLink(t)
 	name := etcdproc.Name(t, "keeper-cut")
 	ctl := newRecheckCtl(name)
-	cli := ctl.client(t, []string{url})
+	cli := ctl.client(t, []string{link.url})
 	other := etcd.Client(t)
 	k, err := lease.NewKeeper(cli)
 	if err != nil {
@@ -371,12 +385,12 @@ func TestRecheckKeeperCut(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close(); k.Close(); cli.Close() })
 	l := mustLock(t, s, name)
-	p.Close()
+	link.cut()
 	if _, err := other.Delete(etcdproc.Ctx(t, 10*time.Second), l.Key()); err != nil {
 		t.Fatal(err)
 	}
 	ctl.set(true, 2, false)
-	etcdproc.ProxyAt(t, addr, target)
+	link.mend(t)
 	t.Cleanup(func() { s.Close(); k.Close(); cli.Close() })
 	expectDone(t, l.Done(), 20*time.Second, "lock whose key was deleted while the link was cut")
 	if !errors.Is(l.Err(), lease.ErrKeyDeleted) {

@@ -2,7 +2,6 @@ package lease_test
 
 import (
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,16 +14,14 @@ import (
 // recheck of the session: here the own-key watch goes down (link cut),
 // the key is deleted, the watch comes up again and queues a recheck that
 // shows the deletion, while the read of the epoch that is over is still
-// stuck. With one batch in flight at a time (until 15136a1) the lock
+// stuck. With one batch in flight at a time (before c2d5615) the lock
 // ended only a TTL (10 s) later.
 func TestStuckRecheckHoldsUpNoOther(t *testing.T) {
 	etcdproc.LeakCheck(t)
-	target := etcd.Endpoints()[0]
-	p, url := etcdproc.ProxyT(t, target)
-	addr := strings.TrimPrefix(url, "http://")
+	link := newCutLink(t)
 	name := etcdproc.Name(t, "stuck")
 	ctl := newRecheckCtl(name)
-	cli := ctl.client(t, []string{url})
+	cli := ctl.client(t, []string{link.url})
 	other := etcd.Client(t)
 	s, err := lease.NewSession(etcdproc.Ctx(t, 10*time.Second), cli, lease.WithTTL(10*time.Second))
 	if err != nil {
@@ -33,12 +30,12 @@ func TestStuckRecheckHoldsUpNoOther(t *testing.T) {
 	ctl.set(true, 0, true)
 	l := mustLock(t, s, name)
 	ctl.nextHeld(t, 10*time.Second) // never answered: the batch times out
-	p.Close()
+	link.cut()
 	if _, err := other.Delete(etcdproc.Ctx(t, 10*time.Second), l.Key()); err != nil {
 		t.Fatal(err)
 	}
 	ctl.set(true, 0, false)
-	etcdproc.ProxyAt(t, addr, target)
+	link.mend(t)
 	t.Cleanup(func() { s.Close(); cli.Close() })
 	if _, err := cli.Get(etcdproc.Ctx(t, 10*time.Second), "reconnected"); err != nil {
 		t.Fatal(err)
