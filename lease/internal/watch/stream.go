@@ -50,6 +50,7 @@ type Stream struct {
 	lastID  int64               // the last watch ID asked for: IDs are never reused
 	live    *link               // the stream up now; nil while none
 	drains  sync.WaitGroup      // watches' goroutines handing on (post)
+	timers  sync.WaitGroup      // retry timers set and not stopped (retryLocked)
 }
 
 // reg is one creation of a watch on a stream.
@@ -144,10 +145,7 @@ func (s *Stream) remove(w *Watch) (inline bool) {
 		return false
 	}
 	delete(s.open, w)
-	if w.retryAt != nil {
-		w.retryAt.Stop()
-		w.retryAt = nil
-	}
+	s.stopRetryLocked(w)
 	s.dropLocked(w)
 	return s.postLocked(w, item{down: true})
 }
@@ -216,11 +214,14 @@ func (s *Stream) restart(w *Watch, r *reg) {
 // then: on the live stream, or else on the next (serve creates each open
 // watch with no retry due). s.mu is held.
 func (s *Stream) retryLocked(w *Watch) {
-	if w.retryAt != nil {
-		w.retryAt.Stop()
+	s.stopRetryLocked(w)
+	if s.ctx.Err() != nil {
+		return // the stream is ending: nothing is created again
 	}
 	var t *time.Timer
+	s.timers.Add(1)
 	t = time.AfterFunc(w.retry.Next(), func() {
+		defer s.timers.Done()
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if w.retryAt != t {
@@ -232,6 +233,15 @@ func (s *Stream) retryLocked(w *Watch) {
 		}
 	})
 	w.retryAt = t
+}
+
+// stopRetryLocked stops w's retry timer, if any; the stream's end waits
+// for a callback that Stop was too late to prevent. s.mu is held.
+func (s *Stream) stopRetryLocked(w *Watch) {
+	if w.retryAt != nil && w.retryAt.Stop() {
+		s.timers.Done()
+	}
+	w.retryAt = nil
 }
 
 // run keeps the stream open until its context ends, opening it again
@@ -253,6 +263,7 @@ func (s *Stream) run() {
 	s.ended = true
 	s.mu.Unlock()
 	s.drains.Wait()
+	s.timers.Wait()
 }
 
 // serve runs one gRPC stream until it fails, and reports whether etcd
@@ -395,9 +406,8 @@ func (s *Stream) fall(final bool) {
 			w.reg.endUp()
 		}
 		w.reg = nil
-		if final && w.retryAt != nil {
-			w.retryAt.Stop()
-			w.retryAt = nil
+		if final {
+			s.stopRetryLocked(w)
 		}
 	}
 	if final {
