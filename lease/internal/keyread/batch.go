@@ -51,8 +51,10 @@ type Answer func(kv *mvccpb.KeyValue, rev int64, err error)
 
 // Read reads key at minRev or later, batched with the reads queued beside
 // it, and calls answer with the outcome: on the batch's goroutine, or on
-// the caller's at once if the batch cannot start (Go failed). A batch is
-// bounded by Timeout, so answer is called within about that.
+// the caller's at once if the batch cannot start (Go failed; then every
+// read queued is failed with it). A batch is bounded by Timeout, so
+// answer is called within about twice that: the batch's own time, and at
+// most one batch's before it leaves.
 func (b *Batcher) Read(key string, minRev int64, answer Answer) {
 	b.mu.Lock()
 	b.queued = append(b.queued, &read{key: key, minRev: minRev, answer: answer})
