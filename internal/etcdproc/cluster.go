@@ -35,6 +35,8 @@ type Config struct {
 	// NoFsync turns off etcd's fsync of its log and database
 	// (--unsafe-no-fsync). Never for data that matters.
 	NoFsync bool
+	// Args are more flags for etcd (--auth-token-ttl=1, say).
+	Args []string
 }
 
 // Cluster is a running single-member etcd: a child process with its data
@@ -58,6 +60,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.NoFsync {
 		extra = append(extra, "--unsafe-no-fsync")
 	}
+	extra = append(extra, cfg.Args...)
 	// A port found free can be taken by another process before etcd binds
 	// it: try new ports.
 	for attempt := 0; ; attempt++ {

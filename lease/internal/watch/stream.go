@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"time"
@@ -49,6 +50,7 @@ type Stream struct {
 	pending []*reg              // creates sent on the live stream, not answered yet
 	lastID  int64               // the last watch ID asked for: IDs are never reused
 	live    *link               // the stream up now; nil while none
+	expired string              // a key whose create found the stream's auth token expired (refreshToken)
 	drains  sync.WaitGroup      // watches' goroutines handing on (post)
 	timers  sync.WaitGroup      // retry timers set and not stopped (retryLocked)
 }
@@ -254,6 +256,7 @@ func (s *Stream) run() {
 			retry.Reset()
 		}
 		s.fall(false)
+		s.refreshToken()
 		if retry.Wait(s.ctx) != nil {
 			break
 		}
@@ -359,6 +362,14 @@ func (s *Stream) routeLocked(resp *pb.WatchResponse) (w *Watch, it item, ok bool
 	}
 	s.pending = s.pending[1:]
 	switch {
+	case resp.Canceled && tokenExpired(resp):
+		// Not a refusal: the stream's auth token has expired (etcd's
+		// simple tokens do, unused for --auth-token-ttl), and a stream
+		// keeps the token it opened with. It starts over (run), with a
+		// token the client renews first (refreshToken); every open watch
+		// comes up again on it.
+		s.expired = r.w.key
+		return nil, item{}, false
 	case resp.Canceled && r.gone:
 		return nil, item{}, true
 	case resp.Canceled:
@@ -442,12 +453,50 @@ func (s *Stream) postLocked(w *Watch, it item) (inline bool) {
 	return false
 }
 
+// tokenExpired tells a create refused for the stream's auth token, which
+// a new token cures: expired, or older than etcd's auth settings.
+func tokenExpired(resp *pb.WatchResponse) bool {
+	err := cancelErr(resp)
+	return errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrAuthOldRevision)
+}
+
+// refreshToken, after a create found the stream's auth token expired
+// (routeLocked), has the client renew it before the next stream opens:
+// clientv3 asks for a new token when etcd refuses a request for its
+// token, and sends the request again. Any error is left to that stream,
+// which meets the same refusal and comes here again after its backoff.
+func (s *Stream) refreshToken() {
+	s.mu.Lock()
+	key := s.expired
+	s.expired = ""
+	s.mu.Unlock()
+	if key == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, tokenRefreshTimeout)
+	defer cancel()
+	_, _ = s.client.Get(ctx, key, clientv3.WithSerializable(), clientv3.WithCountOnly())
+}
+
+// tokenRefreshTimeout bounds refreshToken's request.
+const tokenRefreshTimeout = 5 * time.Second
+
 // cancelErr is why etcd cancelled a watch, as clientv3 reports it.
 func cancelErr(resp *pb.WatchResponse) error {
 	switch {
 	case resp.CompactRevision != 0:
 		return rpctypes.ErrCompacted
 	case resp.CancelReason != "":
+		// etcd gives a refused create's gRPC error as its text: the error
+		// itself when it is one that a refusal (rpcerr.WatchRefusal) or tokenExpired
+		// looks for (wrapped whole, it matched neither).
+		for _, e := range []error{rpctypes.ErrGRPCPermissionDenied, rpctypes.ErrGRPCInvalidAuthToken,
+			rpctypes.ErrGRPCAuthOldRevision, rpctypes.ErrGRPCUserEmpty, rpctypes.ErrGRPCAuthNotEnabled,
+			rpctypes.ErrGRPCInvalidAuthMgmt} {
+			if resp.CancelReason == e.Error() {
+				return rpctypes.Error(e)
+			}
+		}
 		return rpctypes.Error(status.Error(codes.FailedPrecondition, resp.CancelReason))
 	}
 	return rpctypes.ErrFutureRev
