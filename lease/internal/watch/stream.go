@@ -252,11 +252,13 @@ func (s *Stream) run() {
 	defer s.owner.Untrack()
 	retry := backoff.New(50*time.Millisecond, time.Second)
 	for s.ctx.Err() == nil {
-		if s.serve() {
+		answered := s.serve()
+		s.fall(false)
+		// A stream that met an expired token backs off as a failed one
+		// does, in case the token cannot be renewed.
+		if !s.refreshToken() && answered {
 			retry.Reset()
 		}
-		s.fall(false)
-		s.refreshToken()
 		if retry.Wait(s.ctx) != nil {
 			break
 		}
@@ -463,19 +465,21 @@ func tokenExpired(resp *pb.WatchResponse) bool {
 // refreshToken, after a create found the stream's auth token expired
 // (routeLocked), has the client renew it before the next stream opens:
 // clientv3 asks for a new token when etcd refuses a request for its
-// token, and sends the request again. Any error is left to that stream,
-// which meets the same refusal and comes here again after its backoff.
-func (s *Stream) refreshToken() {
+// token, and sends the request again. It reports whether it was needed.
+// Any error is left to the next stream, which meets the same refusal and
+// comes here again after its backoff.
+func (s *Stream) refreshToken() bool {
 	s.mu.Lock()
 	key := s.expired
 	s.expired = ""
 	s.mu.Unlock()
 	if key == "" {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, tokenRefreshTimeout)
 	defer cancel()
 	_, _ = s.client.Get(ctx, key, clientv3.WithSerializable(), clientv3.WithCountOnly())
+	return true
 }
 
 // tokenRefreshTimeout bounds refreshToken's request.
