@@ -1,8 +1,11 @@
 package lease_test
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/etcdproc"
 	"github.com/leasefence/leasefence/lease"
@@ -37,5 +40,46 @@ func TestLockAfterStreamTokenExpired(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("lock %d, taken after the stream was idle %v: its key's deletion not seen in 5 s (session: %v)", i, idle, s.Err())
 		}
+	}
+}
+
+// A held lock whose role keeps write but loses read permission on the
+// name (its keep-alives still pass): its own-key watch, up before, sees
+// its key's deletion. When the stream starts over for an expired token (a
+// lock of another name taken after the stream sat idle), that watch is
+// created again and refused: the lock, blind to its key, must end rather
+// than stay held while its key is deleted and the name taken by others.
+func TestHeldLockOwnWatchRefusedOnRestart(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	c := etcdproc.StartT(t, etcdproc.Config{NoFsync: true, Args: []string{"--auth-token=simple", "--auth-token-ttl=1"}})
+	ctx := etcdproc.Ctx(t, time.Minute)
+	base := etcdproc.Name(t, "revoke")
+	p, q := base+"/p/", base+"/q/"
+	setUpAuth(t, ctx, c.ClientT(t), map[string][]string{"app": append([]string{p, q}, append(lease.OwnPrefixes(p), lease.OwnPrefixes(q)...)...)})
+	root, cli := authClient(t, c, "root"), authClient(t, c, "app")
+	s := newSession(t, cli, lease.WithTTL(5*time.Second))
+	// Its own-key watch opens 50 ms after the grant; whether it is up
+	// before the permission changes or is refused at its first create,
+	// the lock must end.
+	l := mustLock(t, s, p+"a")
+	if _, err := root.RoleRevokePermission(ctx, "app", p, clientv3.GetPrefixRangeEnd(p)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.RoleGrantPermission(ctx, "app", p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermWrite)); err != nil {
+		t.Fatal(err)
+	}
+	// Waiting out the token's TTL is the condition itself.
+	time.Sleep(3 * time.Second)
+	mustLock(t, s, q+"b") // its create meets the expired token: the stream starts over
+	if _, err := root.Delete(ctx, l.Key()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+		if !errors.Is(l.Err(), lease.ErrLost) {
+			t.Errorf("the lock ended %v, want ErrLost", l.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a held lock whose own-key watch is refused: its key's deletion not seen in 10 s (session: %v)", s.Err())
 	}
 }

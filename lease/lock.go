@@ -113,7 +113,8 @@ func (l *Lock) Done() <-chan struct{} { return l.finished }
 
 // Err is nil while the lock is held. After Done is closed it says why:
 // ErrUnlocked, ErrSessionClosed, or for an involuntary loss an error
-// wrapping ErrLost (ErrLeaseExpired, ErrKeyDeleted, ErrRevisionRegressed).
+// wrapping ErrLost (ErrLeaseExpired, ErrKeyDeleted, ErrRevisionRegressed,
+// or etcd's refusal to let the session watch the key any more).
 func (l *Lock) Err() error {
 	if l.t.ctx.Err() == nil {
 		return nil

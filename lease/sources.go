@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
@@ -102,9 +103,18 @@ func (t *tracker) Up(_ context.Context, w *watch.Watch, src queue.Source, epoch 
 
 // Down records that subscription src went down, ending epoch-1,
 // and wakes the waiter (watch.Listener).
+//
+// A held lock whose own-key watch etcd refused (read permission on its
+// key taken away, say) ends: it could no longer see its key deleted.
 func (t *tracker) Down(src queue.Source, epoch queue.Epoch) {
 	t.mu.Lock()
 	t.q.Rule.Down(src, epoch)
+	if t.hold.granted && t.hold.phase == steady && t.ctx.Err() == nil {
+		if err := t.w.own.Refused(); err != nil && !t.w.own.Epoch().Up() {
+			t.cancel(fmt.Errorf("%w: its key can no longer be watched: %w", ErrLost, err))
+			t.l.finishLater()
+		}
+	}
 	t.mu.Unlock()
 	t.poke()
 }

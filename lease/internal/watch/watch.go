@@ -231,6 +231,7 @@ func (w *Watch) isUp(ctx context.Context) bool {
 		w.epoch.Add(1)
 		w.tellLocked()
 	}
+	w.refusal = nil // etcd accepts it now: a refusal before is no longer news
 	epoch := w.Epoch()
 	w.mu.Unlock()
 	// With no start revision, it reports every change after upRev. A lock
@@ -257,6 +258,14 @@ func (w *Watch) refuseIf(err error) {
 		w.refusal = err
 		w.tellLocked()
 	}
+}
+
+// Refused is why etcd refused the watch the last time it was created,
+// or nil if it has come up since or was never refused.
+func (w *Watch) Refused() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refusal
 }
 
 // tellLocked wakes whoever waits for the watch to come up (UpEpoch).
