@@ -20,7 +20,6 @@ func TestCancelReasons(t *testing.T) {
 	}{
 		{rpctypes.ErrGRPCPermissionDenied.Error(), rpctypes.ErrPermissionDenied, false},
 		{rpctypes.ErrGRPCInvalidAuthToken.Error(), rpctypes.ErrInvalidAuthToken, true},
-		{rpctypes.ErrGRPCAuthOldRevision.Error(), nil, true},
 		{"etcdserver: mvcc: required revision is a future revision", nil, false},
 	} {
 		resp := &pb.WatchResponse{Created: true, Canceled: true, CancelReason: tc.reason}

@@ -456,10 +456,11 @@ func (s *Stream) postLocked(w *Watch, it item) (inline bool) {
 }
 
 // tokenExpired tells a create refused for the stream's auth token, which
-// a new token cures: expired, or older than etcd's auth settings.
+// a new token cures. (A token older than etcd's auth settings is refused
+// otherwise; simple tokens carry the current settings, and etcd's client
+// at the library's floor does not name that error.)
 func tokenExpired(resp *pb.WatchResponse) bool {
-	err := cancelErr(resp)
-	return errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrAuthOldRevision)
+	return errors.Is(cancelErr(resp), rpctypes.ErrInvalidAuthToken)
 }
 
 // refreshToken, after a create found the stream's auth token expired
@@ -495,8 +496,7 @@ func cancelErr(resp *pb.WatchResponse) error {
 		// itself when it is one that a refusal (rpcerr.WatchRefusal) or tokenExpired
 		// looks for (wrapped whole, it matched neither).
 		for _, e := range []error{rpctypes.ErrGRPCPermissionDenied, rpctypes.ErrGRPCInvalidAuthToken,
-			rpctypes.ErrGRPCAuthOldRevision, rpctypes.ErrGRPCUserEmpty, rpctypes.ErrGRPCAuthNotEnabled,
-			rpctypes.ErrGRPCInvalidAuthMgmt} {
+			rpctypes.ErrGRPCUserEmpty, rpctypes.ErrGRPCAuthNotEnabled, rpctypes.ErrGRPCInvalidAuthMgmt} {
 			if resp.CancelReason == e.Error() {
 				return rpctypes.Error(e)
 			}
