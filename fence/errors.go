@@ -30,6 +30,13 @@ var (
 	// ErrBadRecord reports a fence record whose value is not a token
 	// written by EncodeToken: something other than this package wrote it.
 	ErrBadRecord = errors.New("fence: bad token record")
+
+	// ErrUnverified reports a token that etcd did not confirm as a live
+	// holding of the lock it was offered for: no lock key of that name
+	// with that creation revision exists on the lease its name encodes.
+	// The error is an *UnverifiedError. Unlike a stale token, it says
+	// nothing about the order of tokens, and it raises nothing.
+	ErrUnverified = errors.New("fence: unverified token")
 )
 
 // NotHeldError is the error of a failed Held guard, or of a holder whose
@@ -81,6 +88,33 @@ func (e *StaleError) Error() string {
 
 // Is makes errors.Is(err, ErrStale) hold.
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+// UnverifiedError is the refusal of a token that etcd, asked at
+// Revision, did not show as a live holding of lock Name.
+type UnverifiedError struct {
+	Name  string // the lock name the token was offered for
+	Token int64  // the token offered
+	// Revision is etcd's revision when it was asked. A Token above it is
+	// no holding at all: etcd has not handed it out yet.
+	Revision int64
+	// Key is the lock key of Name that has creation revision Token but is
+	// not on the lease its name encodes (someone's put moved it); "" if
+	// there is no such key.
+	Key string
+}
+
+func (e *UnverifiedError) Error() string {
+	switch {
+	case e.Token > e.Revision:
+		return fmt.Sprintf("fence: unverified token %d for lock %q: etcd is at revision %d, so no holding has that token", e.Token, e.Name, e.Revision)
+	case e.Key != "":
+		return fmt.Sprintf("fence: unverified token %d for lock %q: key %q has it but is no longer on the lease its name encodes (etcd at revision %d)", e.Token, e.Name, e.Key, e.Revision)
+	}
+	return fmt.Sprintf("fence: unverified token %d for lock %q: etcd at revision %d has no lock key of that name with that creation revision", e.Token, e.Name, e.Revision)
+}
+
+// Is makes errors.Is(err, ErrUnverified) hold.
+func (e *UnverifiedError) Is(target error) bool { return target == ErrUnverified }
 
 // classify turns a failed request's error into one that says whether the
 // request can have been applied. Only errors etcd returns before applying

@@ -61,7 +61,7 @@ func HeldCmps(h Holder) []clientv3.Cmp { return heldCmps(h.Key(), h.Token()) }
 // the next waiter). For a key that encodes no lease, the comparisons
 // contradict each other, so they never hold.
 func heldCmps(key string, token int64) []clientv3.Cmp {
-	id, ok := keyLease(key)
+	id, ok := KeyLease(key)
 	if !ok {
 		return []clientv3.Cmp{
 			clientv3.Compare(clientv3.LeaseValue(key), "=", 0),
@@ -74,11 +74,11 @@ func heldCmps(key string, token int64) []clientv3.Cmp {
 	}
 }
 
-// keyLease is the lease ID a lock key's name encodes: the key's last
+// KeyLease is the lease ID a lock key's name encodes: the key's last
 // segment, after its last "/", is the ID in lowercase hex with no leading
 // zeros, as etcd's lock and election code and package lease write it. ok
 // is false for a key with no such segment or an ID that is not positive.
-func keyLease(key string) (id int64, ok bool) {
+func KeyLease(key string) (id int64, ok bool) {
 	i := strings.LastIndexByte(key, '/')
 	if i < 0 {
 		return 0, false
@@ -91,9 +91,9 @@ func keyLease(key string) (id int64, ok bool) {
 	return id, true
 }
 
-// isLockKey tells whether key is in etcd's lock layout (keyLease).
+// isLockKey tells whether key is in etcd's lock layout (KeyLease).
 func isLockKey(key string) bool {
-	_, ok := keyLease(key)
+	_, ok := KeyLease(key)
 	return ok
 }
 

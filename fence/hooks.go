@@ -12,8 +12,8 @@ import (
 // Txn.WithHooks, sqlfence.WithHooks, objectfence.WithHooks,
 // fencehttp.WithHooks or fencegrpc.WithHooks.
 type Hooks struct {
-	// Refused is called when a fence refuses a write, with the kind of
-	// guard that refused it: "held", "resource", "sql", "object", "http"
+	// Refused is called when a fence refuses a write for a stale token
+	// or one etcd did not confirm, with the kind of guard that refused it: "held", "resource", "sql", "object", "http"
 	// or "grpc".
 	Refused func(guard string)
 	// OutcomeUnknown is called when a fenced write may or may not have
@@ -53,7 +53,7 @@ type WriteGuard struct {
 }
 
 // Report calls the hook that err calls for, if any: Refused with guard for a
-// *StaleError, Refused("held") for a *NotHeldError, OutcomeUnknown for
+// *StaleError or an *UnverifiedError, Refused("held") for a *NotHeldError, OutcomeUnknown for
 // ErrOutcomeUnknown. It is nil-safe, for the fence packages that report
 // through it.
 func (h *Hooks) Report(guard string, err error) {
@@ -63,7 +63,7 @@ func (h *Hooks) Report(guard string, err error) {
 		if h.Refused != nil {
 			h.Refused("held")
 		}
-	case errors.Is(err, ErrStale):
+	case errors.Is(err, ErrStale), errors.Is(err, ErrUnverified):
 		if h.Refused != nil {
 			h.Refused(guard)
 		}

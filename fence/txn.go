@@ -338,7 +338,7 @@ func (t *Txn) heldFailures(resp *clientv3.TxnResponse) error {
 		}
 		kvs := resp.Responses[i].GetResponseRange().Kvs
 		i++
-		id, _ := keyLease(g.key) // validate refused keys that encode no lease
+		id, _ := KeyLease(g.key) // validate refused keys that encode no lease
 		switch {
 		case len(kvs) == 0:
 			errs = append(errs, &NotHeldError{Key: g.key, Token: g.token})

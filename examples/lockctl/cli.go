@@ -65,6 +65,7 @@ var shownDefault = map[string]string{
 	// put's, which lockctl run's command finds in its environment.
 	"put -token":  "$LEASEFENCE_TOKEN",
 	"put -record": "$LEASEFENCE_RECORD",
+	"put -lock":   "$LEASEFENCE_LOCK",
 	// The session's own default, lease.WithOwner's.
 	"run -owner": "host/pid",
 }

@@ -87,7 +87,7 @@ func checkUsage(t *testing.T, text string) {
 	}
 	lines := strings.Split(text, "\n")
 	want := []string{
-		"  list PREFIX ", "  show NAME ", "  records [-all] PREFIX ", "  release -token T NAME ", "  watch NAME ", "  run [flags] NAME -- COMMAND [ARGS...] ", "  put [-record KEY] [-token T] KEY VALUE ", "  help ",
+		"  list PREFIX ", "  show NAME ", "  records [-all] PREFIX ", "  release -token T NAME ", "  watch NAME ", "  run [flags] NAME -- COMMAND [ARGS...] ", "  put [-record KEY] [-token T] [-lock NAME] KEY VALUE ", "  help ",
 		"  -endpoints URLs ", "(default $ETCD_ENDPOINTS, else 127.0.0.1:2379)",
 		"  -timeout DURATION ", "(default 5s)",
 		"  -token T ", "(default none: required)",

@@ -12,6 +12,7 @@ const (
 	exitUsage       = 2   // bad arguments
 	exitStale       = 3   // put: the token is lower than the record's
 	exitUnknown     = 4   // put: no answer; the write may have landed
+	exitUnverified  = 5   // put: etcd did not confirm the token as a holding of the lock
 	exitUnavailable = 69  // EX_UNAVAILABLE: etcd did not answer in time
 	exitBusy        = 75  // EX_TEMPFAIL: run -no-wait or -wait found the lock held
 	exitLost        = 124 // the holding was lost, while the child ran (as timeout(1)) or before it started

@@ -40,7 +40,7 @@ func TestPutFenced(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	code := execute(ctx, []string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "put", "-record", record, "-token", toks[0], key, "stale"},
+	code := execute(ctx, []string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "put", "-record", record, "-token", toks[0], "-lock", name, key, "stale"},
 		&stdout, &stderr, "alice@ops-1")
 	want := "lockctl: put " + key + ": token " + toks[0] + " is stale: record " + record + " has accepted " + toks[1] + "; " + key + " unchanged\n"
 	if code != exitStale || stderr.String() != want {
@@ -65,6 +65,7 @@ const putHint = "lockctl put -h says what put needs."
 func TestPutArguments(t *testing.T) {
 	t.Setenv("LEASEFENCE_TOKEN", "")
 	t.Setenv("LEASEFENCE_RECORD", "")
+	t.Setenv("LEASEFENCE_LOCK", "")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -74,6 +75,8 @@ func TestPutArguments(t *testing.T) {
 		{[]string{"put", "-record", "r", "-token", "x", "k", "v"}, `lockctl: put: token "x": want a whole number above 0`},
 		{[]string{"put", "-record", "k", "-token", "3", "k", "v"}, `lockctl: put: KEY "k" is the fence record itself`},
 		{[]string{"put", "-record", "r", "-token", "3", "k"}, "lockctl: put takes KEY VALUE (its flags go before KEY), got 1 arguments"},
+		{[]string{"put", "-record", "r", "-token", "3", "k", "v"}, "lockctl: put needs -lock NAME, or LEASEFENCE_LOCK (lockctl run sets it), to have etcd confirm the token; -unverified skips that"},
+		{[]string{"put", "-record", "r", "-token", "3", "-lock", "n", "-unverified", "k", "v"}, "lockctl: put: -lock and -unverified together: give one"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := execute(context.Background(), tc.args, &stdout, &stderr, "alice@ops-1")
@@ -110,5 +113,65 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 	awaitQueue(t, cli, name, 1)
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the command ran")
+	}
+}
+
+// TestPutVerifiesToken: put confirms a token above the record's with etcd
+// before it raises the record. A number no holding has (far above etcd's
+// revision, or a revision that created no key of the lock) exits 5 and
+// changes nothing; the holder's own token then still writes. A token at or
+// below the record's is decided by the guarded write, as before.
+func TestPutVerifiesToken(t *testing.T) {
+	cli := etcd.Client(t)
+	name := etcdproc.Name(t, "job")
+	record, key := name+"-record", name+"-state"
+	s := session(t, cli)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	l, err := s.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(token int64, value string, extra ...string) (int, string) {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"-endpoints", strings.Join(etcd.Endpoints(), ","), "put", "-record", record,
+			"-token", strconv.FormatInt(token, 10)}, extra...)
+		code := execute(ctx, append(args, key, value), &stdout, &stderr, "alice@ops-1")
+		return code, stderr.String()
+	}
+	other, err := cli.Put(ctx, name+"-elsewhere", "x") // a revision that created no key of the lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, forged := range []int64{9000000000000000000, other.Header.Revision} {
+		code, stderr := put(forged, "forged", "-lock", name)
+		if code != exitUnverified || !strings.Contains(stderr, "unverified token") || !strings.Contains(stderr, key+" unchanged") {
+			t.Fatalf("forged token %d: exit %d, stderr %q; want %d", forged, code, stderr, exitUnverified)
+		}
+		if got, err := fence.ReadRecord(ctx, cli, record); err != nil || got != 0 {
+			t.Fatalf("record after forged token %d: %d %v, want none", forged, got, err)
+		}
+	}
+	if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("key after forged puts: %v %v", resp, err)
+	}
+	// Another lock's real token is no holding of this one.
+	l2, err := s.Lock(ctx, name+"-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, stderr := put(l2.Token(), "misdirected", "-lock", name); code != exitUnverified {
+		t.Fatalf("another lock's token: exit %d, stderr %q", code, stderr)
+	}
+	if code, stderr := put(l.Token(), "mine", "-lock", name); code != 0 {
+		t.Fatalf("holder's put: exit %d, stderr %q", code, stderr)
+	}
+	// -unverified opts out: the check is what refused the forged token.
+	if code, stderr := put(l.Token()+1000000, "unchecked", "-unverified"); code != 0 {
+		t.Fatalf("-unverified put: exit %d, stderr %q", code, stderr)
+	}
+	// Now below the record, the holder's token is decided by the guarded
+	// write as before: stale, exit 3, not 5.
+	if code, stderr := put(l.Token(), "late", "-lock", name); code != exitStale {
+		t.Fatalf("stale put: exit %d, stderr %q; want %d", code, stderr, exitStale)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/fence/fencestore"
 )
 
 // Option configures a Checker.
@@ -20,6 +21,7 @@ type options struct {
 	inHandler bool
 	lg        *zap.Logger
 	hooks     *fence.Hooks
+	verifier  fencestore.Verifier
 }
 
 // WithLockName makes every checked call carry tokens of the lock name,
@@ -83,6 +85,24 @@ func WithUncheckedMethods(fullMethods ...string) Option {
 func WithCheckInHandler() Option {
 	return func(o *options) error {
 		o.inHandler = true
+		return nil
+	}
+}
+
+// WithVerifier has the Checker ask v (a fencestore.EtcdVerifier on a
+// client of the locks' etcd) before its Store accepts a token higher than
+// any it has accepted: a call whose token v does not confirm as a live
+// holding of the lock fails with PermissionDenied and raises nothing, and
+// one v cannot check fails with Unavailable. A confirmed token is
+// remembered, so a holding costs the Checker one read. A
+// fencestore.EtcdStore verifies tokens itself and needs no WithVerifier
+// (NewChecker refuses one for it).
+func WithVerifier(v fencestore.Verifier) Option {
+	return func(o *options) error {
+		if v == nil {
+			return errors.New("nil Verifier")
+		}
+		o.verifier = v
 		return nil
 	}
 }

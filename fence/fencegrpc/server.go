@@ -20,8 +20,9 @@ import (
 // grpc.ChainUnaryInterceptor and grpc.ChainStreamInterceptor. It is safe
 // for concurrent use.
 type Checker struct {
-	store fencestore.Store
-	opts  options
+	store  fencestore.Store
+	opts   options
+	verify func(context.Context, fencestore.Claim) error // nil: tokens are not verified
 }
 
 // NewChecker returns a Checker over store. A lock name option is required:
@@ -34,7 +35,11 @@ func NewChecker(store fencestore.Store, opts ...Option) (*Checker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Checker{store: store, opts: o}, nil
+	verify, err := fencestore.VerifyFunc(store, o.verifier)
+	if err != nil {
+		return nil, fmt.Errorf("fencegrpc: %w", err)
+	}
+	return &Checker{store: store, opts: o, verify: verify}, nil
 }
 
 type claimKey struct{}
@@ -109,6 +114,7 @@ func (c *Checker) check(ctx context.Context, method string, req any) (context.Co
 		InHandler: c.opts.inHandler,
 		ClaimKey:  MetadataClaim,
 		Bad:       func(reason string) error { return fmt.Errorf("%w: %s", ErrBadMetadata, reason) },
+		Verify:    c.verify,
 	})
 	if fenced || err != nil {
 		c.opts.hooks.Checked(ctx, "grpc", fence.RequestGuard(cl.Name, cl.Token, claim), err)
@@ -123,8 +129,7 @@ func (c *Checker) check(ctx context.Context, method string, req any) (context.Co
 }
 
 func (c *Checker) refuse(ctx context.Context, method string, cl fencestore.Claim, err error) error {
-	var se *fence.StaleError
-	if errors.As(err, &se) {
+	if errors.Is(err, fence.ErrStale) || errors.Is(err, fence.ErrUnverified) {
 		c.opts.hooks.Report("grpc", err)
 	}
 	st := Error(cl, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -21,13 +22,20 @@ const (
 	InfoLock    = "lock"
 	InfoToken   = "token"
 	InfoHighest = "highest"
+	// ReasonUnverified is the Reason of a refusal of a token etcd did not
+	// confirm (WithVerifier), and InfoRevision the key of etcd's revision
+	// in its Metadata.
+	ReasonUnverified = "UNVERIFIED_FENCING_TOKEN"
+	InfoRevision     = "revision"
 )
 
 // Error is the status error answering a call under claim c that failed
 // with err, as the server interceptors answer: Aborted for a
 // *fence.StaleError, with an errdetails.ErrorInfo naming the lock, the
 // token offered and the highest accepted (c's, or the error's if c is
-// zero); Internal for fence.ErrBadRecord; InvalidArgument for
+// zero); PermissionDenied for a *fence.UnverifiedError, with an
+// ErrorInfo naming the lock, the token and etcd's revision; Unavailable
+// for fencestore.ErrVerifierUnavailable; Internal for fence.ErrBadRecord; InvalidArgument for
 // ErrBadMetadata or fence.ErrInvalidArgument; Unknown for
 // fence.ErrOutcomeUnknown, since the write may have been applied and a
 // retry policy must not send it again; Canceled or DeadlineExceeded for
@@ -35,12 +43,17 @@ const (
 // answer). Handlers return it when their own fenced write is refused.
 func Error(c fencestore.Claim, err error) error {
 	var se *fence.StaleError
+	var ue *fence.UnverifiedError
 	switch {
 	case errors.As(err, &se):
 		if c == (fencestore.Claim{}) {
 			c = fencestore.Claim{Name: se.Key, Token: se.Token}
 		}
 		return staleStatus(c, se.Highest).Err()
+	case errors.As(err, &ue):
+		return unverifiedStatus(ue).Err()
+	case errors.Is(err, fencestore.ErrVerifierUnavailable):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, fence.ErrBadRecord):
 		// A record something else wrote: no retry will fix it.
 		return status.Error(codes.Internal, err.Error())
@@ -71,29 +84,70 @@ func staleStatus(c fencestore.Claim, highest int64) *status.Status {
 	return withInfo
 }
 
+func unverifiedStatus(e *fence.UnverifiedError) *status.Status {
+	st := status.New(codes.PermissionDenied, e.Error())
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{
+		Domain: ErrorDomain,
+		Reason: ReasonUnverified,
+		Metadata: map[string]string{
+			InfoLock:     e.Name,
+			InfoToken:    fencestore.FormatToken(e.Token),
+			InfoRevision: strconv.FormatInt(e.Revision, 10),
+		},
+	})
+	if err != nil {
+		return st
+	}
+	return withInfo
+}
+
+// UnverifiedFrom returns the *fence.UnverifiedError that a fencegrpc
+// server's refusal of an unconfirmed token carries, and false for any
+// other error, as StaleFrom does for stale ones.
+func UnverifiedFrom(err error) (*fence.UnverifiedError, bool) {
+	md, ok := infoOf(err, codes.PermissionDenied, ReasonUnverified)
+	if !ok {
+		return nil, false
+	}
+	token, err1 := fencestore.ParseToken(md[InfoToken])
+	rev, err2 := strconv.ParseInt(md[InfoRevision], 10, 64)
+	if err1 != nil || err2 != nil {
+		return nil, false
+	}
+	return &fence.UnverifiedError{Name: md[InfoLock], Token: token, Revision: rev}, true
+}
+
+// infoOf is the Metadata of err's leasefence ErrorInfo with reason, if err
+// is a status with code and such a detail.
+func infoOf(err error, code codes.Code, reason string) (map[string]string, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != code {
+		return nil, false
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if ok && info.GetDomain() == ErrorDomain && info.GetReason() == reason {
+			return info.GetMetadata(), true
+		}
+	}
+	return nil, false
+}
+
 // StaleFrom returns the *fence.StaleError that a stale refusal from a
 // fencegrpc server carries, and false for any other error. The client
 // interceptors already return errors that errors.As turns into one; this
 // is for clients that call without them.
 func StaleFrom(err error) (*fence.StaleError, bool) {
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.Aborted {
+	md, ok := infoOf(err, codes.Aborted, ReasonStale)
+	if !ok {
 		return nil, false
 	}
-	for _, d := range st.Details() {
-		info, ok := d.(*errdetails.ErrorInfo)
-		if !ok || info.GetDomain() != ErrorDomain || info.GetReason() != ReasonStale {
-			continue
-		}
-		md := info.GetMetadata()
-		token, err1 := fencestore.ParseToken(md[InfoToken])
-		highest, err2 := fencestore.ParseToken(md[InfoHighest])
-		if err1 != nil || err2 != nil {
-			return nil, false
-		}
-		return &fence.StaleError{Key: md[InfoLock], Token: token, Highest: highest}, true
+	token, err1 := fencestore.ParseToken(md[InfoToken])
+	highest, err2 := fencestore.ParseToken(md[InfoHighest])
+	if err1 != nil || err2 != nil {
+		return nil, false
 	}
-	return nil, false
+	return &fence.StaleError{Key: md[InfoLock], Token: token, Highest: highest}, true
 }
 
 // callError is a client-side error that is both a fence error (errors.Is
@@ -109,12 +163,17 @@ func (e *callError) Unwrap() error              { return e.err }
 func (e *callError) GRPCStatus() *status.Status { return e.st }
 
 // clientError maps a call's error: a stale refusal becomes a callError
-// wrapping its *fence.StaleError, anything else is returned as it is.
+// wrapping its *fence.StaleError, a refusal of an unconfirmed token one
+// wrapping its *fence.UnverifiedError; anything else is returned as it is.
 func clientError(err error) error {
-	se, ok := StaleFrom(err)
-	if !ok {
+	var fe error
+	if se, ok := StaleFrom(err); ok {
+		fe = se
+	} else if ue, ok := UnverifiedFrom(err); ok {
+		fe = ue
+	} else {
 		return err
 	}
 	st, _ := status.FromError(err)
-	return &callError{err: fmt.Errorf("fencegrpc: %w", se), st: st}
+	return &callError{err: fmt.Errorf("fencegrpc: %w", fe), st: st}
 }

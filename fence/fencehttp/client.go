@@ -90,20 +90,29 @@ func claimOf(h fence.Holder) (fencestore.Claim, error) {
 
 // CheckResponse turns a middleware's 409 answer, to a claim as to any other
 // request, into the *fence.StaleError it reports (errors.Is
-// fence.ErrStale). Any other response gives nil. It reads headers only, so
-// the body stays unread for the caller.
+// fence.ErrStale), and its 403 for a token etcd did not confirm into the
+// *fence.UnverifiedError (errors.Is fence.ErrUnverified). Any other
+// response gives nil. It reads headers only, so the body stays unread for
+// the caller.
 func CheckResponse(resp *http.Response) error {
-	if resp.StatusCode != http.StatusConflict {
-		return nil
-	}
-	highest, err := strconv.ParseInt(resp.Header.Get(HeaderHighest), 10, 64)
-	if err != nil {
-		return nil // a 409 of the handler's own, not the fence's
-	}
 	var token int64
 	if resp.Request != nil {
 		token, _ = strconv.ParseInt(resp.Request.Header.Get(HeaderToken), 10, 64)
 	}
 	name := resp.Header.Get(HeaderLock)
-	return &fence.StaleError{Key: name, Token: token, Highest: highest}
+	switch resp.StatusCode {
+	case http.StatusConflict:
+		highest, err := strconv.ParseInt(resp.Header.Get(HeaderHighest), 10, 64)
+		if err != nil {
+			return nil // a 409 of the handler's own, not the fence's
+		}
+		return &fence.StaleError{Key: name, Token: token, Highest: highest}
+	case http.StatusForbidden:
+		rev, err := strconv.ParseInt(resp.Header.Get(HeaderRevision), 10, 64)
+		if err != nil {
+			return nil // a 403 of the handler's own
+		}
+		return &fence.UnverifiedError{Name: name, Token: token, Revision: rev}
+	}
+	return nil
 }

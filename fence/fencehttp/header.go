@@ -13,6 +13,9 @@ const (
 	HeaderLock    = "Leasefence-Lock"
 	HeaderToken   = "Leasefence-Token"
 	HeaderHighest = "Leasefence-Highest" // on a 409: the highest accepted token
+	// HeaderRevision, on a 403, is etcd's revision when it did not confirm
+	// the token (WithVerifier).
+	HeaderRevision = "Leasefence-Revision"
 	// HeaderClaim, sent as "1" with the two fencing headers, asks the
 	// middleware to record the request's token before the handler runs,
 	// whatever the method: see AttachClaim.

@@ -17,8 +17,9 @@ import (
 // Middleware checks the fencing headers of requests against a Store before
 // they reach the handler. It is safe for concurrent use.
 type Middleware struct {
-	store fencestore.Store
-	opts  options
+	store  fencestore.Store
+	opts   options
+	verify func(context.Context, fencestore.Claim) error // nil: tokens are not verified
 }
 
 // NewMiddleware returns a Middleware over store. A lock name option is
@@ -31,7 +32,11 @@ func NewMiddleware(store fencestore.Store, opts ...Option) (*Middleware, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{store: store, opts: o}, nil
+	verify, err := fencestore.VerifyFunc(store, o.verifier)
+	if err != nil {
+		return nil, fmt.Errorf("fencehttp: %w", err)
+	}
+	return &Middleware{store: store, opts: o, verify: verify}, nil
 }
 
 type claimKey struct{}
@@ -50,8 +55,9 @@ func ClaimFrom(ctx context.Context) (fencestore.Claim, bool) {
 // checked, and its token recorded by the Store before next runs, whatever
 // its method and even with WithCheckInHandler; a claim on a request the
 // server does not fence is refused. Otherwise the answer is
-// 400 (bad or missing header, wrong lock), 409 (stale token) or 503 (the
-// Store could not answer), and next does not run.
+// 400 (bad or missing header, wrong lock), 409 (stale token), 403 (a token
+// the verifier did not confirm, see WithVerifier) or 503 (the Store or the
+// verifier could not answer), and next does not run.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, fenced, err := m.check(r)
@@ -83,6 +89,7 @@ func (m *Middleware) check(r *http.Request) (fencestore.Claim, bool, error) {
 		InHandler: m.opts.inHandler,
 		ClaimKey:  HeaderClaim,
 		Bad:       func(reason string) error { return fmt.Errorf("%w: %s", ErrBadHeader, reason) },
+		Verify:    m.verify,
 	})
 	if fenced || err != nil {
 		m.opts.hooks.Checked(r.Context(), "http", fence.RequestGuard(c.Name, c.Token, claim), err)
@@ -91,7 +98,7 @@ func (m *Middleware) check(r *http.Request) (fencestore.Claim, bool, error) {
 }
 
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, c fencestore.Claim, err error) {
-	if _, stale := isStale(err); stale {
+	if _, stale := isStale(err); stale || errors.Is(err, fence.ErrUnverified) {
 		m.opts.hooks.Report("http", err)
 	}
 	status := WriteError(w, c, err)
@@ -109,21 +116,30 @@ type refusal struct {
 	Lock    string `json:"lock,omitempty"`
 	Token   int64  `json:"token,omitempty"`
 	Highest int64  `json:"highest,omitempty"`
+	// Revision: etcd's revision when it did not confirm the token (403).
+	Revision int64 `json:"revision,omitempty"`
 }
 
 // WriteError answers a request under claim c that failed with err, as the
 // middleware does, and returns the status written: 409 with both tokens for
-// a *fence.StaleError, 400 for ErrBadHeader or fence.ErrInvalidArgument,
+// a *fence.StaleError, 403 with etcd's revision for a
+// *fence.UnverifiedError, 400 for ErrBadHeader or fence.ErrInvalidArgument,
 // 503 otherwise. Handlers use it when their own fenced write is refused.
 func WriteError(w http.ResponseWriter, c fencestore.Claim, err error) int {
 	body := refusal{Error: err.Error(), Lock: c.Name, Token: c.Token}
 	status := http.StatusServiceUnavailable
+	var ue *fence.UnverifiedError
 	if se, ok := isStale(err); ok {
 		status = http.StatusConflict
 		body.Highest = se.Highest
 		body.Error = fmt.Sprintf("stale fencing token %d for lock %q: token %d already accepted", c.Token, c.Name, se.Highest)
 		w.Header().Set(HeaderHighest, strconv.FormatInt(se.Highest, 10))
 		w.Header().Set(HeaderLock, c.Name)
+	} else if errors.As(err, &ue) {
+		status = http.StatusForbidden
+		body.Revision = ue.Revision
+		w.Header().Set(HeaderRevision, strconv.FormatInt(ue.Revision, 10))
+		w.Header().Set(HeaderLock, ue.Name)
 	} else if errors.Is(err, ErrBadHeader) || errors.Is(err, fence.ErrInvalidArgument) {
 		status = http.StatusBadRequest
 	}

@@ -20,6 +20,7 @@ type options struct {
 	inHandler bool
 	lg        *zap.Logger
 	hooks     *fence.Hooks
+	verifier  fencestore.Verifier
 }
 
 // WithLockName makes every checked request carry tokens of the lock name.
@@ -77,6 +78,23 @@ func WithUncheckedMethods(methods ...string) Option {
 func WithCheckInHandler() Option {
 	return func(o *options) error {
 		o.inHandler = true
+		return nil
+	}
+}
+
+// WithVerifier has the middleware ask v (a fencestore.EtcdVerifier on a
+// client of the locks' etcd) before its Store accepts a token higher than
+// any it has accepted: a token v does not confirm as a live holding of the
+// lock is answered 403 and raises nothing, and one v cannot check is
+// answered 503. A confirmed token is remembered, so a holding costs the
+// middleware one read. A fencestore.EtcdStore verifies tokens itself and
+// needs no WithVerifier (NewMiddleware refuses one for it).
+func WithVerifier(v fencestore.Verifier) Option {
+	return func(o *options) error {
+		if v == nil {
+			return errors.New("nil Verifier")
+		}
+		o.verifier = v
 		return nil
 	}
 }

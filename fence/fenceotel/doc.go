@@ -43,7 +43,8 @@
 //	fence.Txn.Commit, sqlfence.Write, sqlfence.Claim, objectfence.Commit, objectfence.Claim
 //	    a fenced write. Attributes: leasefence.fence.kind ("etcd", "sql",
 //	    "object"), .guards, .keys and .tokens (one per guard), .outcome
-//	    ("ok", "stale", "not_held", "unknown", "invalid", "error"); a stale
+//	    ("ok", "stale", "unverified", "not_held", "unknown", "invalid",
+//	    "error"); a stale
 //	    write also carries leasefence.lock.token (offered) and
 //	    leasefence.fence.highest (the token it met). Status Error unless ok.
 //

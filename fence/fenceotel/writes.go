@@ -101,6 +101,8 @@ func writeOutcome(err error) string {
 		return "ok"
 	case errors.Is(err, fence.ErrStale):
 		return "stale"
+	case errors.Is(err, fence.ErrUnverified):
+		return "unverified"
 	case errors.Is(err, fence.ErrNotHeld):
 		return "not_held"
 	case errors.Is(err, fence.ErrOutcomeUnknown):

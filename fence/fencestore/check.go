@@ -26,6 +26,9 @@ type Request struct {
 	// key); Bad wraps a reason in the transport's error for bad input.
 	ClaimKey string
 	Bad      func(reason string) error
+	// Verify, if set, confirms the claim's token before the Store or the
+	// handler sees it (Verification.Check, EtcdStore.Verify).
+	Verify func(ctx context.Context, c Claim) error
 }
 
 // Check is the decision both transports make before a handler runs:
@@ -36,7 +39,9 @@ type Request struct {
 // checked and recorded, whatever its method and even with InHandler: the
 // read it comes with does not go through the Store, so nothing else would
 // raise the record. A claim on a request the server does not fence is
-// refused, since passing it would promise a protection nobody gives.
+// refused, since passing it would promise a protection nobody gives. With
+// Verify set, a token it does not confirm goes neither to the Store nor to
+// the handler, and raises nothing.
 func Check(ctx context.Context, s Store, r Request) (c Claim, fenced bool, err error) {
 	if !r.Claim && r.Unchecked {
 		return Claim{}, false, nil
@@ -51,6 +56,9 @@ func Check(ctx context.Context, s Store, r Request) (c Claim, fenced bool, err e
 	c, err = r.Read()
 	if err == nil && c.Name != want {
 		err = r.Bad(fmt.Sprintf("token is for lock %q, this resource is fenced by %q", c.Name, want))
+	}
+	if err == nil && r.Verify != nil {
+		err = r.Verify(ctx, c)
 	}
 	if err == nil && (r.Claim || !r.InHandler) {
 		err = s.Accept(ctx, c.Name, c.Token)

@@ -89,21 +89,79 @@ func (s *MemoryStore) Highest(name string) int64 {
 // EtcdStore is a Store of fence.Resource records in etcd, one per lock
 // name, at the prefix given to NewEtcdStore followed by the name. It survives restarts and is shared by every
 // replica of a service. It is safe for concurrent use.
+//
+// Unless built WithoutVerifier, it accepts a token higher than its record
+// only once etcd confirms it as a live holding of the name (Verify), by
+// default asking the cluster the records are in.
 type EtcdStore struct {
 	kv     clientv3.KV
 	prefix string
+	verify *Verification // nil WithoutVerifier
+}
+
+// StoreOption configures NewEtcdStore.
+type StoreOption func(*storeOptions) error
+
+type storeOptions struct {
+	v   Verifier
+	off bool
+}
+
+// WithVerifier has the store confirm tokens with v instead of with an
+// EtcdVerifier on its own client: for records kept in another etcd
+// cluster than the locks.
+func WithVerifier(v Verifier) StoreOption {
+	return func(o *storeOptions) error {
+		if v == nil {
+			return fmt.Errorf("fencestore: %w: nil Verifier", fence.ErrInvalidArgument)
+		}
+		o.v = v
+		return nil
+	}
+}
+
+// WithoutVerifier has the store accept any well-formed token that is not
+// stale, as before verification existed: for tokens that are not etcd lock
+// keys' creation revisions. One wrong number then raises the record past
+// every token etcd will hand out for years.
+func WithoutVerifier() StoreOption {
+	return func(o *storeOptions) error {
+		o.off = true
+		return nil
+	}
 }
 
 // NewEtcdStore returns a Store whose records live under prefix, which must
-// not be empty and must not be written by anything else.
-func NewEtcdStore(kv clientv3.KV, prefix string) (*EtcdStore, error) {
+// not be empty and must not be written by anything else. It verifies
+// tokens through kv, which must then reach the etcd cluster that holds the
+// locks, unless an option says otherwise.
+func NewEtcdStore(kv clientv3.KV, prefix string, opts ...StoreOption) (*EtcdStore, error) {
 	switch {
 	case kv == nil:
 		return nil, fmt.Errorf("fencestore: %w: nil kv", fence.ErrInvalidArgument)
 	case prefix == "":
 		return nil, fmt.Errorf("fencestore: %w: empty record prefix", fence.ErrInvalidArgument)
 	}
-	return &EtcdStore{kv: kv, prefix: prefix}, nil
+	var o storeOptions
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("fencestore: %w: nil StoreOption", fence.ErrInvalidArgument)
+		}
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	s := &EtcdStore{kv: kv, prefix: prefix}
+	switch {
+	case o.off && o.v != nil:
+		return nil, fmt.Errorf("fencestore: %w: both WithVerifier and WithoutVerifier", fence.ErrInvalidArgument)
+	case o.off:
+		return s, nil
+	case o.v == nil:
+		o.v = &EtcdVerifier{kv: kv, timeout: DefaultVerifyTimeout}
+	}
+	s.verify, _ = NewVerification(s, o.v) // neither is nil
+	return s, nil
 }
 
 // Key is the record key of the lock name.
@@ -111,15 +169,44 @@ func (s *EtcdStore) Key(name string) string { return s.prefix + name }
 
 // Guard is the fence.Resource guard of c: put it on the fence.Txn that makes
 // a handler's write, and the write happens only if c's token is still not
-// stale, in the same etcd transaction that raises the record.
+// stale, in the same etcd transaction that raises the record. Guard sends
+// nothing and verifies nothing: call Verify first (fencehttp and fencegrpc
+// do, before the handler runs).
 func (s *EtcdStore) Guard(c Claim) fence.Guard { return fence.Resource(s.Key(c.Name), c.Token) }
 
-// Accept implements Store with a fence.Txn guarded by Guard and no writes
-// of its own: it writes the record only when it is missing or below
+// Verify returns nil if c's token may be written with Guard: it is at or
+// below the record's (the guard then decides, as ever), or etcd confirms
+// it as a live holding of c.Name. Otherwise it returns an error wrapping a
+// *fence.UnverifiedError, or ErrVerifierUnavailable if it could not ask.
+// A confirmed token is remembered: a holding costs the store one read of
+// its record and one of its lock key, once. Without a verifier it returns
+// nil.
+func (s *EtcdStore) Verify(ctx context.Context, c Claim) error {
+	if s.verify == nil {
+		return nil
+	}
+	return s.verify.Check(ctx, c)
+}
+
+// Accept implements Store with Verify, then a fence.Txn guarded by Guard and
+// no writes of its own: it writes the record only when it is missing or below
 // token, so a holder's requests after its first write nothing to etcd.
-// Errors are those of fence.Txn.Commit: a *fence.StaleError, or one
-// wrapping fence.ErrOutcomeUnknown when etcd did not answer.
+// Errors are those of Verify, then of fence.Txn.Commit: a
+// *fence.StaleError, or one wrapping fence.ErrOutcomeUnknown when etcd did
+// not answer.
 func (s *EtcdStore) Accept(ctx context.Context, name string, token int64) error {
+	if err := s.Verify(ctx, Claim{Name: name, Token: token}); err != nil {
+		return err
+	}
 	_, err := fence.NewTxn(ctx, s.kv, s.Guard(Claim{Name: name, Token: token})).Commit()
+	if err == nil && s.verify != nil {
+		s.verify.note(name, 0, token)
+	}
 	return err
+}
+
+// readHighest reads the record of name: the highest token accepted, 0 if
+// none.
+func (s *EtcdStore) readHighest(ctx context.Context, name string) (int64, error) {
+	return fence.ReadRecord(ctx, s.kv, s.Key(name))
 }
