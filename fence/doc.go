@@ -66,5 +66,11 @@
 // revisions, and so tokens, backwards; restore with
 // etcdutl snapshot restore --bump-revision N --mark-compacted, with N above
 // any revision the cluster may have handed out. A fence protects only
-// writes that go through it: a plain put to the same key bypasses it.
+// writes that go through it: a plain put to the same key bypasses it. A
+// Resource or Claim guard orders the tokens it is given and does not ask
+// where they came from: one wrong number raises its record past every
+// token etcd will hand out for years. Where tokens arrive from outside
+// (requests, scripts), have etcd confirm them first: fencestore's
+// EtcdVerifier, which fencestore.EtcdStore, fencehttp and fencegrpc use,
+// refuses a token no live holding of the lock has with ErrUnverified.
 package fence

@@ -28,6 +28,14 @@
 // wrapping fence.ErrNotHeld instead, so a client that handles a lost holding
 // checks for both errors.
 //
+// A token the verifier did not confirm as a live holding of the lock
+// (WithVerifier, or an EtcdStore, which verifies by default) fails with
+// PermissionDenied and an ErrorInfo with Reason "UNVERIFIED_FENCING_TOKEN",
+// the lock, the token and etcd's revision when it was asked; the client
+// interceptors turn it into a *fence.UnverifiedError (errors.Is
+// fence.ErrUnverified), as UnverifiedFrom does. A verifier that could not
+// ask etcd gives Unavailable.
+//
 // A third key, leasefence-claim, makes a call a claim (WithClaim). Its only
 // value is "1", given once, with the two fencing keys; any other value, a
 // repeated key, a claim without the fencing keys, or a claim on a call the
@@ -46,6 +54,16 @@
 // (WithUncheckedMethods, or a WithLockNameFunc that returns ""): wrapping its
 // interceptors in an outside selector that skips methods would also let a
 // claim on a skipped method through unrecorded, which the Checker refuses.
+//
+// With a verifier, a token above the highest the Store has accepted for the
+// lock reaches neither the Store nor the handler until etcd, in a
+// linearizable read, shows a key of that lock with that creation revision
+// on the lease its name encodes. A number no holding of the lock ever had (a
+// forged or corrupted token, another lock's, one above etcd's revision)
+// therefore neither passes nor raises the fence, on calls and claims alike,
+// and the rightful holder's next call passes. A token at or below the
+// highest accepted is decided as without a verifier, with no read; a
+// confirmed token is remembered, so a holding costs the Checker one read.
 //
 // Once a claim has passed the interceptor (its handler runs only then), no
 // call with a lower token passes the check, and writes made through the
@@ -66,5 +84,11 @@
 // that passed the check before the claim may still be running its handler's
 // write, and that write is refused only if it goes through the Store's atomic
 // step. The token says which lock holding a call came from, not who sent it:
-// authenticate clients separately.
+// authenticate clients separately. Without a verifier (a MemoryStore or a
+// Store of your own with no WithVerifier, an EtcdStore built
+// WithoutVerifier), any well-formed token that is not stale passes and
+// raises the fence. A verifier confirms holdings, not turns: a waiter's
+// token (its key queued behind the holder's) passes, and once accepted
+// fences the current holder out early; and a holding whose key is gone may
+// be refused before its first call.
 package fencegrpc

@@ -12,7 +12,11 @@
 // answered 400 with a message saying what is wrong; a request is never let
 // through on a header the middleware could not read. A stale token is answered
 // 409 with a JSON body naming the token offered and the highest accepted, and
-// the Leasefence-Highest header.
+// the Leasefence-Highest header. A token the verifier did not confirm as a
+// live holding of the lock (WithVerifier, or an EtcdStore, which verifies by
+// default) is answered 403, with etcd's revision when it was asked in the
+// body and the Leasefence-Revision header (CheckResponse turns it into a
+// *fence.UnverifiedError); a verifier that could not ask etcd gives 503.
 //
 // A third header, Leasefence-Claim, makes a request a claim (AttachClaim). Its
 // only value is "1", given once, with the two fencing headers; any other value
@@ -31,6 +35,17 @@
 // name a request must carry is decided by the server (WithLockName or
 // WithLockNameFunc), never by the client, since a client choosing a fresh name
 // would pass any fence.
+//
+// With a verifier, a token above the highest the Store has accepted for the
+// lock reaches neither the Store nor the handler until etcd, in a
+// linearizable read, shows a key of that lock with that creation revision
+// on the lease its name encodes. A number no holding of the lock ever had (a
+// forged or corrupted header, another lock's token, one above etcd's
+// revision) therefore neither passes nor raises the fence, on requests and
+// claims alike, and the rightful holder's next request passes. A token at
+// or below the highest accepted is decided as without a verifier, with no
+// read; a confirmed token is remembered, so a holding costs the middleware
+// one read.
 //
 // Once a claim has passed the middleware (its handler runs only then), no
 // request with a lower token passes the middleware's check, and writes made
@@ -55,5 +70,11 @@
 // still be running its handler's write when the claim is answered, and that
 // write is refused only if it goes through the Store's atomic step. The token
 // says which lock holding a request came from, not who sent it: authenticate
-// clients separately.
+// clients separately. Without a verifier (a MemoryStore or a Store of your
+// own with no WithVerifier, an EtcdStore built WithoutVerifier), any
+// well-formed token that is not stale passes and raises the fence. A
+// verifier confirms holdings, not turns: a waiter's token (its key queued
+// behind the holder's) passes, and once accepted fences the current holder
+// out early; and a holding whose key is gone may be refused before its
+// first request.
 package fencehttp

@@ -12,11 +12,24 @@
 // the caller's: the write happens only if the token is still not stale, and
 // no lower token is accepted after it.
 //
+// An EtcdStore (unless built WithoutVerifier), and a transport fence given a
+// Verifier, accept a token above the highest they have accepted for a name
+// only once an EtcdVerifier has seen, in one linearizable read, a key of
+// that lock name with that creation revision on the lease its name encodes:
+// a lock holding etcd still has. A number no holding of the name ever had
+// neither passes nor raises anything; the refusal wraps a
+// *fence.UnverifiedError, and a verifier that cannot reach etcd gives
+// ErrVerifierUnavailable, never an acceptance. Tokens at or below the
+// highest accepted are decided with no read, and a confirmed token is
+// remembered, so a holding costs a fence one read.
+//
 // # What is not
 //
 // An Accept followed by a separate write is two steps: a higher token can
 // be accepted between them, and the lower write then lands after it. Writes
 // that must be ordered by token go through MemoryStore.Do or an
-// EtcdStore.Guard transaction. A MemoryStore forgets everything when its
+// EtcdStore.Guard transaction. Guard verifies nothing: call Verify before
+// it (the transports do). A verifier confirms that a holding exists, not
+// that it holds the lock now: a waiter's token passes. A MemoryStore forgets everything when its
 // process ends; an EtcdStore is shared by every process using its prefix.
 package fencestore
