@@ -31,10 +31,10 @@ var (
 	// written by EncodeToken: something other than this package wrote it.
 	ErrBadRecord = errors.New("fence: bad token record")
 
-	// ErrUnverified reports a token that etcd did not confirm as a live
-	// holding of the lock it was offered for: no lock key of that name
-	// with that creation revision exists on the lease its name encodes.
-	// The error is an *UnverifiedError. Unlike a stale token, it says
+	// ErrUnverified reports a token that etcd did not confirm as the live
+	// holder's of the lock it was offered for: no lock key of that name
+	// with that creation revision exists on the lease its name encodes, or
+	// it waits behind an older one. The error is an *UnverifiedError. Unlike a stale token, it says
 	// nothing about the order of tokens, and it raises nothing.
 	ErrUnverified = errors.New("fence: unverified token")
 )
@@ -90,27 +90,33 @@ func (e *StaleError) Error() string {
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
 // UnverifiedError is the refusal of a token that etcd, asked at
-// Revision, did not show as a live holding of lock Name.
+// Revision, did not show as the live holder of lock Name.
 type UnverifiedError struct {
 	Name  string // the lock name the token was offered for
 	Token int64  // the token offered
 	// Revision is etcd's revision when it was asked. A Token above it is
 	// no holding at all: etcd has not handed it out yet.
 	Revision int64
-	// Key is the lock key of Name that has creation revision Token but is
-	// not on the lease its name encodes (someone's put moved it); "" if
-	// there is no such key.
-	Key string
+	// Key is the lock key of Name with creation revision Token, if etcd
+	// has one: Detached, someone's put moved it off the lease its name
+	// encodes, or it waits behind Ahead, an older key of the queue (the
+	// holder's, or one ahead of it). "" if there is no such key.
+	Key      string
+	Detached bool
+	Ahead    string
 }
 
 func (e *UnverifiedError) Error() string {
+	head := fmt.Sprintf("fence: unverified token %d for lock %q", e.Token, e.Name)
 	switch {
 	case e.Token > e.Revision:
-		return fmt.Sprintf("fence: unverified token %d for lock %q: etcd is at revision %d, so no holding has that token", e.Token, e.Name, e.Revision)
-	case e.Key != "":
-		return fmt.Sprintf("fence: unverified token %d for lock %q: key %q has it but is no longer on the lease its name encodes (etcd at revision %d)", e.Token, e.Name, e.Key, e.Revision)
+		return fmt.Sprintf("%s: etcd is at revision %d, so no holding has that token", head, e.Revision)
+	case e.Detached:
+		return fmt.Sprintf("%s: key %q has it but is no longer on the lease its name encodes (etcd at revision %d)", head, e.Key, e.Revision)
+	case e.Ahead != "":
+		return fmt.Sprintf("%s: its key %q waits behind %q, not the holder yet (etcd at revision %d)", head, e.Key, e.Ahead, e.Revision)
 	}
-	return fmt.Sprintf("fence: unverified token %d for lock %q: etcd at revision %d has no lock key of that name with that creation revision", e.Token, e.Name, e.Revision)
+	return fmt.Sprintf("%s: etcd at revision %d has no lock key of that name with that creation revision", head, e.Revision)
 }
 
 // Is makes errors.Is(err, ErrUnverified) hold.

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/leasefence/leasefence/internal/queuekey"
 )
 
 // Mode is how a holding shares its name: Write (Lock, TryLock, Campaign)
@@ -28,10 +30,10 @@ func (m Mode) String() string {
 // ReaderValue is the value of a read holding's key. Any other queue key
 // is a writer's, etcd's own lock and election keys included: etcd's lock
 // code knows nothing of readers and waits behind them as behind anyone.
-const ReaderValue = "leasefence:read"
+const ReaderValue = queuekey.ReaderValue
 
 func modeOf(kv *mvccpb.KeyValue) Mode {
-	if string(kv.Value) == ReaderValue {
+	if queuekey.IsReader(kv) {
 		return Read
 	}
 	return Write
@@ -57,16 +59,11 @@ func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
 	return s.acquire(ctx, Call{Op: "TryRLock", Name: name, Mode: Read}, "", true)
 }
 
-// blocks tells whether kv, a queue key older than the lock's own, keeps it
-// from being held: any key blocks a writer, only a writer's a reader.
-func (t *tracker) blocks(kv *mvccpb.KeyValue) bool {
-	return t.mode == Write || modeOf(kv) == Write
-}
-
 // blocksKV tells whether kv, a key under the name older than the lock's
-// own, is a queue key that blocks it. A key that is not a queue key (data,
-// a nested lock's key, a key moved off its lease) is no lock and never
-// blocks.
+// own, is a queue key that blocks it (queuekey.Blocks): any queue key
+// blocks a writer, only a writer's a reader. A key that is not a queue key
+// (data, a nested lock's key, a key moved off its lease) is no lock and
+// never blocks.
 func (t *tracker) blocksKV(kv *mvccpb.KeyValue) bool {
-	return isQueueKey(t.name+"/", kv) && t.blocks(kv)
+	return queuekey.Blocks(t.prefix(), t.mode == Read, kv)
 }

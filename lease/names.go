@@ -2,12 +2,13 @@ package lease
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"unicode"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/internal/queuekey"
 )
 
 // validateName checks a lock name. A name ending in "/" would make its keys
@@ -69,16 +70,8 @@ func QueueName(key []byte, leaseID clientv3.LeaseID) (name string, ok bool) {
 	return name, isQueueKey(name+"/", &mvccpb.KeyValue{Key: key, Lease: int64(leaseID)})
 }
 
-// isQueueKey tells whether kv is a place in the queue under pfx: directly
-// under it and named after its lease in lowercase hex, as etcd's own lock
-// code writes. kv must come from a read that fills Lease: etcd 3.7 leaves
-// it empty in keys-only reads.
-func isQueueKey(pfx string, kv *mvccpb.KeyValue) bool {
-	if !isChildKey(pfx, kv) || kv.Lease == 0 {
-		return false
-	}
-	return strings.TrimPrefix(string(kv.Key), pfx) == strconv.FormatInt(kv.Lease, 16)
-}
+// isQueueKey is queuekey.IsQueueKey: the rule fencestore verifies by too.
+func isQueueKey(pfx string, kv *mvccpb.KeyValue) bool { return queuekey.IsQueueKey(pfx, kv) }
 
 // isReader tells a reader's key.
 func isReader(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read }
@@ -92,9 +85,5 @@ func (t *tracker) prefix() string { return t.key[:len(t.name)+1] }
 func (t *tracker) isQueueKey(kv *mvccpb.KeyValue) bool { return isQueueKey(t.prefix(), kv) }
 func (t *tracker) isChild(kv *mvccpb.KeyValue) bool    { return isChildKey(t.prefix(), kv) }
 
-// isChildKey tells whether kv lies directly under pfx: a key that may be a
-// queue key, as far as a keys-only read tells.
-func isChildKey(pfx string, kv *mvccpb.KeyValue) bool {
-	rest, ok := strings.CutPrefix(string(kv.Key), pfx)
-	return ok && rest != "" && !strings.Contains(rest, "/")
-}
+// isChildKey is queuekey.IsChild.
+func isChildKey(pfx string, kv *mvccpb.KeyValue) bool { return queuekey.IsChild(pfx, kv) }

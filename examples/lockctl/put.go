@@ -107,8 +107,8 @@ func (c *ctl) put(ctx context.Context, p putArgs) error {
 	return fmt.Errorf("put %s: %w", p.key, err)
 }
 
-// verify has etcd confirm a token above the record's as a live holding of
-// p.lock before put raises the record to it. A token at or below the
+// verify has etcd confirm a token above the record's as the live holder's
+// of p.lock before put raises the record to it. A token at or below the
 // record's is left to the guarded write, which decides it as ever.
 func (c *ctl) verify(ctx context.Context, p putArgs, token int64) error {
 	if p.unverified {
@@ -148,10 +148,11 @@ its token in LEASEFENCE_TOKEN, and with run -record the record in
 LEASEFENCE_RECORD, so that put needs neither flag there. Give every writer
 of the key the same record.
 
-A token above the record's is first confirmed by etcd as a live holding of
+A token above the record's is first confirmed by etcd as the holder's of
 the lock NAME (-lock, or LEASEFENCE_LOCK, which run sets): a key of NAME
-with that creation revision on the lease its name encodes. A number no
-holding has (a typo, another lock's token) is refused with exit 5 and
+with that creation revision on the lease its name encodes, with no older
+key of the queue ahead of it. A token that is not the holder's (a typo, a
+token of a lock other than NAME, a waiter's) is refused with exit 5 and
 raises nothing; otherwise one wrong number would raise the record past
 every token etcd will hand out for years. -unverified skips the check.
 

@@ -58,7 +58,8 @@
 // With a verifier, a token above the highest the Store has accepted for the
 // lock reaches neither the Store nor the handler until etcd, in a
 // linearizable read, shows a key of that lock with that creation revision
-// on the lease its name encodes. A number no holding of the lock ever had (a
+// on the lease its name encodes, with no older key of the queue ahead of
+// it: the holder (or a reader) as etcd has it. A number no holding of the lock ever had (a
 // forged or corrupted token, another lock's, one above etcd's revision)
 // therefore neither passes nor raises the fence, on calls and claims alike,
 // and the rightful holder's next call passes. A token at or below the
@@ -87,8 +88,7 @@
 // authenticate clients separately. Without a verifier (a MemoryStore or a
 // Store of your own with no WithVerifier, an EtcdStore built
 // WithoutVerifier), any well-formed token that is not stale passes and
-// raises the fence. A verifier confirms holdings, not turns: a waiter's
-// token (its key queued behind the holder's) passes, and once accepted
-// fences the current holder out early; and a holding whose key is gone may
-// be refused before its first call.
+// raises the fence. A waiter's token (its key queued behind the
+// holder's) is refused until its turn comes, and so is a holding whose key
+// is gone before its first call.
 package fencegrpc

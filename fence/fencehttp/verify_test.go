@@ -88,10 +88,9 @@ func wantForbidden(t *testing.T, resp *http.Response, body, name string, token i
 }
 
 // A forged token, a revision that created no lock key, a released
-// holding's token and a forged claim are refused with 403 and raise
-// nothing; the real holder's next request passes. A waiter's token passes
-// (its key is a holding etcd grants in turn), and the holder is then
-// stale. A holding costs the fence one read.
+// holding's token, a waiter's token and a forged claim are refused with
+// 403 and raise nothing; the real holder's next request passes, and the
+// waiter's once it holds. A holding costs the fence one read.
 func TestVerifiedFence(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
@@ -149,30 +148,35 @@ func TestVerifiedFence(t *testing.T) {
 			resp, body := send(t, http.MethodPut, srv.URL, "released", fencehttp.Attach, fixedHolder{name, l2.Token()}) // as a paused client would send it
 			wantForbidden(t, resp, body, name, l2.Token())
 
-			// A waiter's token passes, and fences the holder out early.
+			// A waiter's token is refused until its turn: it cannot fence
+			// the holder out early.
 			l3, err := s1.Lock(ctx, name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			wctx, stopWaiting := context.WithCancel(ctx)
-			waited := make(chan error, 1)
+			granted := make(chan *lease.Lock, 1)
 			go func() {
-				_, err := s2.Lock(wctx, name)
-				waited <- err
+				l, _ := s2.Lock(ctx, name)
+				granted <- l
 			}()
 			waiter := waiterToken(t, cli, name, s2)
-			if resp, body := send(t, http.MethodPut, srv.URL, "waiter", fencehttp.Attach, fixedHolder{name, waiter}); resp.StatusCode != http.StatusOK {
-				t.Fatalf("waiter's token: %d %s", resp.StatusCode, body)
+			resp, body = send(t, http.MethodPut, srv.URL, "waiter", fencehttp.Attach, fixedHolder{name, waiter})
+			wantForbidden(t, resp, body, name, waiter)
+			if resp, _ := send(t, http.MethodPut, srv.URL, "three", fencehttp.Attach, l3); resp.StatusCode != http.StatusOK {
+				t.Fatalf("holder after its waiter's request: %d, want 200", resp.StatusCode)
 			}
-			if resp, _ := send(t, http.MethodPut, srv.URL, "three", fencehttp.Attach, l3); resp.StatusCode != http.StatusConflict {
-				t.Fatalf("holder after its waiter's request: %d, want 409", resp.StatusCode)
+			if err := l3.Unlock(ctx); err != nil {
+				t.Fatal(err)
 			}
-			stopWaiting()
-			if err := <-waited; !errors.Is(err, context.Canceled) {
-				t.Fatalf("waiter: %v", err)
+			l4 := <-granted
+			if l4 == nil || l4.Token() != waiter {
+				t.Fatalf("waiter not granted: %v", l4)
 			}
-			if v, writes := reg.get(); v != "waiter" || writes != 7 {
-				t.Fatalf("resource %q after %d writes, want waiter after 7", v, writes)
+			if resp, body := send(t, http.MethodPut, srv.URL, "four", fencehttp.Attach, l4); resp.StatusCode != http.StatusOK {
+				t.Fatalf("the waiter, granted: %d %s", resp.StatusCode, body)
+			}
+			if v, writes := reg.get(); v != "four" || writes != 8 {
+				t.Fatalf("resource %q after %d writes, want four after 8", v, writes)
 			}
 		})
 	}

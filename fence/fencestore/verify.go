@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence"
+	"github.com/leasefence/leasefence/internal/queuekey"
 )
 
 // ErrVerifierUnavailable reports that a Verifier could not tell whether a
@@ -37,14 +37,16 @@ type Verifier interface {
 }
 
 // EtcdVerifier is the Verifier that asks the etcd cluster holding the
-// locks. A token is a live holding's of name if, in one linearizable read,
-// a key directly under name + "/" in etcd's lock layout (name/<lease ID in
-// lowercase hex>, as package lease, etcd's concurrency package and etcdctl
-// lock write it) has creation revision token and is attached to the lease
-// its name encodes. Such a key can exist only while its lease is alive,
-// and every later holding of name has a larger token. A token above the
-// read's revision is no holding at all. A waiter's key passes too: it is a
-// holding of name that etcd will grant in turn (see the package doc).
+// locks. A token is a live holding's of name if, in one linearizable read
+// of the keys under name + "/" created at or before it, a key directly
+// under name + "/" in etcd's lock layout (name/<lease ID in lowercase
+// hex>, as package lease, etcd's concurrency package and etcdctl lock
+// write it) has creation revision token, is attached to the lease its name
+// encodes, and waits behind no older key of the queue: for a writer's key
+// none, for a reader's (package lease's RLock) no writer's. That is the
+// rule package lease grants by, applied to what etcd holds; such a key
+// exists only while its lease lives. A token above the read's revision is
+// no holding at all.
 type EtcdVerifier struct {
 	kv      clientv3.KV
 	timeout time.Duration
@@ -83,8 +85,8 @@ func NewEtcdVerifier(kv clientv3.KV, opts ...VerifierOption) (*EtcdVerifier, err
 	return v, nil
 }
 
-// Verify implements Verifier with one range read of name's keys created at
-// revision token.
+// Verify implements Verifier with one range read of name's keys created
+// at or before revision token.
 func (v *EtcdVerifier) Verify(ctx context.Context, name string, token int64) error {
 	if err := checkClaim(Claim{Name: name, Token: token}); err != nil {
 		return err
@@ -93,8 +95,7 @@ func (v *EtcdVerifier) Verify(ctx context.Context, name string, token int64) err
 	defer cancel()
 	// Linearizable: a serializable read of a lagging member could miss a
 	// key just created and refuse a fresh holder's token.
-	resp, err := v.kv.Get(rctx, name+"/", clientv3.WithPrefix(),
-		clientv3.WithMinCreateRev(token), clientv3.WithMaxCreateRev(token))
+	resp, err := v.kv.Get(rctx, name+"/", clientv3.WithPrefix(), clientv3.WithMaxCreateRev(token))
 	switch {
 	case err == nil:
 		return holding(name, token, resp.Header.GetRevision(), resp.Kvs)
@@ -104,31 +105,40 @@ func (v *EtcdVerifier) Verify(ctx context.Context, name string, token int64) err
 	return fmt.Errorf("%w: token %d of lock %q: %w", ErrVerifierUnavailable, token, name, err)
 }
 
-// holding decides from a read at revision rev of name's keys created at
-// token whether one of them is the live lock key of a holding. A key the
-// filter let through that is not directly under name (a lock nested under
-// it, a data key) or not in the lock layout is not one.
+// holding decides from a read at revision rev of name's keys created at or
+// before token whether token is the holder's: a queue key of name
+// (queuekey.IsQueueKey) created at token, with no older queue key that
+// blocks it (queuekey.Blocks). Keys of a lock nested under name, data keys
+// and a key moved off its lease are no queue keys.
 func holding(name string, token, rev int64, kvs []*mvccpb.KeyValue) error {
 	e := &fence.UnverifiedError{Name: name, Token: token, Revision: rev}
 	if token > rev {
 		return e
 	}
+	pfx := name + "/"
+	var own *mvccpb.KeyValue
 	for _, kv := range kvs {
-		key := string(kv.Key)
-		rest, ok := strings.CutPrefix(key, name+"/")
-		if !ok || strings.Contains(rest, "/") || kv.CreateRevision != token {
-			continue
-		}
-		id, ok := fence.KeyLease(key)
 		switch {
-		case !ok:
-			continue
-		case kv.Lease == id:
-			return nil
+		case kv.CreateRevision != token || !queuekey.IsChild(pfx, kv):
+		case queuekey.IsQueueKey(pfx, kv):
+			own = kv
+		default:
+			if _, ok := fence.KeyLease(string(kv.Key)); ok {
+				e.Key, e.Detached = string(kv.Key), true // moved off its lease by someone's put
+			}
 		}
-		e.Key = key // moved off its lease by someone's put: no holding's any more
 	}
-	return e
+	if own == nil {
+		return e
+	}
+	reader := queuekey.IsReader(own)
+	for _, kv := range kvs {
+		if kv.CreateRevision < token && queuekey.Blocks(pfx, reader, kv) {
+			e.Key, e.Ahead = string(own.Key), string(kv.Key)
+			return e
+		}
+	}
+	return nil
 }
 
 // checkClaim refuses what no fence can take, before anything is sent.

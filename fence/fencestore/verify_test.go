@@ -39,13 +39,15 @@ func verifier(t *testing.T, kv clientv3.KV, opts ...fencestore.VerifierOption) *
 	return v
 }
 
-// wantUnverified checks that err refuses token as no live holding of name,
-// naming key (the detached key etcd showed, "" for none).
-func wantUnverified(t *testing.T, err error, name string, token int64, key string) {
+// wantUnverified checks that err refuses token as not the holder's of
+// name, naming key (the key etcd showed with it, "" for none) and ahead
+// (the older key it waits behind, "" for none).
+func wantUnverified(t *testing.T, err error, name string, token int64, key string, ahead ...string) {
 	t.Helper()
 	var ue *fence.UnverifiedError
-	if !errors.As(err, &ue) || !errors.Is(err, fence.ErrUnverified) || ue.Name != name || ue.Token != token || ue.Key != key || ue.Revision <= 0 {
-		t.Fatalf("err = %v, want token %d of %q unverified (key %q)", err, token, name, key)
+	want := append(ahead, "")[0]
+	if !errors.As(err, &ue) || !errors.Is(err, fence.ErrUnverified) || ue.Name != name || ue.Token != token || ue.Key != key || ue.Ahead != want || ue.Revision <= 0 {
+		t.Fatalf("err = %v, want token %d of %q unverified (key %q, ahead %q)", err, token, name, key, want)
 	}
 	if errors.Is(err, fence.ErrStale) {
 		t.Fatalf("err = %v: an unverified token is not stale", err)
@@ -72,10 +74,12 @@ func keyOf(t *testing.T, cli *clientv3.Client, name string, s *lease.Session) in
 	return 0
 }
 
-// The verification rule against a real etcd: a holder's and a waiter's
-// tokens pass; a number above etcd's revision, a revision that created no
-// key of the name, a lock nested under the name, a key moved off its
-// lease and a released holding's key do not.
+// The verification rule against a real etcd: a holder's token and
+// readers' that share the name pass; a waiter's (behind the holder, or a
+// reader behind a waiting writer), a number above etcd's revision, a
+// revision that created no key of the name, a lock nested under the name,
+// a key moved off its lease and a released holding's key do not. Once
+// the holder releases, its waiter's token passes.
 func TestEtcdVerifierRule(t *testing.T) {
 	etcdproc.LeakCheck(t)
 	cli := etcd.Client(t)
@@ -92,25 +96,17 @@ func TestEtcdVerifierRule(t *testing.T) {
 		t.Fatalf("holder's token: %v", err)
 	}
 
-	// A waiter's key is a holding etcd will grant in turn: it passes.
-	waited := make(chan error, 1)
-	wctx, stopWaiting := context.WithCancel(ctx)
-	defer stopWaiting()
+	// A waiter's key is no holder's until its turn comes.
+	granted := make(chan *lease.Lock, 1)
 	go func() {
-		l, err := s2.Lock(wctx, name)
-		if err == nil {
-			err = l.Unlock(context.Background())
+		l, err := s2.Lock(ctx, name)
+		if err != nil {
+			t.Error(err)
 		}
-		waited <- err
+		granted <- l
 	}()
 	waiter := keyOf(t, cli, name, s2)
-	if err := v.Verify(ctx, name, waiter); err != nil {
-		t.Fatalf("waiter's token: %v", err)
-	}
-	stopWaiting()
-	if err := <-waited; !errors.Is(err, context.Canceled) {
-		t.Fatalf("waiter: %v", err)
-	}
+	wantUnverified(t, v.Verify(ctx, name, waiter), name, waiter, fmt.Sprintf("%s/%x", name, int64(s2.Lease())), l1.Key())
 
 	err = v.Verify(ctx, name, forged)
 	wantUnverified(t, err, name, forged, "")
@@ -134,13 +130,15 @@ func TestEtcdVerifierRule(t *testing.T) {
 		t.Fatalf("nested lock's token for its own name: %v", err)
 	}
 
-	// Readers share a name: each reader's token is a holding's.
+	// Readers share a name: each reader's token is a holder's. A reader
+	// queued behind a waiting writer waits, and is refused.
 	rname := etcdproc.Name(t, "reports")
-	r1, err := s1.RLock(ctx, rname)
+	s3, s4 := newSession(t, cli), newSession(t, cli)
+	r1, err := s3.RLock(ctx, rname)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := s2.RLock(ctx, rname)
+	r2, err := s4.RLock(ctx, rname)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +147,16 @@ func TestEtcdVerifierRule(t *testing.T) {
 			t.Fatalf("reader's token %d: %v", r.Token(), err)
 		}
 	}
+	s5, s6 := newSession(t, cli), newSession(t, cli)
+	wctx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	go s5.Lock(wctx, rname) // a writer, waiting behind the readers
+	writer := keyOf(t, cli, rname, s5)
+	go s6.RLock(wctx, rname) // a reader, behind the writer
+	reader := keyOf(t, cli, rname, s6)
+	wantUnverified(t, v.Verify(ctx, rname, writer), rname, writer, fmt.Sprintf("%s/%x", rname, int64(s5.Lease())), r1.Key())
+	wantUnverified(t, v.Verify(ctx, rname, reader), rname, reader, fmt.Sprintf("%s/%x", rname, int64(s6.Lease())), fmt.Sprintf("%s/%x", rname, int64(s5.Lease())))
+	stopWaiting()
 
 	// Someone's put moves a lock key off its lease: no holding's any more.
 	dname := etcdproc.Name(t, "detached")
@@ -159,12 +167,20 @@ func TestEtcdVerifierRule(t *testing.T) {
 	if _, err := cli.Put(ctx, d.Key(), ""); err != nil {
 		t.Fatal(err)
 	}
-	wantUnverified(t, v.Verify(ctx, dname, d.Token()), dname, d.Token(), d.Key())
+	err = v.Verify(ctx, dname, d.Token())
+	wantUnverified(t, err, dname, d.Token(), d.Key())
+	if ue := (*fence.UnverifiedError)(nil); !errors.As(err, &ue) || !ue.Detached {
+		t.Fatalf("detached key: %v", err)
+	}
 
 	if err := l1.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wantUnverified(t, v.Verify(ctx, name, l1.Token()), name, l1.Token(), "")
+	l2 := <-granted
+	if err := v.Verify(ctx, name, waiter); err != nil || l2 == nil || l2.Token() != waiter {
+		t.Fatalf("the waiter, granted (%v): %v", l2, err)
+	}
 
 	for _, tc := range []struct {
 		name  string
