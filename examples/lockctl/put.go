@@ -57,7 +57,7 @@ func putArgsOf(inv *invocation, args []string) error {
 	if p.token == "" {
 		p.token = os.Getenv("LEASEFENCE_TOKEN")
 	}
-	if p.lock == "" {
+	if p.lock == "" && !p.unverified {
 		p.lock = os.Getenv("LEASEFENCE_LOCK")
 	}
 	token, err := strconv.ParseInt(p.token, 10, 64)
@@ -72,12 +72,19 @@ func putArgsOf(inv *invocation, args []string) error {
 		return putUsageErrorf("put needs -token T, or LEASEFENCE_TOKEN (lockctl run sets it)")
 	case err != nil || token <= 0:
 		return putUsageErrorf("put: token %q: want a whole number above 0", p.token)
+	}
+	return putLockOf(p)
+}
+
+// putLockOf checks the lock put has etcd confirm the token against, or
+// that -unverified was asked for instead.
+func putLockOf(p *putArgs) error {
+	switch {
 	case p.lock == "" && !p.unverified:
 		return putUsageErrorf("put needs -lock NAME, or LEASEFENCE_LOCK (lockctl run sets it), to have etcd confirm the token; -unverified skips that")
 	case p.lock != "" && p.unverified:
 		return putUsageErrorf("put: -lock and -unverified together: give one")
-	}
-	if p.lock != "" {
+	case p.lock != "":
 		if err := fencestore.CheckName(p.lock); err != nil {
 			return putUsageErrorf("put: lock name %v", err)
 		}
