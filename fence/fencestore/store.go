@@ -108,8 +108,9 @@ type storeOptions struct {
 }
 
 // WithVerifier has the store confirm tokens with v instead of with an
-// EtcdVerifier on its own client: for records kept in another etcd
-// cluster than the locks.
+// EtcdVerifier on its own client: an EtcdVerifier on a client of another
+// cluster, for records kept apart from the locks, or on the store's own
+// client with other options (WithReadTimeout).
 func WithVerifier(v Verifier) StoreOption {
 	return func(o *storeOptions) error {
 		if v == nil {
@@ -161,7 +162,35 @@ func NewEtcdStore(kv clientv3.KV, prefix string, opts ...StoreOption) (*EtcdStor
 		o.v = &EtcdVerifier{kv: kv, timeout: DefaultVerifyTimeout}
 	}
 	s.verify, _ = NewVerification(s, o.v) // neither is nil
+	if ev, ok := o.v.(*EtcdVerifier); ok && ev.kv == kv {
+		s.verify.both = s.readBoth(ev)
+	}
 	return s, nil
+}
+
+// readBoth reads the record of c's name and the name's keys created at or
+// before c's token in one linearizable read-only transaction, for a store
+// whose verifier reads the same cluster: a holding's first request costs
+// one read, not two.
+func (s *EtcdStore) readBoth(v *EtcdVerifier) func(ctx context.Context, c Claim) (int64, error, error) {
+	return func(ctx context.Context, c Claim) (highest int64, verdict, err error) {
+		rctx, cancel := context.WithTimeout(ctx, v.timeout)
+		defer cancel()
+		resp, err := s.kv.Txn(rctx).Then(
+			clientv3.OpGet(s.Key(c.Name)),
+			clientv3.OpGet(c.Name+"/", clientv3.WithPrefix(), clientv3.WithMaxCreateRev(c.Token)),
+		).Commit()
+		if err != nil {
+			return 0, nil, err
+		}
+		if rec := resp.Responses[0].GetResponseRange().GetKvs(); len(rec) > 0 {
+			if highest, err = fence.DecodeToken(string(rec[0].Value)); err != nil {
+				return 0, nil, err
+			}
+		}
+		keys := resp.Responses[1].GetResponseRange().GetKvs()
+		return highest, holding(c.Name, c.Token, resp.Header.GetRevision(), keys), nil
+	}
 }
 
 // Key is the record key of the lock name.
@@ -178,9 +207,10 @@ func (s *EtcdStore) Guard(c Claim) fence.Guard { return fence.Resource(s.Key(c.N
 // below the record's (the guard then decides, as ever), or etcd confirms
 // it as a live holding of c.Name. Otherwise it returns an error wrapping a
 // *fence.UnverifiedError, or ErrVerifierUnavailable if it could not ask.
-// A confirmed token is remembered: a holding costs the store one read of
-// its record and one of its lock key, once. Without a verifier it returns
-// nil.
+// A confirmed token is remembered: a holding costs the store one read, once
+// (its record and the name's lock keys in one transaction, when its
+// verifier reads through the store's own client). Without a verifier it
+// returns nil.
 func (s *EtcdStore) Verify(ctx context.Context, c Claim) error {
 	if s.verify == nil {
 		return nil

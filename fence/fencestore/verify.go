@@ -165,6 +165,10 @@ const maxRemembered = 4096
 type Verification struct {
 	v       Verifier
 	highest func(ctx context.Context, name string) (int64, error)
+	// both, if set, reads the store's highest and verifies in one request
+	// (an EtcdStore whose verifier is its own client's): verdict is the
+	// Verifier's, for a token above highest.
+	both func(ctx context.Context, c Claim) (highest int64, verdict, err error)
 
 	mu    sync.Mutex
 	names map[string]known
@@ -210,7 +214,13 @@ func (x *Verification) Check(ctx context.Context, c Claim) error {
 	if c.Token == k.verified || c.Token <= k.accepted {
 		return nil
 	}
-	h, err := x.highest(ctx, c.Name)
+	var h int64
+	var verdict, err error
+	if x.both != nil {
+		h, verdict, err = x.both(ctx, c)
+	} else {
+		h, err = x.highest(ctx, c.Name)
+	}
 	switch {
 	case err == nil:
 	case ctx.Err() != nil || errors.Is(err, fence.ErrBadRecord):
@@ -222,8 +232,11 @@ func (x *Verification) Check(ctx context.Context, c Claim) error {
 	if c.Token <= h {
 		return nil
 	}
-	if err := x.v.Verify(ctx, c.Name, c.Token); err != nil {
-		return err
+	if x.both == nil {
+		verdict = x.v.Verify(ctx, c.Name, c.Token)
+	}
+	if verdict != nil {
+		return verdict
 	}
 	x.note(c.Name, c.Token, 0)
 	return nil
