@@ -84,10 +84,6 @@ func putLockOf(p *putArgs) error {
 		return putUsageErrorf("put needs -lock NAME, or LEASEFENCE_LOCK (lockctl run sets it), to have etcd confirm the token; -unverified skips that")
 	case p.lock != "" && p.unverified:
 		return putUsageErrorf("put: -lock and -unverified together: give one")
-	case p.lock != "":
-		if err := fencestore.CheckName(p.lock); err != nil {
-			return putUsageErrorf("put: lock name %v", err)
-		}
 	}
 	return nil
 }

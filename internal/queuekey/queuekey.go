@@ -41,9 +41,10 @@ func IsReader(kv *mvccpb.KeyValue) bool { return string(kv.Value) == ReaderValue
 // Blocks tells whether kv, a key under pfx older than a holding's own key,
 // keeps that holding from the name: a queue key blocks a writer, and only a
 // writer's queue key blocks a reader (reader set). A holding is granted
-// once no key older than its own blocks it; keys are never created older
-// than one that exists, so a view at any revision that shows none settles
-// it.
+// once no key older than its own blocks it. No key is ever created older
+// than one that exists, so no new key can block a holding later; but a put
+// on an older key can change what it blocks (its value, read or not, or
+// its lease), and each reader of the rule decides on what it read.
 func Blocks(pfx string, reader bool, kv *mvccpb.KeyValue) bool {
 	return IsQueueKey(pfx, kv) && (!reader || !IsReader(kv))
 }
