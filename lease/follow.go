@@ -66,7 +66,7 @@ func (t *tracker) rereadFar(ctx context.Context) error {
 	t.mu.Lock()
 	t.q.FarDone()
 	t.mu.Unlock()
-	epoch, err := t.w.queue.UpEpoch(ctx, t)
+	epoch, err := t.queueUp(ctx)
 	if err != nil {
 		return err
 	}

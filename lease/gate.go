@@ -19,7 +19,9 @@ type gate struct {
 // watches are a name's long-lived watches on a session (watch.Watch). The
 // queue watch is the session's own, or shared by its Keeper's sessions
 // (shared set; release gives it back), which keeps the Keeper's copy of
-// the queue (mirror, nil for a session's own).
+// the queue (mirror, nil for a session's own). A session's own queue watch
+// is started by the first lock of the name that needs it (queueWatch):
+// nil until then, so that a name only ever taken at once costs none.
 //
 //   - The own-key watch starts paused: a waiter opens it before relying on
 //     its view, a lock granted at once after ownWatchDelay (so a brief
@@ -36,12 +38,13 @@ type watches struct {
 	release    func()
 }
 
-func (w watches) stop() {
+func (w *watches) stop() {
 	w.own.Stop()
 	w.follows.Stop()
-	if w.shared != nil {
+	switch {
+	case w.shared != nil:
 		w.release()
-	} else {
+	case w.queue != nil:
 		w.queue.Stop()
 	}
 }
@@ -71,8 +74,6 @@ func (s *Session) openGate(name string) (*gate, error) {
 	w := watches{own: own, follows: watch.NewFollows(s.startFollowWatch, keptFollows), shared: s.keeper}
 	if s.keeper != nil {
 		w.queue, w.mirror, w.release, err = s.keeper.queueWatch(name)
-	} else {
-		w.queue, err = s.startWatch(name+"/", true, true)
 	}
 	if err != nil {
 		own.Stop()
@@ -82,11 +83,12 @@ func (s *Session) openGate(name string) (*gate, error) {
 }
 
 // enterGate takes the gate of name, waiting for it unless try is set, and
-// returns the name's watches and a function that gives the gate back.
-func (s *Session) enterGate(ctx context.Context, name string, try bool) (watches, func(), error) {
+// returns the name's watches, the gate's own, which only the lock that
+// holds the gate uses, and a function that gives the gate back.
+func (s *Session) enterGate(ctx context.Context, name string, try bool) (*watches, func(), error) {
 	g, leave, err := s.gates.join(name)
 	if err != nil {
-		return watches{}, nil, err
+		return nil, nil, err
 	}
 	release := func() {
 		<-g.ch
@@ -95,20 +97,20 @@ func (s *Session) enterGate(ctx context.Context, name string, try bool) (watches
 	if try {
 		select {
 		case g.ch <- struct{}{}:
-			return g.w, release, nil
+			return &g.w, release, nil
 		default:
 			leave()
-			return watches{}, nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
+			return nil, nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
 		}
 	}
 	select {
 	case g.ch <- struct{}{}:
-		return g.w, release, nil
+		return &g.w, release, nil
 	case <-ctx.Done():
 		leave()
-		return watches{}, nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	case <-s.ctx.Done():
 		leave()
-		return watches{}, nil, context.Cause(s.ctx)
+		return nil, nil, context.Cause(s.ctx)
 	}
 }

@@ -57,7 +57,7 @@ type tracker struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	w       watches       // the name's watches, which deliver deletions
+	w       *watches      // the name's watches (its gate's), which deliver deletions
 	changed chan struct{} // poked when the keys ahead may have changed
 
 	mu   sync.Mutex // guards hold and q

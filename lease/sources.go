@@ -132,10 +132,14 @@ func (t *tracker) feed(src queue.Source, events []*mvccpb.Event, epoch queue.Epo
 }
 
 // listen subscribes the lock to its watches, and has the rule read from
-// where they start.
+// where they start. A queue watch not started yet counts as down (epoch 0)
+// until the lock starts it (queueWatch).
 func (t *tracker) listen() {
 	ownEpoch := t.SubscribeTo(t.w.own)
-	epoch := t.SubscribeTo(t.w.queue)
+	var epoch queue.Epoch
+	if t.w.queue != nil {
+		epoch = t.SubscribeTo(t.w.queue)
+	}
 	follows := t.w.follows.Subscribe(t)
 	t.mu.Lock()
 	t.q.Read(ownEpoch, epoch, follows, 0)
@@ -152,9 +156,38 @@ func (t *tracker) stopListening() {
 	token := t.token
 	t.mu.Unlock()
 	t.w.own.Unsubscribe(t)
-	t.w.queue.Unsubscribe(t)
+	if t.w.queue != nil {
+		t.w.queue.Unsubscribe(t)
+	}
 	t.w.follows.Unsubscribe(t)
 	if m := t.w.mirror; m != nil {
 		m.leave(t, token)
 	}
+}
+
+// queueWatch is the name's queue watch, subscribed to: a session's own is
+// started (paused) by the first lock of the name that needs it, and then
+// kept by the name's gate for the locks after it. Only the lock that holds
+// the gate runs this; the watches' goroutines read t.w.queue under t.mu
+// (rangeOf), where it is set.
+func (t *tracker) queueWatch() (*watch.Watch, error) {
+	if t.w.queue == nil {
+		w, err := t.s.startWatch(t.name+"/", true, true)
+		if err != nil {
+			return nil, err
+		}
+		t.mu.Lock()
+		t.w.queue = w
+		t.mu.Unlock()
+	}
+	t.SubscribeTo(t.w.queue)
+	return t.w.queue, nil
+}
+
+// queueEpoch is the queue watch's epoch: 0 (down) before it is started.
+func (t *tracker) queueEpoch() queue.Epoch {
+	if t.w.queue == nil {
+		return 0
+	}
+	return t.w.queue.Epoch()
 }

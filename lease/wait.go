@@ -82,7 +82,7 @@ func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 		return queue.Step{}, true
 	}
 	mirrored := t.q.Mirrored() && t.lookInMirror()
-	st = t.q.Next(queue.Now{Own: t.w.own.Epoch(), Queue: t.w.queue.Epoch(), Follow: t.w.follows.EpochOf}, try, mirrored)
+	st = t.q.Next(queue.Now{Own: t.w.own.Epoch(), Queue: t.queueEpoch(), Follow: t.w.follows.EpochOf}, try, mirrored)
 	switch st.Kind {
 	case queue.StepHeld:
 		t.grant()
@@ -104,7 +104,9 @@ func (t *tracker) restQueue() {
 	t.mu.Lock()
 	alone := t.q.Alone()
 	t.mu.Unlock()
-	t.w.queue.Granted(alone)
+	if t.w.queue != nil {
+		t.w.queue.Granted(alone)
+	}
 }
 
 // restOwn, as Unlock is about to delete the key, tells the own-key watch
@@ -160,7 +162,7 @@ func (t *tracker) wait(ctx context.Context, try bool) error {
 		if ended {
 			return context.Cause(t.ctx)
 		}
-		if st.PauseQueue {
+		if st.PauseQueue && t.w.queue != nil {
 			// Far: the queue watch would only send every deletion.
 			t.w.queue.Pause()
 		}
@@ -196,8 +198,7 @@ func (t *tracker) do(ctx context.Context, st queue.Step) error {
 	case queue.StepFollow:
 		return t.follow(ctx)
 	case queue.StepReadNear:
-		t.w.queue.Resume()
-		return t.rereadNear(ctx)
+		return t.rereadNear(ctx) // resumes the queue watch
 	}
 	return t.reread(ctx, st.MinRev)
 }
@@ -270,12 +271,12 @@ func (t *tracker) reread(ctx context.Context, minRev int64) error {
 	if err != nil {
 		return err
 	}
-	return t.readView(ctx, ownEpoch, t.w.queue.Epoch(), minRev)
+	return t.readView(ctx, ownEpoch, t.queueEpoch(), minRev)
 }
 
 // rereadNear reads the view once the queue watch is up, to keep it current.
 func (t *tracker) rereadNear(ctx context.Context) error {
-	epoch, err := t.w.queue.UpEpoch(ctx, t)
+	epoch, err := t.queueUp(ctx)
 	if err != nil {
 		return err
 	}
@@ -393,3 +394,13 @@ func (t *tracker) readOwnKey(ctx context.Context, minRev int64) (*mvccpb.KeyValu
 
 // ownsFirst is owns for the result of a read of the lock's key.
 func (t *tracker) ownsFirst(kvs []*mvccpb.KeyValue) bool { return t.owns(keywrite.FirstKV(kvs)) }
+
+// queueUp starts the queue watch if need be and waits until it is up, or
+// ctx or the lock ends, returning its epoch.
+func (t *tracker) queueUp(ctx context.Context) (queue.Epoch, error) {
+	w, err := t.queueWatch()
+	if err != nil {
+		return 0, err
+	}
+	return w.UpEpoch(ctx, t)
+}
