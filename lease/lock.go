@@ -57,8 +57,10 @@ type tracker struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	w       *watches      // the name's watches (its gate's), which deliver deletions
-	changed chan struct{} // poked when the keys ahead may have changed
+	w *watches // the name's watches (its gate's), which deliver deletions
+	// changed is poked when the keys ahead may have changed; made by the
+	// lock's first wait (wait), so that a lock granted at once has none.
+	changed atomic.Pointer[chan struct{}]
 
 	mu   sync.Mutex // guards hold and q
 	hold keyState
@@ -229,7 +231,6 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 func (l *Lock) start() error {
 	t := l.t
 	t.ctx, t.cancel = context.WithCancelCause(t.s.ctx)
-	t.changed = make(chan struct{}, 1)
 	l.finished = make(chan struct{})
 	if err := t.s.trackLock(l); err != nil {
 		t.cancel(err)

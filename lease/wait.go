@@ -48,11 +48,15 @@ func (t *tracker) wake() {
 	}
 }
 
-// poke wakes the waiter, if any, to look at the lock's view again.
+// poke wakes the waiter, if any, to look at the lock's view again. Before
+// the lock's first wait there is no channel and nobody to wake: wait makes
+// it before it looks.
 func (t *tracker) poke() {
-	select {
-	case t.changed <- struct{}{}:
-	default:
+	if ch := t.changed.Load(); ch != nil {
+		select {
+		case *ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -156,6 +160,10 @@ func (t *tracker) lookInMirror() bool {
 // With try set it returns ErrLocked once it sees a key ahead. If ctx ends,
 // the error names the key it waited behind.
 func (t *tracker) wait(ctx context.Context, try bool) error {
+	// The channel first, then the first look: news after this look pokes
+	// it, news before it is in what the look sees.
+	ch := make(chan struct{}, 1)
+	t.changed.CompareAndSwap(nil, &ch)
 	retry := backoff.New(10*time.Millisecond, time.Second)
 	for {
 		st, ended := t.look(try)
@@ -184,7 +192,7 @@ func (t *tracker) do(ctx context.Context, st queue.Step) error {
 	switch st.Kind {
 	case queue.StepWait:
 		select {
-		case <-t.changed:
+		case <-*t.changed.Load():
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
