@@ -75,7 +75,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		// Only keys that do not block were seen: queue, then look again.
 	}
 	// A paused Keeper's watch (watch.Watch.Granted) keeps no copy: read.
-	mirrored := !try && t.w.mirror != nil && !t.w.queue.Paused()
+	mirrored := !try && t.w.mirror != nil && !t.w.q().Paused()
 	var reads []clientv3.Op
 	if !mirrored {
 		reads = append(reads, newestFirst(t.name+"/", 0, t.page()+1))
@@ -182,7 +182,7 @@ func (t *tracker) viewFromMirror(ctx context.Context) {
 // holds. It reports false if the watch has left epoch meanwhile or the
 // copy is gone. t.mu is held.
 func (t *tracker) joinCopy(epoch queue.Epoch) bool {
-	return t.q.JoinCopy(feed{t, t.w.queue}, epoch, func() (int64, bool) {
+	return t.q.JoinCopy(feed{t, t.w.q()}, epoch, func() (int64, bool) {
 		mv := t.w.mirror.snapshot(epoch, t.key, t.token, t.mode == Read)
 		return mv.Base, mv.OK
 	})
@@ -202,7 +202,7 @@ func (t *tracker) leaveCopy() {
 
 // leaveCopyLocked is leaveCopy with t.mu held.
 func (t *tracker) leaveCopyLocked() {
-	if t.q.LeaveCopy(feed{t, t.w.queue}) {
+	if t.q.LeaveCopy(feed{t, t.w.q()}) {
 		t.w.mirror.leave(t, t.token)
 	}
 }

@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/leasefence/leasefence/lease/internal/watch"
 )
@@ -31,21 +33,49 @@ type gate struct {
 //   - Watches of keys ahead (follows) serve far waiters, so that a long
 //     queue does not send every deletion to every waiter.
 type watches struct {
-	own, queue *watch.Watch
-	mirror     *queueMirror
-	follows    *watch.Follows
-	shared     *Keeper
-	release    func()
+	own *watch.Watch
+	// queue is read by the lock that holds the gate, and set once by the
+	// first that needs it, which may be a lock that has just ended and
+	// handed the gate on: hence atomic, and set under mu unless stopped.
+	queue   atomic.Pointer[watch.Watch]
+	mu      sync.Mutex
+	stopped bool
+	mirror  *queueMirror
+	follows *watch.Follows
+	shared  *Keeper
+	release func()
+}
+
+// q is the queue watch, nil before a lock started it.
+func (w *watches) q() *watch.Watch { return w.queue.Load() }
+
+// setQueue makes started the queue watch, unless one is there already or
+// the watches were stopped; it returns the queue watch, or nil once
+// stopped. A started watch that is not kept is stopped.
+func (w *watches) setQueue(started *watch.Watch) *watch.Watch {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped && w.queue.CompareAndSwap(nil, started) {
+		return started
+	}
+	started.Stop()
+	if w.stopped {
+		return nil
+	}
+	return w.queue.Load()
 }
 
 func (w *watches) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
 	w.own.Stop()
 	w.follows.Stop()
-	switch {
+	switch q := w.q(); {
 	case w.shared != nil:
 		w.release()
-	case w.queue != nil:
-		w.queue.Stop()
+	case q != nil:
+		q.Stop()
 	}
 }
 
@@ -71,15 +101,19 @@ func (s *Session) openGate(name string) (*gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := watches{own: own, follows: watch.NewFollows(s.startFollowWatch, keptFollows), shared: s.keeper}
+	g := &gate{ch: make(chan struct{}, 1)}
+	w := &g.w
+	w.own, w.follows, w.shared = own, watch.NewFollows(s.startFollowWatch, keptFollows), s.keeper
 	if s.keeper != nil {
-		w.queue, w.mirror, w.release, err = s.keeper.queueWatch(name)
+		var q *watch.Watch
+		q, w.mirror, w.release, err = s.keeper.queueWatch(name)
+		w.queue.Store(q)
 	}
 	if err != nil {
 		own.Stop()
 		return nil, err
 	}
-	return &gate{ch: make(chan struct{}, 1), w: w}, nil
+	return g, nil
 }
 
 // enterGate takes the gate of name, waiting for it unless try is set, and

@@ -37,7 +37,7 @@ func (t *tracker) rangeOf(w *watch.Watch) (keys []string, coversOwn bool) {
 	switch w {
 	case t.w.own:
 		return []string{t.key}, true
-	case t.w.queue:
+	case t.w.q():
 		return nil, true
 	}
 	return []string{w.Key()}, false
@@ -137,8 +137,8 @@ func (t *tracker) feed(src queue.Source, events []*mvccpb.Event, epoch queue.Epo
 func (t *tracker) listen() {
 	ownEpoch := t.SubscribeTo(t.w.own)
 	var epoch queue.Epoch
-	if t.w.queue != nil {
-		epoch = t.SubscribeTo(t.w.queue)
+	if q := t.w.q(); q != nil {
+		epoch = t.SubscribeTo(q)
 	}
 	follows := t.w.follows.Subscribe(t)
 	t.mu.Lock()
@@ -156,8 +156,8 @@ func (t *tracker) stopListening() {
 	token := t.token
 	t.mu.Unlock()
 	t.w.own.Unsubscribe(t)
-	if t.w.queue != nil {
-		t.w.queue.Unsubscribe(t)
+	if q := t.w.q(); q != nil {
+		q.Unsubscribe(t)
 	}
 	t.w.follows.Unsubscribe(t)
 	if m := t.w.mirror; m != nil {
@@ -167,27 +167,28 @@ func (t *tracker) stopListening() {
 
 // queueWatch is the name's queue watch, subscribed to: a session's own is
 // started (paused) by the first lock of the name that needs it, and then
-// kept by the name's gate for the locks after it. Only the lock that holds
-// the gate runs this; the watches' goroutines read t.w.queue under t.mu
-// (rangeOf), where it is set.
+// kept by the name's gate for the locks after it (watches.setQueue). A
+// lock that has ended by then may still start it, handing it to the gate;
+// the watch does not take it back as a subscriber.
 func (t *tracker) queueWatch() (*watch.Watch, error) {
-	if t.w.queue == nil {
-		w, err := t.s.startWatch(t.name+"/", true, true)
+	q := t.w.q()
+	if q == nil {
+		started, err := t.s.startWatch(t.name+"/", true, true)
 		if err != nil {
 			return nil, err
 		}
-		t.mu.Lock()
-		t.w.queue = w
-		t.mu.Unlock()
+		if q = t.w.setQueue(started); q == nil {
+			return nil, context.Cause(t.s.ctx) // the gate's watches stopped: the session ended
+		}
 	}
-	t.SubscribeTo(t.w.queue)
-	return t.w.queue, nil
+	t.SubscribeTo(q)
+	return q, nil
 }
 
 // queueEpoch is the queue watch's epoch: 0 (down) before it is started.
 func (t *tracker) queueEpoch() queue.Epoch {
-	if t.w.queue == nil {
-		return 0
+	if q := t.w.q(); q != nil {
+		return q.Epoch()
 	}
-	return t.w.queue.Epoch()
+	return 0
 }

@@ -108,8 +108,8 @@ func (t *tracker) restQueue() {
 	t.mu.Lock()
 	alone := t.q.Alone()
 	t.mu.Unlock()
-	if t.w.queue != nil {
-		t.w.queue.Granted(alone)
+	if q := t.w.q(); q != nil {
+		q.Granted(alone)
 	}
 }
 
@@ -170,9 +170,9 @@ func (t *tracker) wait(ctx context.Context, try bool) error {
 		if ended {
 			return context.Cause(t.ctx)
 		}
-		if st.PauseQueue && t.w.queue != nil {
+		if q := t.w.q(); st.PauseQueue && q != nil {
 			// Far: the queue watch would only send every deletion.
-			t.w.queue.Pause()
+			q.Pause()
 		}
 		switch st.Kind {
 		case queue.StepHeld:
@@ -338,7 +338,7 @@ func (t *tracker) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, 
 	t.mu.Lock()
 	seen := t.w.own.SeenRev()
 	if epoch.Up() {
-		seen = max(seen, t.w.queue.SeenRev())
+		seen = max(seen, t.w.q().SeenRev())
 	}
 	minRev = max(minRev, t.q.Read(ownEpoch, epoch, follows, seen))
 	t.mu.Unlock()
