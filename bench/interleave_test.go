@@ -32,12 +32,22 @@ func interleave(b *testing.B, turns []turn) {
 		}
 	}
 	b.StopTimer()
-	base := median(lat[0])
+	names := make([]string, len(turns))
 	for k, t := range turns {
+		names[k] = t.name
+	}
+	reportMedians(b, names, lat)
+}
+
+// reportMedians reports each name's median latency (name-µs) and its ratio
+// to the first's (name/first).
+func reportMedians(b *testing.B, names []string, lat [][]time.Duration) {
+	base := median(lat[0])
+	for k, name := range names {
 		m := median(lat[k])
-		b.ReportMetric(float64(m.Nanoseconds())/1e3, t.name+"-µs")
+		b.ReportMetric(float64(m.Nanoseconds())/1e3, name+"-µs")
 		if k > 0 {
-			b.ReportMetric(float64(m)/float64(base), t.name+"/"+turns[0].name)
+			b.ReportMetric(float64(m)/float64(base), name+"/"+names[0])
 		}
 	}
 }

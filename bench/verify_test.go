@@ -151,12 +151,9 @@ func benchFirstRequests(b *testing.B, cli *clientv3.Client) {
 		}
 	}
 	b.StopTimer()
-	base := median(lat[0])
+	names := make([]string, len(fences))
 	for k, f := range fences {
-		m := median(lat[k])
-		b.ReportMetric(float64(m.Nanoseconds())/1e3, f.name+"-µs")
-		if k > 0 {
-			b.ReportMetric(float64(m)/float64(base), f.name+"/"+fences[0].name)
-		}
+		names[k] = f.name
 	}
+	reportMedians(b, names, lat)
 }
