@@ -28,7 +28,7 @@
 // wrapping fence.ErrNotHeld instead, so a client that handles a lost holding
 // checks for both errors.
 //
-// A token the verifier did not confirm as a live holding of the lock
+// A token the verifier did not confirm as the live holder's of the lock
 // (WithVerifier, or an EtcdStore, which verifies by default) fails with
 // PermissionDenied and an ErrorInfo with Reason "UNVERIFIED_FENCING_TOKEN",
 // the lock, the token and etcd's revision when it was asked; the client

@@ -12,8 +12,8 @@
 // answered 400 with a message saying what is wrong; a request is never let
 // through on a header the middleware could not read. A stale token is answered
 // 409 with a JSON body naming the token offered and the highest accepted, and
-// the Leasefence-Highest header. A token the verifier did not confirm as a
-// live holding of the lock (WithVerifier, or an EtcdStore, which verifies by
+// the Leasefence-Highest header. A token the verifier did not confirm as the
+// live holder's of the lock (WithVerifier, or an EtcdStore, which verifies by
 // default) is answered 403, with etcd's revision when it was asked in the
 // body and the Leasefence-Revision header (CheckResponse turns it into a
 // *fence.UnverifiedError); a verifier that could not ask etcd gives 503.

@@ -84,7 +84,7 @@ func WithCheckInHandler() Option {
 
 // WithVerifier has the middleware ask v (a fencestore.EtcdVerifier on a
 // client of the locks' etcd) before its Store accepts a token higher than
-// any it has accepted: a token v does not confirm as a live holding of the
+// any it has accepted: a token v does not confirm as the live holder's of the
 // lock is answered 403 and raises nothing, and one v cannot check is
 // answered 503. A confirmed token is remembered, so a holding costs the
 // middleware one read. A fencestore.EtcdStore verifies tokens itself and

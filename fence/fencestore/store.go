@@ -91,7 +91,7 @@ func (s *MemoryStore) Highest(name string) int64 {
 // replica of a service. It is safe for concurrent use.
 //
 // Unless built WithoutVerifier, it accepts a token higher than its record
-// only once etcd confirms it as a live holding of the name (Verify), by
+// only once etcd confirms it as the name's live holder's (Verify), by
 // default asking the cluster the records are in.
 type EtcdStore struct {
 	kv     clientv3.KV
@@ -205,7 +205,7 @@ func (s *EtcdStore) Guard(c Claim) fence.Guard { return fence.Resource(s.Key(c.N
 
 // Verify returns nil if c's token may be written with Guard: it is at or
 // below the record's (the guard then decides, as ever), or etcd confirms
-// it as a live holding of c.Name. Otherwise it returns an error wrapping a
+// it as the live holder's of c.Name. Otherwise it returns an error wrapping a
 // *fence.UnverifiedError, or ErrVerifierUnavailable if it could not ask.
 // A confirmed token is remembered: a holding costs the store one read, once
 // (its record and the name's lock keys in one transaction, when its

@@ -15,7 +15,7 @@ import (
 )
 
 // ErrVerifierUnavailable reports that a Verifier could not tell whether a
-// token belongs to a live holding (etcd did not answer in time, or
+// token is the lock holder's (etcd did not answer in time, or
 // refused the read). The request is refused as unknown, never accepted
 // unverified, and nothing is recorded.
 var ErrVerifierUnavailable = errors.New("fencestore: token verifier unavailable")
@@ -24,12 +24,12 @@ var ErrVerifierUnavailable = errors.New("fencestore: token verifier unavailable"
 // WithReadTimeout says otherwise.
 const DefaultVerifyTimeout = 5 * time.Second
 
-// Verifier tells whether a token offered for a lock name belongs to a
-// live holding of that name: a fence asks it before it accepts a token
-// higher than any it has accepted, so that a number no holding ever had
-// cannot raise it.
+// Verifier tells whether a token offered for a lock name is the token of
+// that name's live holder (or of one of its readers), not a waiter's nor
+// one no holding ever had: a fence asks it before it accepts a token
+// higher than any it has accepted, so that a wrong number cannot raise it.
 type Verifier interface {
-	// Verify returns nil if token is a live holding's of lock name, an
+	// Verify returns nil if token is the live holder's of lock name, an
 	// error wrapping a *fence.UnverifiedError if it is not, and an error
 	// wrapping ErrVerifierUnavailable (or the error of ctx, once ctx
 	// has ended) if it could not tell.
@@ -37,7 +37,7 @@ type Verifier interface {
 }
 
 // EtcdVerifier is the Verifier that asks the etcd cluster holding the
-// locks. A token is a live holding's of name if, in one linearizable read
+// locks. A token is the live holder's of name if, in one linearizable read
 // of the keys under name + "/" created at or before it, a key directly
 // under name + "/" in etcd's lock layout (name/<lease ID in lowercase
 // hex>, as package lease, etcd's concurrency package and etcdctl lock
