@@ -194,7 +194,7 @@ func (t *tracker) joinCopy(epoch queue.Epoch) bool {
 // cover: the rule reads.
 func (t *tracker) leaveCopy() {
 	t.mu.Lock()
-	if t.q.Mirrored() { // spares a lock not on the copy a feed's allocation
+	if t.q != nil && t.q.Mirrored() { // spares a lock not on the copy a feed's allocation
 		t.leaveCopyLocked()
 	}
 	t.mu.Unlock()

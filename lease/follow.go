@@ -27,7 +27,11 @@ func (t *tracker) follow(ctx context.Context) error {
 	keys := t.q.FollowKeys()
 	minRev := t.q.FollowFloor(keys)
 	t.mu.Unlock()
-	epochs, upRev, err := t.w.follows.Ensure(ctx, t, keys)
+	fl := t.w.followsFor(t.s.startFollowWatch)
+	if fl == nil {
+		return context.Cause(t.s.ctx) // the gate's watches stopped: the session ended
+	}
+	epochs, upRev, err := fl.Ensure(ctx, t, keys)
 	if err != nil {
 		return err
 	}

@@ -23,7 +23,8 @@ type gate struct {
 // (shared set; release gives it back), which keeps the Keeper's copy of
 // the queue (mirror, nil for a session's own). A session's own queue watch
 // is started by the first lock of the name that needs it (queueWatch):
-// nil until then, so that a name only ever taken at once costs none.
+// nil until then, so that a name only ever taken at once costs none. So
+// are the follows, made by the first far waiter (followsFor).
 //
 //   - The own-key watch starts paused: a waiter opens it before relying on
 //     its view, a lock granted at once after ownWatchDelay (so a brief
@@ -41,13 +42,32 @@ type watches struct {
 	mu      sync.Mutex
 	stopped bool
 	mirror  *queueMirror
-	follows *watch.Follows
+	follows atomic.Pointer[watch.Follows] // set once, as queue is
 	shared  *Keeper
 	release func()
 }
 
 // q is the queue watch, nil before a lock started it.
 func (w *watches) q() *watch.Watch { return w.queue.Load() }
+
+// fl is the name's follows, nil before a far waiter made them.
+func (w *watches) fl() *watch.Follows { return w.follows.Load() }
+
+// followsFor returns the name's follows, made with start if need be; nil
+// once the watches were stopped.
+func (w *watches) followsFor(start func(key string) (*watch.Watch, error)) *watch.Follows {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return nil
+	}
+	if f := w.follows.Load(); f != nil {
+		return f
+	}
+	f := watch.NewFollows(start, keptFollows)
+	w.follows.Store(f)
+	return f
+}
 
 // setQueue makes started the queue watch, unless one is there already or
 // the watches were stopped; it returns the queue watch, or nil once
@@ -70,7 +90,7 @@ func (w *watches) stop() {
 	w.stopped = true
 	w.mu.Unlock()
 	w.own.Stop()
-	w.follows.Stop()
+	w.fl().Stop()
 	switch q := w.q(); {
 	case w.shared != nil:
 		w.release()
@@ -103,7 +123,7 @@ func (s *Session) openGate(name string) (*gate, error) {
 	}
 	g := &gate{ch: make(chan struct{}, 1)}
 	w := &g.w
-	w.own, w.follows, w.shared = own, watch.NewFollows(s.startFollowWatch, keptFollows), s.keeper
+	w.own, w.shared = own, s.keeper
 	if s.keeper != nil {
 		var q *watch.Watch
 		q, w.mirror, w.release, err = s.keeper.queueWatch(name)
@@ -117,34 +137,40 @@ func (s *Session) openGate(name string) (*gate, error) {
 }
 
 // enterGate takes the gate of name, waiting for it unless try is set, and
-// returns the name's watches, the gate's own, which only the lock that
-// holds the gate uses, and a function that gives the gate back.
-func (s *Session) enterGate(ctx context.Context, name string, try bool) (*watches, func(), error) {
-	g, leave, err := s.gates.join(name)
+// returns it; the name's watches are the gate's own, which only the lock
+// that holds the gate uses. leaveGate gives it back.
+func (s *Session) enterGate(ctx context.Context, name string, try bool) (*gateEntry, error) {
+	e, err := s.gates.enter(name)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	release := func() {
-		<-g.ch
-		leave()
-	}
+	g := e.v
 	if try {
 		select {
 		case g.ch <- struct{}{}:
-			return &g.w, release, nil
+			return e, nil
 		default:
-			leave()
-			return nil, nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
+			s.gates.exit(e)
+			return nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
 		}
 	}
 	select {
 	case g.ch <- struct{}{}:
-		return &g.w, release, nil
+		return e, nil
 	case <-ctx.Done():
-		leave()
-		return nil, nil, ctx.Err()
+		s.gates.exit(e)
+		return nil, ctx.Err()
 	case <-s.ctx.Done():
-		leave()
-		return nil, nil, context.Cause(s.ctx)
+		s.gates.exit(e)
+		return nil, context.Cause(s.ctx)
 	}
+}
+
+// gateEntry is a name's gate as the session's registry keeps it.
+type gateEntry = entry[*gate]
+
+// leaveGate gives back the gate that enterGate took; once per enterGate.
+func (s *Session) leaveGate(e *gateEntry) {
+	<-e.v.ch
+	s.gates.exit(e)
 }

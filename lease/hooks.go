@@ -168,7 +168,11 @@ func (l *Lock) reportQueued() {
 		return
 	}
 	t.mu.Lock()
-	mirrored, n := t.q.Mirrored(), t.q.Rule.AheadCount()
+	var mirrored bool
+	var n int // granted: nothing is ahead
+	if t.q != nil {
+		mirrored, n = t.q.Mirrored(), t.q.Rule.AheadCount()
+	}
 	t.mu.Unlock()
 	if mirrored {
 		if m, ok := t.w.mirror.ahead(t.token, t.mode == Read); ok {

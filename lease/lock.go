@@ -64,26 +64,29 @@ type tracker struct {
 
 	mu   sync.Mutex // guards hold and q
 	hold keyState
-	q    waiting
+	// q decides every step of the wait (queue.Waiter), and is dropped
+	// at the grant: a held lock keeps only what its end is judged by
+	// (keyState), so that it costs no waiter's state.
+	q *queue.Waiter
 }
 
 // keyState is the lock's key and its holding. tracker.mu guards it.
 type keyState struct {
 	phase phase
-	gate  func() // gives the name's local gate back; nil once given back
+	gate  *gateEntry // the name's local gate, taken; nil once given back
 	value string // the key's value: empty for a lock, the leader's for a campaign
 	// grantedAt and finishedEnd: whichever is set second reports the end.
 	grantedAt   time.Time
 	finishedEnd bool
 	granted     bool // the rule granted the lock: it is (or was) held
+	// atOnce: granted on the view read with its put; alone: and nobody
+	// else was queued (queue.Waiter.AtOnce, Alone), kept from the grant.
+	atOnce, alone bool
+	// keyEnded: an event or read of the key, once held, showed it
+	// deleted or not this holding's (queue.EndsHolding).
+	keyEnded bool
 	// watchOwn opens the own-key watch after ownWatchDelay (grant).
 	watchOwn *time.Timer
-}
-
-// waiting is how a lock waits for its turn: its queue.Waiter, which
-// decides every step. tracker.mu guards it.
-type waiting struct {
-	queue.Waiter
 }
 
 // phase is what the lock is doing with its key while it is held.
@@ -188,19 +191,21 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	if err := s.alive(); err != nil {
 		return nil, err
 	}
-	w, release, err := s.enterGate(ctx, name, try)
+	ge, err := s.enterGate(ctx, name, try)
 	if err != nil {
 		return nil, err
 	}
+	w := &ge.v.w
 	if mode == Read {
 		value = ReaderValue
 	}
 	t := &tracker{s: s, name: name, key: w.own.Key(), mode: mode, w: w} // the key: one string per name
-	t.hold.value, t.hold.gate = value, release
-	t.q.Waiter = queue.NewWaiter(queue.NewRule(t.key, t.owns, t.blocksKV), queue.Config{
+	t.hold.value, t.hold.gate = value, ge
+	q := queue.NewWaiter(queue.NewRule(t.key, t.owns, t.blocksKV), queue.Config{
 		Shared: w.shared != nil, Near: nearAhead, Follow: followKeys,
 		IsReader: isReader, IsQueueKey: t.isQueueKey, IsChild: t.isChild,
 	})
+	t.q = &q
 	l := &Lock{t: t, trace: trace, kw: s.keyWrites(name, t.key)}
 	t.l = l
 	if err := l.start(); err != nil {

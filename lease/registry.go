@@ -21,6 +21,7 @@ type registry[V any] struct {
 
 type entry[V any] struct {
 	v     V
+	name  string
 	users int
 	idle  *time.Timer // made at the first last-leave, then reset: no timer per lock
 }
@@ -28,55 +29,66 @@ type entry[V any] struct {
 // join counts a user in on name's entry, made if needed, and returns it
 // and a function that counts the user out once; after close it fails.
 func (r *registry[V]) join(name string) (V, func(), error) {
+	e, err := r.enter(name)
+	if err != nil {
+		var zero V
+		return zero, nil, err
+	}
+	lv := &leaver[V]{r: r, e: e}
+	return e.v, lv.leave, nil
+}
+
+// enter is join for a user that counts itself out exactly once (exit),
+// and so needs no function to do it once: a lock, which keeps the entry
+// while held.
+func (r *registry[V]) enter(name string) (*entry[V], error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var zero V
 	if r.closed {
-		return zero, nil, ErrSessionClosed
+		return nil, ErrSessionClosed
 	}
 	e := r.m[name]
 	if e == nil {
 		v, err := r.open(name)
 		if err != nil {
-			return zero, nil, err
+			return nil, err
 		}
 		if r.m == nil {
 			r.m = make(map[string]*entry[V])
 		}
-		e = &entry[V]{v: v}
+		e = &entry[V]{v: v, name: name}
 		r.m[name] = e
 	}
 	if e.idle != nil {
 		e.idle.Stop()
 	}
 	e.users++
-	lv := &leaver[V]{r: r, name: name, e: e}
-	return e.v, lv.leave, nil
+	return e, nil
 }
 
 // leaver counts one user out of an entry, once (smaller than a
 // sync.OnceFunc, of which a session holding many names keeps one each).
 type leaver[V any] struct {
 	r    *registry[V]
-	name string
 	e    *entry[V]
 	done atomic.Bool
 }
 
 func (lv *leaver[V]) leave() {
 	if lv.done.CompareAndSwap(false, true) {
-		lv.r.leave(lv.name, lv.e)
+		lv.r.exit(lv.e)
 	}
 }
 
-func (r *registry[V]) leave(name string, e *entry[V]) {
+// exit counts one user out of e, which enter or join counted in.
+func (r *registry[V]) exit(e *entry[V]) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e.users--; e.users > 0 || r.closed {
 		return
 	}
 	if e.idle == nil {
-		e.idle = time.AfterFunc(idleWatch, func() { r.expire(name, e) })
+		e.idle = time.AfterFunc(idleWatch, func() { r.expire(e.name, e) })
 		return
 	}
 	e.idle.Reset(idleWatch)

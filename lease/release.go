@@ -16,11 +16,11 @@ import (
 func (l *Lock) leave() {
 	t := l.t
 	t.mu.Lock()
-	release := t.hold.gate
+	g := t.hold.gate
 	t.hold.gate = nil
 	t.mu.Unlock()
-	if release != nil {
-		release()
+	if g != nil {
+		t.s.leaveGate(g)
 	}
 }
 

@@ -69,6 +69,10 @@ func (t *tracker) SubscribeTo(w *watch.Watch) queue.Epoch {
 		return epoch
 	}
 	t.mu.Lock()
+	if t.q == nil {
+		t.mu.Unlock()
+		return w.Epoch() // held: its key's events come through the watches it has
+	}
 	epoch, src := t.q.Subscribe(feed{t, w}, false)
 	t.mu.Unlock()
 	if src != 0 && epoch.Up() {
@@ -81,7 +85,11 @@ func (t *tracker) SubscribeTo(w *watch.Watch) queue.Epoch {
 // rule's trust in it (watch.Listener).
 func (t *tracker) Unsubscribed(w *watch.Watch) {
 	t.mu.Lock()
-	t.q.Unsubscribe(feed{t, w})
+	if t.q != nil {
+		t.q.Unsubscribe(feed{t, w})
+	} else {
+		w.Unsubscribe(t)
+	}
 	t.mu.Unlock()
 	t.poke()
 }
@@ -92,7 +100,9 @@ func (t *tracker) Unsubscribed(w *watch.Watch) {
 // again (recheck), as a deletion while the watch was down went unseen.
 func (t *tracker) Up(_ context.Context, w *watch.Watch, src queue.Source, epoch queue.Epoch, start int64) error {
 	t.mu.Lock()
-	t.q.Rule.Up(src, epoch, start)
+	if t.q != nil {
+		t.q.Rule.Up(src, epoch, start)
+	}
 	t.mu.Unlock()
 	t.poke()
 	if w == t.w.own {
@@ -108,7 +118,9 @@ func (t *tracker) Up(_ context.Context, w *watch.Watch, src queue.Source, epoch 
 // key taken away, say) ends: it could no longer see its key deleted.
 func (t *tracker) Down(src queue.Source, epoch queue.Epoch) {
 	t.mu.Lock()
-	t.q.Rule.Down(src, epoch)
+	if t.q != nil {
+		t.q.Rule.Down(src, epoch)
+	}
 	if t.hold.granted && t.hold.phase == steady && t.ctx.Err() == nil {
 		if err := t.w.own.Refused(); err != nil && !t.w.own.Epoch().Up() {
 			t.cancel(fmt.Errorf("%w: its key can no longer be watched: %w", ErrLost, err))
@@ -125,10 +137,19 @@ func (t *tracker) ownKV() *mvccpb.KeyValue {
 	return &mvccpb.KeyValue{Key: []byte(t.key), Value: []byte(t.hold.value), CreateRevision: t.token, ModRevision: t.token, Lease: int64(t.s.id)}
 }
 
-// feed hands the rule one response's events of subscription src.
-// t.mu is held.
+// feed hands the rule one response's events of subscription src; once
+// the lock is held, it judges its own key's events itself, as the rule
+// does after the token (queue.EndsHolding). t.mu is held.
 func (t *tracker) feed(src queue.Source, events []*mvccpb.Event, epoch queue.Epoch) {
-	t.q.Rule.Events(src, epoch, events, 0)
+	if t.q != nil {
+		t.q.Rule.Events(src, epoch, events, 0)
+		return
+	}
+	for _, ev := range events {
+		if string(ev.Kv.Key) == t.key && queue.EndsHolding(t.token, t.owns, ev) {
+			t.hold.keyEnded = true
+		}
+	}
 }
 
 // listen subscribes the lock to its watches, and has the rule read from
@@ -140,7 +161,7 @@ func (t *tracker) listen() {
 	if q := t.w.q(); q != nil {
 		epoch = t.SubscribeTo(q)
 	}
-	follows := t.w.follows.Subscribe(t)
+	follows := t.w.fl().Subscribe(t)
 	t.mu.Lock()
 	t.q.Read(ownEpoch, epoch, follows, 0)
 	t.mu.Unlock()
@@ -159,7 +180,7 @@ func (t *tracker) stopListening() {
 	if q := t.w.q(); q != nil {
 		q.Unsubscribe(t)
 	}
-	t.w.follows.Unsubscribe(t)
+	t.w.fl().Unsubscribe(t)
 	if m := t.w.mirror; m != nil {
 		m.leave(t, token)
 	}

@@ -33,11 +33,21 @@ func (t *tracker) Events(w *watch.Watch, src queue.Source, events []*mvccpb.Even
 // session's lease after the token: the one place a lock ends for a fact
 // about its key. It reports whether it did. t.mu is held.
 func (t *tracker) lostLocked() bool {
-	if t.token == 0 || !t.q.Rule.Lost() {
+	if t.token == 0 || !t.keyEndedLocked() {
 		return false // the rule keeps the own key's events until the token is known
 	}
 	t.keyGoneLocked()
 	return true
+}
+
+// keyEndedLocked tells whether the rule, or once the lock is held what
+// its key's events and reads showed (queue.EndsHolding), has the key
+// deleted or not this holding's after the token. t.mu is held.
+func (t *tracker) keyEndedLocked() bool {
+	if t.q == nil {
+		return t.hold.keyEnded
+	}
+	return t.q.Rule.Lost()
 }
 
 // wake is poke for news of the queue: a watch's events, or the copy's
@@ -85,8 +95,11 @@ func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 		// Ended while waiting: never granted, whatever the view says.
 		return queue.Step{}, true
 	}
+	if t.q == nil {
+		return queue.Step{Kind: queue.StepHeld}, false // granted before
+	}
 	mirrored := t.q.Mirrored() && t.lookInMirror()
-	st = t.q.Next(queue.Now{Own: t.w.own.Epoch(), Queue: t.queueEpoch(), Follow: t.w.follows.EpochOf}, try, mirrored)
+	st = t.q.Next(queue.Now{Own: t.w.own.Epoch(), Queue: t.queueEpoch(), Follow: t.w.fl().EpochOf}, try, mirrored)
 	switch st.Kind {
 	case queue.StepHeld:
 		t.grant()
@@ -94,6 +107,7 @@ func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 			t.q.Copied(t.w.mirror.only(t.key, t.token))
 			t.w.mirror.leave(t, t.token)
 		}
+		t.dropWaiter()
 	case queue.StepLost:
 		t.lostLocked()
 		return st, true
@@ -106,7 +120,7 @@ func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 // Keeper's watch serves other sessions, whose waiters only its copy sees.
 func (t *tracker) restQueue() {
 	t.mu.Lock()
-	alone := t.q.Alone()
+	alone := t.hold.alone
 	t.mu.Unlock()
 	if q := t.w.q(); q != nil {
 		q.Granted(alone)
@@ -119,7 +133,7 @@ func (t *tracker) restQueue() {
 // longer reopens the watch anyway: pausing would add a close and an open.
 func (t *tracker) restOwn() bool {
 	t.mu.Lock()
-	brief := t.q.AtOnce() && time.Since(t.hold.grantedAt) < ownWatchDelay
+	brief := t.hold.atOnce && time.Since(t.hold.grantedAt) < ownWatchDelay
 	t.mu.Unlock()
 	return t.w.own.Granted(brief)
 }
@@ -138,6 +152,17 @@ func (t *tracker) grant() {
 			t.w.own.Resume()
 		})
 	}
+}
+
+// dropWaiter keeps, of the granted lock's waiter, only how it was
+// granted (restQueue, restOwn), and lets the rest go: its rule, its
+// subscriptions' coverage, its follow epochs. From here on the lock's
+// key's events and reads are judged as the rule judged them after the
+// token (queue.EndsHolding), which is all the rule does for a lock
+// granted: no older key can appear. t.mu is held.
+func (t *tracker) dropWaiter() {
+	t.hold.atOnce, t.hold.alone = t.q.AtOnce(), t.q.Alone()
+	t.q = nil
 }
 
 // lookInMirror has the rule take the Keeper's copy, which holds every
@@ -257,7 +282,11 @@ func (t *tracker) readOwn(ctx context.Context, minRev int64) error {
 func (t *tracker) ownRead(rev int64, kv *mvccpb.KeyValue) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.q.Rule.OwnRead(rev, kv)
+	if t.q != nil {
+		t.q.Rule.OwnRead(rev, kv)
+	} else if !t.owns(kv) {
+		t.hold.keyEnded = true // as Rule.OwnRead judges it
+	}
 	if t.lostLocked() {
 		return ErrKeyDeleted
 	}
@@ -330,7 +359,7 @@ func (t *tracker) readView(ctx context.Context, ownEpoch, epoch queue.Epoch, min
 // set). ErrKeyDeleted if the key is no longer this holding's: such a
 // waiter must never be granted.
 func (t *tracker) readWithOwn(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev int64, rng func(...clientv3.OpOption) clientv3.Op) (*pb.RangeResponse, int64, error) {
-	follows := t.w.follows.Subscribe(t)
+	follows := t.w.fl().Subscribe(t)
 	// No older than the rule's read floor nor what the watches handed on:
 	// an older read would show keys whose deletion no watch will send
 	// again (the view took none of another epoch's events), and wait for

@@ -382,16 +382,25 @@ func (k *Rule) ownEvent(ev *mvccpb.Event) {
 		k.early = append(k.early, ev)
 		return
 	}
-	if ev.Kv.ModRevision <= k.token {
-		return // an earlier holding of the same key
+	if EndsHolding(k.token, k.owns, ev) {
+		k.lost = true
+	}
+}
+
+// EndsHolding tells whether ev, an event of the own key of the holding
+// whose token is token, ends it: a deletion, or a put that makes it not
+// this holding's (owns false), after the token. An event at or before
+// the token is an earlier holding's. The rule applies it to a waiter's
+// own-key events and a held lock, which keeps no rule, to its own.
+func EndsHolding(token int64, owns func(kv *mvccpb.KeyValue) bool, ev *mvccpb.Event) bool {
+	if ev.Kv.ModRevision <= token {
+		return false
 	}
 	after := ev.Kv
 	if ev.Type == mvccpb.DELETE {
 		after = nil
 	}
-	if !k.owns(after) {
-		k.lost = true
-	}
+	return !owns(after)
 }
 
 // extend carries ownTo forward through sources covering the own key with

@@ -19,6 +19,9 @@ type Follows struct {
 	tick uint64 // counts take calls, for least recently used
 }
 
+// A nil *Follows keeps no watches: a name none of whose waiters was far
+// has none, and its methods other than Ensure see no watch kept.
+
 // NewFollows makes a name's Follows: start starts the watch of a key, and
 // at most keep watches are kept, the least recently used closed.
 func NewFollows(start func(key string) (*Watch, error), keep int) *Follows {
@@ -35,6 +38,9 @@ type followed struct {
 // to be read, and returns their epochs: a key whose watch was up (odd
 // epoch) through the read is followed from the read on.
 func (f *Follows) Subscribe(l Listener) map[string]queue.Epoch {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	ws := make(map[string]*Watch, len(f.m))
 	for k, fw := range f.m {
@@ -55,6 +61,9 @@ func (f *Follows) Subscribe(l Listener) map[string]queue.Epoch {
 
 // EpochOf is the current epoch of the watch of key, if one is kept.
 func (f *Follows) EpochOf(key string) (queue.Epoch, bool) {
+	if f == nil {
+		return 0, false
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fw, ok := f.m[key]
@@ -132,6 +141,9 @@ func (f *Follows) take(keys []string) ([]*Watch, error) {
 
 // Unsubscribe stops every kept watch's events going to l.
 func (f *Follows) Unsubscribe(l Listener) {
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, fw := range f.m {
@@ -141,6 +153,9 @@ func (f *Follows) Unsubscribe(l Listener) {
 
 // Stop closes every kept watch.
 func (f *Follows) Stop() {
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	m := f.m
 	f.m = nil
