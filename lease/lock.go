@@ -74,7 +74,7 @@ type tracker struct {
 type keyState struct {
 	phase phase
 	gate  *gateEntry // the name's local gate, taken; nil once given back
-	value string // the key's value: empty for a lock, the leader's for a campaign
+	value string     // the key's value: empty for a lock, the leader's for a campaign
 	// grantedAt and finishedEnd: whichever is set second reports the end.
 	grantedAt   time.Time
 	finishedEnd bool
