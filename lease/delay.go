@@ -120,8 +120,8 @@ func (l *Lock) waitDelay(ctx context.Context) error {
 			retry.Reset()
 			continue
 		}
-		if t.ctx.Err() != nil {
-			return context.Cause(t.ctx)
+		if t.end.err() != nil {
+			return t.end.err()
 		}
 		if cctx.Err() != nil || !rpcerr.Transient(cctx, err) {
 			return fmt.Errorf("lock delay: %w", err)
@@ -329,7 +329,7 @@ func (d *delayWait) recordHeld(ctx context.Context, rec delayrec.Record) (done b
 // leaves the record to its delay lease, which outlasts the session's.
 func (l *Lock) recordOwnLoss() {
 	t := l.t
-	if !l.recorded.Load() || !errors.Is(context.Cause(t.ctx), ErrKeyDeleted) {
+	if !l.recorded.Load() || !errors.Is(t.end.err(), ErrKeyDeleted) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.s.ttl)

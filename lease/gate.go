@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -10,12 +11,67 @@ import (
 )
 
 // gate is one name's turn on a session: locks of one name through one
-// session would share one etcd key, so they take turns through this
-// one-place channel. It also keeps the name's watches, which outlive the
-// last user by idleWatch.
+// session would share one etcd key, so they take turns, in the order they
+// came. It also keeps the name's watches, which outlive the last user by
+// idleWatch.
 type gate struct {
-	ch chan struct{}
-	w  watches
+	mu   sync.Mutex
+	held bool
+	// waiting are the locks waiting for the turn, oldest first: leave
+	// hands it to the first by closing its channel. A name taken by one
+	// lock at a time makes none of it, and a gate, of which a held lock
+	// has one, carries only the pointer.
+	waiting *[]chan struct{}
+	w       watches
+}
+
+// take takes the turn if it is free. Otherwise, unless try is set, it
+// queues for it and returns the channel that is closed when the turn is
+// handed over.
+func (g *gate) take(try bool) (took bool, handed chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.held {
+		g.held = true
+		return true, nil
+	}
+	if try {
+		return false, nil
+	}
+	handed = make(chan struct{})
+	if g.waiting == nil {
+		g.waiting = new([]chan struct{})
+	}
+	*g.waiting = append(*g.waiting, handed)
+	return false, handed
+}
+
+// withdraw takes a waiter that gave up off the queue, and reports false
+// if it was handed the turn first: it must then hand it on (leave).
+func (g *gate) withdraw(handed chan struct{}) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting == nil {
+		return false
+	}
+	i := slices.Index(*g.waiting, handed)
+	if i < 0 {
+		return false
+	}
+	*g.waiting = slices.Delete(*g.waiting, i, i+1)
+	return true
+}
+
+// leave hands the turn to the oldest waiter, or frees it.
+func (g *gate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting == nil || len(*g.waiting) == 0 {
+		g.held, g.waiting = false, nil
+		return
+	}
+	close((*g.waiting)[0])
+	*g.waiting = slices.Delete(*g.waiting, 0, 1)
 }
 
 // watches are a name's long-lived watches on a session (watch.Watch). The
@@ -121,7 +177,7 @@ func (s *Session) openGate(name string) (*gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &gate{ch: make(chan struct{}, 1)}
+	g := &gate{}
 	w := &g.w
 	w.own, w.shared = own, s.keeper
 	if s.keeper != nil {
@@ -145,25 +201,28 @@ func (s *Session) enterGate(ctx context.Context, name string, try bool) (*gateEn
 		return nil, err
 	}
 	g := e.v
-	if try {
-		select {
-		case g.ch <- struct{}{}:
-			return e, nil
-		default:
-			s.gates.exit(e)
-			return nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
-		}
+	took, handed := g.take(try)
+	switch {
+	case took:
+		return e, nil
+	case try:
+		s.gates.exit(e)
+		return nil, fmt.Errorf("%w: held or awaited through this same session", ErrLocked)
 	}
 	select {
-	case g.ch <- struct{}{}:
+	case <-handed:
 		return e, nil
 	case <-ctx.Done():
-		s.gates.exit(e)
-		return nil, ctx.Err()
+		err = ctx.Err()
 	case <-s.ctx.Done():
-		s.gates.exit(e)
-		return nil, context.Cause(s.ctx)
+		err = context.Cause(s.ctx)
 	}
+	if g.withdraw(handed) {
+		s.gates.exit(e)
+	} else {
+		s.leaveGate(e) // handed the turn as it gave up: hand it on
+	}
+	return nil, err
 }
 
 // gateEntry is a name's gate as the session's registry keeps it.
@@ -171,6 +230,6 @@ type gateEntry = entry[*gate]
 
 // leaveGate gives back the gate that enterGate took; once per enterGate.
 func (s *Session) leaveGate(e *gateEntry) {
-	<-e.v.ch
+	e.v.leave()
 	s.gates.exit(e)
 }

@@ -122,7 +122,7 @@ func (l *Lock) finishing() {
 func (l *Lock) reportEnd() {
 	t := l.t
 	s := t.s
-	why, held := context.Cause(t.ctx), time.Since(t.hold.grantedAt)
+	why, held := t.end.err(), time.Since(t.hold.grantedAt)
 	cause := Cause(why)
 	var ce *zapcore.CheckedEntry
 	lost := cause != "released" && cause != "session_closed"

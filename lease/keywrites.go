@@ -27,16 +27,17 @@ var keyWriting = keywrite.Config{Refusals: withdrawRefusals, InUse: ErrKeyInUse}
 
 // keyWrites are the marker-guarded writes of the session's key for name.
 func (s *Session) keyWrites(name, key string) keywrite.Writes {
-	return keywrite.New((*keySession)(s), &keyWriting, name, key, markerKey(name, s.id))
+	return keywrite.New((*keySession)(s), &keyWriting, name, key)
 }
 
 // keySession is a session as its lock keys' writes see it
 // (keywrite.Session).
 type keySession Session
 
-func (k *keySession) Keys() clientv3.KV       { return k.keys }
-func (k *keySession) Lease() clientv3.LeaseID { return k.id }
-func (k *keySession) Markers() *keywrite.Book { return &k.markers }
-func (k *keySession) Ctx() context.Context    { return k.ctx }
-func (k *keySession) Log() *zap.Logger        { return k.lg }
-func (k *keySession) Seam() keywrite.Seam     { return k.writes }
+func (k *keySession) Keys() clientv3.KV         { return k.keys }
+func (k *keySession) Lease() clientv3.LeaseID   { return k.id }
+func (k *keySession) Markers() *keywrite.Book   { return &k.markers }
+func (k *keySession) Marker(name string) string { return markerKey(name, k.id) }
+func (k *keySession) Ctx() context.Context      { return k.ctx }
+func (k *keySession) Log() *zap.Logger          { return k.lg }
+func (k *keySession) Seam() keywrite.Seam       { return k.writes }

@@ -23,11 +23,8 @@ import (
 type Lock struct {
 	t *tracker // the key, the queue ahead and the watches that report them
 
-	// finished (Done) is closed once finish has run after t.ctx ended.
+	// finished (Done) is closed once finish has run after the lock ended.
 	finished chan struct{}
-	// finishRun is set by whoever runs finish, once: the one who ended the
-	// lock, or the session's end (Session.endLocks).
-	finishRun atomic.Bool
 
 	trace *CallHooks // the acquiring call's tracing hooks; nil for none
 
@@ -36,6 +33,9 @@ type Lock struct {
 
 	// recorded: the lock delay's record says this writer holds the name.
 	recorded atomic.Bool
+	// finishRun is set by whoever runs finish, once: the one who ended the
+	// lock, or the session's end (Session.endLocks).
+	finishRun atomic.Bool
 }
 
 // tracker is what a lock knows of its key and of the queue ahead, and the
@@ -51,11 +51,10 @@ type tracker struct {
 	token int64
 	mode  Mode
 
-	// ctx ends, with the reason as its cause, when ownership ends (Err,
+	// end comes, with the reason as its cause, when ownership ends (Err,
 	// Context); the Lock's finished channel is closed once finish has run
 	// after that.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	end ending
 
 	w *watches // the name's watches (its gate's), which deliver deletions
 	// changed is poked when the keys ahead may have changed; made by the
@@ -72,11 +71,11 @@ type tracker struct {
 
 // keyState is the lock's key and its holding. tracker.mu guards it.
 type keyState struct {
-	phase phase
 	gate  *gateEntry // the name's local gate, taken; nil once given back
 	value string     // the key's value: empty for a lock, the leader's for a campaign
 	// grantedAt and finishedEnd: whichever is set second reports the end.
 	grantedAt   time.Time
+	phase       phase
 	finishedEnd bool
 	granted     bool // the rule granted the lock: it is (or was) held
 	// atOnce: granted on the view read with its put; alone: and nobody
@@ -90,7 +89,7 @@ type keyState struct {
 }
 
 // phase is what the lock is doing with its key while it is held.
-type phase int
+type phase uint8
 
 const (
 	steady          phase = iota // no release in flight
@@ -121,17 +120,14 @@ func (l *Lock) Done() <-chan struct{} { return l.finished }
 // wrapping ErrLost (ErrLeaseExpired, ErrKeyDeleted, ErrRevisionRegressed,
 // or etcd's refusal to let the session watch the key any more).
 func (l *Lock) Err() error {
-	if l.t.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(l.t.ctx)
+	return l.t.end.err()
 }
 
 // Context returns a context derived from parent, also cancelled when
 // ownership ends, with the lock's Err as its cause (context.Cause), for
 // work done under the lock. Call cancel when the work is done.
 func (l *Lock) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
-	return linkCause(parent, l.t.ctx)
+	return l.t.end.link(parent)
 }
 
 // WriteContext returns a context for a fenced write made under the lock.
@@ -229,16 +225,15 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	return l, nil
 }
 
-// start gives the lock its context (Close waits for it to finish) and its
-// watches. It does not wait for the own-key watch: a lock granted at once
+// start registers the lock with its session, whose end ends it and
+// whose Close waits for it to finish, and subscribes it to its watches. It does not wait for the own-key watch: a lock granted at once
 // needs it only after ownWatchDelay, and a waiter opens it before it
 // relies on its view.
 func (l *Lock) start() error {
 	t := l.t
-	t.ctx, t.cancel = context.WithCancelCause(t.s.ctx)
 	l.finished = make(chan struct{})
 	if err := t.s.trackLock(l); err != nil {
-		t.cancel(err)
+		t.end.end(err)
 		l.leave()
 		return err
 	}
@@ -269,7 +264,7 @@ func (l *Lock) await(ctx context.Context, try bool) error {
 	l.reportQueued()
 	switch {
 	case ended:
-		return context.Cause(t.ctx)
+		return t.end.err()
 	case st.Kind == queue.StepHeld:
 		return nil
 	}
@@ -280,8 +275,8 @@ func (l *Lock) await(ctx context.Context, try bool) error {
 	wctx, stop := l.Context(ctx)
 	err := t.wait(wctx, try)
 	stop()
-	if err != nil && t.ctx.Err() != nil {
-		err = context.Cause(t.ctx)
+	if err != nil && t.end.err() != nil {
+		err = t.end.err()
 	}
 	return err
 }

@@ -98,11 +98,11 @@ func (l *Lock) unlock(ctx context.Context) error {
 	t := l.t
 	l.writing.Lock()
 	defer l.writing.Unlock()
-	if t.ctx.Err() != nil {
+	if t.end.err() != nil {
 		// Ended already: once finish has run, the name's gate is free,
 		// so a Lock of the name right after this call is not refused.
 		<-l.finished
-		return context.Cause(t.ctx)
+		return t.end.err()
 	}
 	l.setPhase(releasing)
 	rested := t.restOwn()
@@ -148,11 +148,11 @@ func (l *Lock) put(ctx context.Context, value string) error {
 	t := l.t
 	l.writing.Lock()
 	defer l.writing.Unlock()
-	if t.ctx.Err() != nil {
+	if t.end.err() != nil {
 		// Ended already: once finish has run, the name's gate is free,
 		// so a Lock of the name right after this call is not refused.
 		<-l.finished
-		return context.Cause(t.ctx)
+		return t.end.err()
 	}
 	resp, err := t.s.client.Txn(ctx).
 		If(t.heldCmps()...).
@@ -163,7 +163,7 @@ func (l *Lock) put(ctx context.Context, value string) error {
 	}
 	if !resp.Succeeded {
 		l.end(ErrKeyDeleted)
-		return context.Cause(t.ctx)
+		return t.end.err()
 	}
 	t.mu.Lock()
 	t.hold.value = value
@@ -204,7 +204,7 @@ func (l *Lock) end(cause error) {
 // to the caller: it saves a goroutine and a wake-up on every release.
 func (l *Lock) cancelWith(cause error) (finishHere bool) {
 	finishHere = l.finishRun.CompareAndSwap(false, true)
-	l.t.cancel(cause)
+	l.t.end.end(cause)
 	return finishHere
 }
 

@@ -228,7 +228,7 @@ func (s *Session) Close() error {
 // releases; one that fails leaves its successor to wait out the delay.
 func (s *Session) releaseHoldings(held map[*Lock]struct{}) {
 	for l := range held {
-		if l.t.ctx.Err() != nil {
+		if l.t.end.err() != nil {
 			continue // ended between its grant and its registration
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
@@ -456,7 +456,7 @@ func (s *Session) endLocks() {
 	// with the same cause.
 	cause := context.Cause(s.ctx)
 	for _, l := range ls {
-		l.t.cancel(cause)
+		l.t.end.end(cause)
 		l.finishLater()
 	}
 }

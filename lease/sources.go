@@ -17,9 +17,9 @@ import (
 
 // Done is closed once the lock has ended, and Cause says why
 // (watch.Listener).
-func (t *tracker) Done() <-chan struct{} { return t.ctx.Done() }
+func (t *tracker) Done() <-chan struct{} { return t.end.done() }
 
-func (t *tracker) Cause() error { return context.Cause(t.ctx) }
+func (t *tracker) Cause() error { return t.end.err() }
 
 // nudge wakes the waiter (copyWaiter): as wake does for news that may
 // grant it, as poke does for any other.
@@ -121,9 +121,9 @@ func (t *tracker) Down(src queue.Source, epoch queue.Epoch) {
 	if t.q != nil {
 		t.q.Rule.Down(src, epoch)
 	}
-	if t.hold.granted && t.hold.phase == steady && t.ctx.Err() == nil {
+	if t.hold.granted && t.hold.phase == steady && t.end.err() == nil {
 		if err := t.w.own.Refused(); err != nil && !t.w.own.Epoch().Up() {
-			t.cancel(fmt.Errorf("%w: its key can no longer be watched: %w", ErrLost, err))
+			t.end.end(fmt.Errorf("%w: its key can no longer be watched: %w", ErrLost, err))
 			t.l.finishLater()
 		}
 	}

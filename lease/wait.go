@@ -77,7 +77,7 @@ func (t *tracker) keyGoneLocked() {
 		t.hold.phase = releasedOrTaken
 		return
 	}
-	t.cancel(ErrKeyDeleted) // reported, with every other end, by reportEnd
+	t.end.end(ErrKeyDeleted) // reported, with every other end, by reportEnd
 	t.l.finishLater()
 }
 
@@ -91,7 +91,7 @@ func (t *tracker) keyGoneLocked() {
 func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ctx.Err() != nil {
+	if t.end.err() != nil {
 		// Ended while waiting: never granted, whatever the view says.
 		return queue.Step{}, true
 	}
@@ -193,7 +193,7 @@ func (t *tracker) wait(ctx context.Context, try bool) error {
 	for {
 		st, ended := t.look(try)
 		if ended {
-			return context.Cause(t.ctx)
+			return t.end.err()
 		}
 		if q := t.w.q(); st.PauseQueue && q != nil {
 			// Far: the queue watch would only send every deletion.

@@ -52,7 +52,7 @@ func (s Seam) markerOnlyAsRead() bool  { return s.Mutation == MarkerOnlyAsRead }
 // unguardedWithdraw is the withdrawal before issue 46: it deleted a key on
 // the session's lease whatever the marker said.
 func (w *Writes) unguardedWithdraw() (cmps []clientv3.Cmp, then, els []clientv3.Op) {
-	move := clientv3.OpPut(w.marker, "", clientv3.WithLease(w.s.Lease()))
+	move := clientv3.OpPut(w.marker(), "", clientv3.WithLease(w.s.Lease()))
 	return []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(w.key), "=", int64(w.s.Lease()))},
 		[]clientv3.Op{clientv3.OpDelete(w.key), move}, []clientv3.Op{move}
 }

@@ -55,6 +55,8 @@ type Session interface {
 	Lease() clientv3.LeaseID
 	// Markers is what the session knows of its markers.
 	Markers() *Book
+	// Marker is the key of name's marker.
+	Marker(name string) string
 	// Ctx ends when the session ends: a withdrawal stops then, its lease
 	// taking the key.
 	Ctx() context.Context
@@ -131,34 +133,37 @@ func (b *Book) keep(name string) {
 // answered and sends it; the write model (lease/writes_model_test.go)
 // drives it against a store that loses, delays and replays requests.
 type Writes struct {
-	s      Session // its KV (keys), lease, book of markers, end and log
-	c      *Config
-	name   string
-	key    string
-	marker string
+	s    Session // its KV (keys), lease, book of markers, end and log
+	c    *Config
+	name string
+	key  string
 }
 
-// New makes the writes of s's key for name, whose marker is at marker.
-func New(s Session, c *Config, name, key, marker string) Writes {
-	return Writes{s: s, c: c, name: name, key: key, marker: marker}
+// New makes the writes of s's key for name.
+func New(s Session, c *Config, name, key string) Writes {
+	return Writes{s: s, c: c, name: name, key: key}
 }
+
+// marker is the key of the name's marker, made at each write rather than
+// kept: a held lock that writes nothing more costs no copy of it.
+func (w *Writes) marker() string { return w.s.Marker(w.name) }
 
 // markerCmp holds while the marker is at rev (absent for 0).
 func (w *Writes) markerCmp(rev int64) clientv3.Cmp {
-	return clientv3.Compare(clientv3.ModRevision(w.marker), "=", rev)
+	return clientv3.Compare(clientv3.ModRevision(w.marker()), "=", rev)
 }
 
 // putOps put the key with value and move the marker, in one transaction.
 func (w *Writes) putOps(value string) []clientv3.Op {
 	return []clientv3.Op{
 		clientv3.OpPut(w.key, value, clientv3.WithLease(w.s.Lease())),
-		clientv3.OpPut(w.marker, "", clientv3.WithLease(w.s.Lease())),
+		clientv3.OpPut(w.marker(), "", clientv3.WithLease(w.s.Lease())),
 	}
 }
 
 // reads read the key and the marker: a failed put's or withdrawal's Else.
 func (w *Writes) reads() []clientv3.Op {
-	return []clientv3.Op{clientv3.OpGet(w.key), clientv3.OpGet(w.marker)}
+	return []clientv3.Op{clientv3.OpGet(w.key), clientv3.OpGet(w.marker())}
 }
 
 // readsOf is what reads returned, from the start of ops' responses.
@@ -257,7 +262,7 @@ func (w *Writes) ownPut(ctx context.Context, key, marker *mvccpb.KeyValue) (bool
 	case w.s.Seam().markerOnlyAsRead():
 		return false, nil
 	}
-	resp, err := w.s.Keys().Get(ctx, w.marker, clientv3.WithRev(key.CreateRevision))
+	resp, err := w.s.Keys().Get(ctx, w.marker(), clientv3.WithRev(key.CreateRevision))
 	if errors.Is(err, rpctypes.ErrCompacted) {
 		w.s.Log().Warn("lock key on the session's lease, with its history compacted: taken for another client's",
 			zap.String("key", w.key), zap.Int64("created", key.CreateRevision))
@@ -344,7 +349,7 @@ func (w *Writes) withdrawTxn(d withdrawal) (cmps []clientv3.Cmp, then, els []cli
 		return w.unguardedWithdraw()
 	}
 	cmps = []clientv3.Cmp{w.markerCmp(d.rev), clientv3.Compare(clientv3.CreateRevision(w.key), "=", d.keyRev)}
-	then = []clientv3.Op{clientv3.OpPut(w.marker, "", clientv3.WithLease(w.s.Lease()))}
+	then = []clientv3.Op{clientv3.OpPut(w.marker(), "", clientv3.WithLease(w.s.Lease()))}
 	if d.del {
 		then = append([]clientv3.Op{clientv3.OpDelete(w.key)}, then...)
 	}
@@ -372,7 +377,7 @@ func (w *Writes) ReleaseOps() []clientv3.Op {
 	if w.s.Markers().get(w.name).kept {
 		return nil
 	}
-	return []clientv3.Op{clientv3.OpDelete(w.marker)}
+	return []clientv3.Op{clientv3.OpDelete(w.marker())}
 }
 
 // Released records that a holding's key was deleted with ReleaseOps.

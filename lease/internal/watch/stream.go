@@ -90,7 +90,7 @@ func (s *Stream) upContext(r *reg) (ctx context.Context, done func()) {
 		cancel() // down already
 	}
 	s.mu.Unlock()
-	if r.w.copy != nil {
+	if r.w.copyOf() != nil {
 		return ctx, func() {}
 	}
 	return ctx, func() {
@@ -175,7 +175,7 @@ func (s *Stream) createLocked(w *Watch) {
 	w.reg = r
 	s.pending = append(s.pending, r)
 	s.sendLocked(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
-		Key: []byte(w.key), RangeEnd: w.rangeEnd, WatchId: r.id,
+		Key: []byte(w.key), RangeEnd: w.rangeEnd(), WatchId: r.id,
 	}}})
 }
 
@@ -222,7 +222,7 @@ func (s *Stream) retryLocked(w *Watch) {
 	}
 	var t *time.Timer
 	s.timers.Add(1)
-	t = time.AfterFunc(w.retry.Next(), func() {
+	t = time.AfterFunc(w.retryDelay(), func() {
 		defer s.timers.Done()
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -384,7 +384,7 @@ func (s *Stream) routeLocked(resp *pb.WatchResponse) (w *Watch, it item, ok bool
 	}
 	r.created = true
 	s.byID[r.id] = r
-	r.w.retry.Reset()
+	r.w.retries = 0
 	return r.w, item{resp: resp, reg: r}, true
 }
 

@@ -12,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/internal/rpcerr"
-	"github.com/leasefence/leasefence/lease/internal/backoff"
 	"github.com/leasefence/leasefence/lease/internal/queue"
 )
 
@@ -27,18 +26,20 @@ import (
 // RestAfter locks in a row that did not need them (Granted). It runs on
 // its owner's Stream, with no goroutine of its own.
 type Watch struct {
-	stream   *Stream
-	key      string
-	rangeEnd []byte // the end of its range (Config.Prefix); nil for the key alone
-	copy     Copy   // a Keeper's copy of the queue, kept by this watch; nil for a session's own watches
+	stream *Stream
+	key    string
+	// keeper is a Keeper's copy of the queue, kept by this watch, and the
+	// locks that hear through it; nil for a session's own watches, which
+	// are most of them (one per held lock) and so carry none of it.
+	keeper *copied
 
-	restAfter int32 // Config.RestAfter
+	restAfter int32        // Config.RestAfter
+	quiet     atomic.Int32 // locks in a row that did not need the watch (Granted)
 
 	// epoch grows by one as the watch comes up or goes down: odd exactly
 	// while up. A view read under another epoch may have missed a deletion.
 	epoch atomic.Uint64
 	upRev atomic.Int64 // the revision it last came up at; it reports every change after
-	quiet atomic.Int32 // locks in a row that did not need the watch (Granted)
 	// seenRev is the revision of the last response handed on (stored
 	// before): a lock that subscribes later reads at least this revision.
 	seenRev atomic.Int64
@@ -47,22 +48,59 @@ type Watch struct {
 	// news is closed (and forgotten) when the watch comes up or etcd
 	// refuses it; made by the first to wait (UpEpoch), so that a watch
 	// nobody waits on costs no channel.
-	news     chan struct{}
-	refusal  error        // why etcd refused the watch, once it did
-	subs     []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
-	copySubs []subscriber // locks that hear the watch's events through its copy (viaCopy): downs only
-	paused   bool         // the watch is off until resume
-	stopped  bool         // Stop was called
+	news    chan struct{}
+	refusal error        // why etcd refused the watch, once it did
+	subs    []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
 
 	// Guarded by stream.mu: its creation on the live stream, and when to
-	// create it again after a failure.
+	// create it again after a failure (after retryDelay, doubling with
+	// each failure in a row: retries).
 	reg     *reg
-	retry   backoff.Backoff
 	retryAt *time.Timer
 
-	imu      sync.Mutex // guards inbox and draining
-	inbox    []item     // what the stream heard for the watch, not yet handed on
-	draining bool       // a goroutine is handing the inbox on
+	imu   sync.Mutex // guards inbox and draining
+	inbox []item     // what the stream heard for the watch, not yet handed on
+
+	// Flags, together so that a watch, of which a held lock has one,
+	// spends one word on them; each is guarded as said.
+	prefix   bool  // Config.Prefix; set at Start
+	paused   bool  // mu: the watch is off until resume
+	stopped  bool  // mu: Stop was called
+	draining bool  // imu: a goroutine is handing the inbox on
+	retries  uint8 // stream.mu: failures in a row (retryDelay)
+}
+
+// copied is a Keeper's copy of the queue, kept by its shared queue
+// watch, and the locks that hear the watch's events through it (viaCopy):
+// downs only. They are kept apart from the watch's other subscribers so
+// that an event costs nothing per waiter on the copy.
+type copied struct {
+	c    Copy
+	subs []subscriber
+}
+
+// copyOf is w's copy, nil for none.
+func (w *Watch) copyOf() Copy {
+	if w.keeper == nil {
+		return nil
+	}
+	return w.keeper.c
+}
+
+// retryDelay is how long after a failure the watch is created again: 50
+// ms, doubling with each failure in a row up to a second.
+func (w *Watch) retryDelay() time.Duration {
+	d := min(50*time.Millisecond<<min(w.retries, 5), time.Second)
+	w.retries = min(w.retries+1, 6)
+	return d
+}
+
+// rangeEnd is the end of the watch's range: nil for its key alone.
+func (w *Watch) rangeEnd() []byte {
+	if !w.prefix {
+		return nil
+	}
+	return []byte(clientv3.GetPrefixRangeEnd(w.key))
 }
 
 // item is one thing the stream heard for a watch: a response of creation
@@ -146,11 +184,9 @@ func (w *Watch) Stop() {
 // Start starts a watch on c.Stream, which stops when the stream ends or
 // Stop is called. A paused one has no etcd watch until Resume.
 func Start(c Config) (*Watch, error) {
-	w := &Watch{stream: c.Stream, key: c.Key, copy: c.Copy, restAfter: c.RestAfter,
-		paused: c.Paused,
-		retry:  backoff.New(50*time.Millisecond, time.Second)}
-	if c.Prefix {
-		w.rangeEnd = []byte(clientv3.GetPrefixRangeEnd(c.Key))
+	w := &Watch{stream: c.Stream, key: c.Key, restAfter: c.RestAfter, prefix: c.Prefix, paused: c.Paused}
+	if c.Copy != nil {
+		w.keeper = &copied{c: c.Copy}
 	}
 	if !c.Paused {
 		w.mu.Lock()
@@ -193,7 +229,8 @@ func (w *Watch) handOn(it item) {
 	if resp.Created {
 		w.upRev.Store(resp.Header.Revision)
 		ctx, done := w.stream.upContext(it.reg)
-		caughtUp := w.isUp(ctx) && (w.copy == nil || w.copy.Load(ctx, w.stream.client, w.key, resp.Header.Revision, w.Epoch()))
+		cp := w.copyOf()
+		caughtUp := w.isUp(ctx) && (cp == nil || cp.Load(ctx, w.stream.client, w.key, resp.Header.Revision, w.Epoch()))
 		done()
 		if !caughtUp {
 			w.stream.restart(w, it.reg)
@@ -201,8 +238,8 @@ func (w *Watch) handOn(it item) {
 		return
 	}
 	epoch := w.Epoch()
-	if w.copy != nil {
-		w.copy.Apply(w.key, resp.Events, epoch)
+	if cp := w.copyOf(); cp != nil {
+		cp.Apply(w.key, resp.Events, epoch)
 	}
 	for _, sub := range w.subscribers(false) {
 		sub.l.Events(w, sub.src, resp.Events, epoch)
@@ -285,8 +322,8 @@ func (w *Watch) down() {
 	}
 	epoch := w.Epoch()
 	w.mu.Unlock()
-	if w.copy != nil {
-		w.copy.Drop()
+	if cp := w.copyOf(); cp != nil {
+		cp.Drop()
 	}
 	// Stopped for good, the watch ends its subscriptions: each lock's
 	// rule forgets it in the same step, and it sends nothing more.
@@ -396,8 +433,8 @@ func ended(l Listener) bool {
 func (w *Watch) subscribers(viaCopy bool) []subscriber {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if viaCopy {
-		return slices.Concat(w.subs, w.copySubs)
+	if viaCopy && w.keeper != nil {
+		return slices.Concat(w.subs, w.keeper.subs)
 	}
 	return slices.Clone(w.subs)
 }
@@ -409,8 +446,11 @@ func (w *Watch) listOf(l Listener) (*[]subscriber, int) {
 	if i := slices.IndexFunc(w.subs, is); i >= 0 {
 		return &w.subs, i
 	}
-	if i := slices.IndexFunc(w.copySubs, is); i >= 0 {
-		return &w.copySubs, i
+	if w.keeper == nil {
+		return nil, -1
+	}
+	if i := slices.IndexFunc(w.keeper.subs, is); i >= 0 {
+		return &w.keeper.subs, i
 	}
 	return nil, -1
 }
@@ -430,7 +470,10 @@ func (w *Watch) Subscribe(l Listener, viaCopy bool, listen func() queue.Source) 
 		src = listen()
 		sub := subscriber{l: l, src: src}
 		if viaCopy {
-			w.copySubs = append(w.copySubs, sub)
+			if w.keeper == nil {
+				w.keeper = &copied{} // never so in use: only a Keeper's watch has subscribers via its copy
+			}
+			w.keeper.subs = append(w.keeper.subs, sub)
 		} else {
 			w.subs = append(w.subs, sub)
 		}
