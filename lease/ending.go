@@ -7,7 +7,8 @@ import (
 	"sync/atomic"
 )
 
-// ending is how a lock ends: once, with a cause (Lock.Err). It does for a
+// ending is an end that comes once, with a cause: how a lock ends
+// (Lock.Err), and then that it has finished (Lock.Done). It does for a
 // lock what a context made with context.WithCancelCause from the
 // session's did, at a fraction of the memory, which counts when a process
 // holds many locks:

@@ -82,7 +82,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	}
 	for tries := 0; ; tries++ {
 		seen := t.s.highest.Load()
-		resp, err := l.kw.Put(wctx, t.hold.value, reads...)
+		resp, err := l.kw().Put(wctx, t.hold.value, reads...)
 		if err != nil {
 			return err
 		}
@@ -104,7 +104,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 // path that someone else's put moved off the session's lease, which is no
 // lock.
 func (l *Lock) notPut(wctx context.Context, resp *clientv3.TxnResponse, tries int) error {
-	again, other, err := l.kw.NotPut(wctx, resp)
+	again, other, err := l.kw().NotPut(wctx, resp)
 	switch {
 	case err != nil:
 		return err
@@ -132,7 +132,7 @@ func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored 
 // failed; otherwise only keys that do not block were found: queue.
 func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 	t := l.t
-	resp, err := l.kw.TryPut(wctx, t.hold.value, oldestFirst(t.name+"/"))
+	resp, err := l.kw().TryPut(wctx, t.hold.value, oldestFirst(t.name+"/"))
 	if err != nil {
 		return true, err
 	}

@@ -98,7 +98,7 @@ func (l *Lock) reportGranted(waited time.Duration) {
 		s.hooks.Acquired(t.name, t.token, waited)
 	}
 	t.mu.Lock()
-	t.hold.grantedAt = time.Now()
+	t.hold.grantedAt = max(time.Since(s.born), 1)
 	stopped := t.hold.finishedEnd
 	t.mu.Unlock()
 	if stopped {
@@ -111,7 +111,7 @@ func (l *Lock) finishing() {
 	t := l.t
 	t.mu.Lock()
 	t.hold.finishedEnd = true
-	granted := !t.hold.grantedAt.IsZero()
+	granted := t.hold.grantedAt != 0
 	t.mu.Unlock()
 	if granted {
 		l.reportEnd()
@@ -122,7 +122,7 @@ func (l *Lock) finishing() {
 func (l *Lock) reportEnd() {
 	t := l.t
 	s := t.s
-	why, held := t.end.err(), time.Since(t.hold.grantedAt)
+	why, held := t.end.err(), time.Since(s.born)-t.hold.grantedAt
 	cause := Cause(why)
 	var ce *zapcore.CheckedEntry
 	lost := cause != "released" && cause != "session_closed"

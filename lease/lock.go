@@ -23,13 +23,14 @@ import (
 type Lock struct {
 	t *tracker // the key, the queue ahead and the watches that report them
 
-	// finished (Done) is closed once finish has run after the lock ended.
-	finished chan struct{}
+	// finished (Done) comes once finish has run after the lock ended. Its
+	// channel is made by the first to wait for it: a held lock that
+	// nobody waits on costs none.
+	finished ending
 
 	trace *CallHooks // the acquiring call's tracing hooks; nil for none
 
-	writing sync.Mutex      // one write of the key at a time: Unlock, Resign, Proclaim
-	kw      keywrite.Writes // the key's writes that need its marker
+	writing sync.Mutex // one write of the key at a time: Unlock, Resign, Proclaim
 
 	// recorded: the lock delay's record says this writer holds the name.
 	recorded atomic.Bool
@@ -74,7 +75,9 @@ type keyState struct {
 	gate  *gateEntry // the name's local gate, taken; nil once given back
 	value string     // the key's value: empty for a lock, the leader's for a campaign
 	// grantedAt and finishedEnd: whichever is set second reports the end.
-	grantedAt   time.Time
+	// grantedAt is when the grant was reported, as time since the
+	// session was made (Session.born; 0 before): a third of a time.Time.
+	grantedAt   time.Duration
 	phase       phase
 	finishedEnd bool
 	granted     bool // the rule granted the lock: it is (or was) held
@@ -97,6 +100,13 @@ const (
 	releasedOrTaken              // ... and the own-key watch saw the key go
 )
 
+// kw is the key's writes that need its marker: made for each write, as
+// they keep nothing of their own, so that a held lock keeps no copy.
+func (l *Lock) kw() *keywrite.Writes {
+	kw := l.t.s.keyWrites(l.t.name, l.t.key)
+	return &kw
+}
+
 // Name is the lock's name, as given to Lock.
 func (l *Lock) Name() string { return l.t.name }
 
@@ -113,7 +123,7 @@ func (l *Lock) Token() int64 { return l.t.token }
 // the end has been logged and reported to the session's Hooks. A lock
 // granted at once sees a deletion of its key in its first 50 ms only at
 // their end (see the package doc).
-func (l *Lock) Done() <-chan struct{} { return l.finished }
+func (l *Lock) Done() <-chan struct{} { return l.finished.done() }
 
 // Err is nil while the lock is held. After Done is closed it says why:
 // ErrUnlocked, ErrSessionClosed, or for an involuntary loss an error
@@ -202,7 +212,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 		IsReader: isReader, IsQueueKey: t.isQueueKey, IsChild: t.isChild,
 	})
 	t.q = &q
-	l := &Lock{t: t, trace: trace, kw: s.keyWrites(name, t.key)}
+	l := &Lock{t: t, trace: trace}
 	t.l = l
 	if err := l.start(); err != nil {
 		return nil, err
@@ -231,7 +241,6 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 // relies on its view.
 func (l *Lock) start() error {
 	t := l.t
-	l.finished = make(chan struct{})
 	if err := t.s.trackLock(l); err != nil {
 		t.end.end(err)
 		l.leave()
@@ -246,7 +255,7 @@ func (l *Lock) finish() {
 	t := l.t
 	defer t.s.untrackLock(l)
 	defer l.recordOwnLoss() // after Done has closed: the warning comes first
-	defer close(l.finished)
+	defer l.finished.end(nil)
 	t.stopListening()
 	t.s.unhold(l)
 	l.leave()

@@ -45,7 +45,7 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 		resp, err := t.s.keys.Txn(t.s.ctx).If(t.tokenCmp()).Then(then...).Commit()
 		if err == nil {
 			if resp.Succeeded {
-				l.kw.Released()
+				l.kw().Released()
 			}
 			return
 		}
@@ -66,7 +66,7 @@ func (l *Lock) cleanup(ops ...clientv3.Op) {
 // (keywrite.Writes.ReleaseOps), then do ops: cleanup's and Unlock's Then,
 // under tokenCmp. Once they applied, keywrite.Writes.Released records it.
 func (l *Lock) removeOps(ops ...clientv3.Op) []clientv3.Op {
-	return append(append([]clientv3.Op{clientv3.OpDelete(l.t.key)}, l.kw.ReleaseOps()...), ops...)
+	return append(append([]clientv3.Op{clientv3.OpDelete(l.t.key)}, l.kw().ReleaseOps()...), ops...)
 }
 
 // tokenCmp holds while the key is this holding's: a later holding of the
@@ -101,7 +101,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 	if t.end.err() != nil {
 		// Ended already: once finish has run, the name's gate is free,
 		// so a Lock of the name right after this call is not refused.
-		<-l.finished
+		<-l.finished.done()
 		return t.end.err()
 	}
 	l.setPhase(releasing)
@@ -111,7 +111,7 @@ func (l *Lock) unlock(ctx context.Context) error {
 		Then(l.removeOps(l.releaseOps()...)...).
 		Commit()
 	if err == nil && resp.Succeeded {
-		l.kw.Released()
+		l.kw().Released()
 	}
 
 	t.mu.Lock()
@@ -151,7 +151,7 @@ func (l *Lock) put(ctx context.Context, value string) error {
 	if t.end.err() != nil {
 		// Ended already: once finish has run, the name's gate is free,
 		// so a Lock of the name right after this call is not refused.
-		<-l.finished
+		<-l.finished.done()
 		return t.end.err()
 	}
 	resp, err := t.s.client.Txn(ctx).
@@ -223,5 +223,5 @@ func (l *Lock) finishOrWait(finishHere bool) {
 		l.finish()
 		return
 	}
-	<-l.finished
+	<-l.finished.done()
 }

@@ -48,6 +48,9 @@ type Session struct {
 	// (delaylease.go); 0 until the first.
 	delayID atomic.Int64
 	owner   string // as recorded; empty if not
+	// born is when the session was made: its locks keep their grant
+	// times as durations since (keyState.grantedAt).
+	born time.Time
 
 	// ctx ends, with the reason as its cause, when the session ends.
 	ctx    context.Context
@@ -111,6 +114,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	}
 	granted := o.grantedTTL(resp.TTL)
 	s := &Session{
+		born:      time.Now(),
 		client:    client,
 		keys:      client,
 		id:        resp.ID,

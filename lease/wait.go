@@ -133,7 +133,8 @@ func (t *tracker) restQueue() {
 // longer reopens the watch anyway: pausing would add a close and an open.
 func (t *tracker) restOwn() bool {
 	t.mu.Lock()
-	brief := t.hold.atOnce && time.Since(t.hold.grantedAt) < ownWatchDelay
+	g := t.hold.grantedAt
+	brief := t.hold.atOnce && g != 0 && time.Since(t.s.born)-g < ownWatchDelay
 	t.mu.Unlock()
 	return t.w.own.Granted(brief)
 }
