@@ -71,7 +71,7 @@ func (l *Lock) releaseOps() []clientv3.Op {
 	if t.s.lockDelay == 0 || t.mode == Read {
 		return nil
 	}
-	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(t.name), delayrec.Format(delayrec.Released, t.token, 0))}
+	return []clientv3.Op{clientv3.OpPut(DelayRecordKey(t.name()), delayrec.Format(delayrec.Released, t.token, 0))}
 }
 
 // heldValue is the record of this writer's holding.
@@ -86,7 +86,7 @@ func (l *Lock) abandonOps() []clientv3.Op {
 	if t.s.lockDelay == 0 || t.mode == Read {
 		return nil
 	}
-	key := DelayRecordKey(t.name)
+	key := DelayRecordKey(t.name())
 	return []clientv3.Op{clientv3.OpTxn(
 		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(key), "=", t.heldValue())},
 		[]clientv3.Op{clientv3.OpPut(key, delayrec.Format(delayrec.Released, t.token, 0))}, nil)}
@@ -181,14 +181,14 @@ func (d *delayWait) announce(ctx context.Context, rec delayrec.Record) {
 	if left == 0 && rec.Lease != 0 {
 		left, _ = leaseLeft(ctx, t.s.client, rec.Lease) // for the report only
 	}
-	h(t.name, rec.Token, left)
+	h(t.name(), rec.Token, left)
 }
 
 // read reads the name's record, first moving one it finds in the old
 // place (oldDelayRecordKey) to DelayRecordKey.
 func (d *delayWait) read(ctx context.Context) (delayrec.Record, error) {
 	t := d.l.t
-	key, old := DelayRecordKey(t.name), oldDelayRecordKey(t.name)
+	key, old := DelayRecordKey(t.name()), oldDelayRecordKey(t.name())
 	for range 3 {
 		resp, err := t.s.client.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(old)).Commit()
 		if err != nil {
@@ -199,7 +199,7 @@ func (d *delayWait) read(ctx context.Context) (delayrec.Record, error) {
 		if was == nil {
 			return delayrec.Parse(cur), nil
 		}
-		if err := moveRecord(ctx, t.s.client, t.name, cur, was); err != nil {
+		if err := moveRecord(ctx, t.s.client, t.name(), cur, was); err != nil {
 			return delayrec.Record{}, err
 		}
 	}
@@ -235,7 +235,7 @@ func moveRecord(ctx context.Context, cli *clientv3.Client, name string, cur, was
 // meanwhile.
 func (d *delayWait) recordLoss(ctx context.Context, rec delayrec.Record, delay time.Duration) (delayrec.Record, error) {
 	t := d.l.t
-	cli, key := t.s.client, DelayRecordKey(t.name)
+	cli, key := t.s.client, DelayRecordKey(t.name())
 	g, err := cli.Grant(ctx, ttlSeconds(delay))
 	if err != nil {
 		return rec, err
@@ -264,7 +264,7 @@ func (d *delayWait) awaitChange(ctx context.Context, rec delayrec.Record) (delay
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	// From the next revision, so nothing is missed (catch-up: <= 100 ms).
-	wch := t.s.client.Watch(wctx, DelayRecordKey(t.name), clientv3.WithRev(rec.ModRev+1))
+	wch := t.s.client.Watch(wctx, DelayRecordKey(t.name()), clientv3.WithRev(rec.ModRev+1))
 	for {
 		select {
 		case wr, ok := <-wch:
@@ -297,7 +297,7 @@ func (d *delayWait) recordHeld(ctx context.Context, rec delayrec.Record) (done b
 	if err != nil {
 		return false, rec, err
 	}
-	key := DelayRecordKey(t.name)
+	key := DelayRecordKey(t.name())
 	resp, err := t.s.client.Txn(ctx).
 		If(append(t.heldCmps(), clientv3.Compare(clientv3.ModRevision(key), "=", rec.ModRev))...).
 		Then(clientv3.OpPut(key, t.heldValue(), clientv3.WithLease(lease))).
@@ -334,7 +334,7 @@ func (l *Lock) recordOwnLoss() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.s.ttl)
 	defer cancel()
-	cli, key := t.s.client, DelayRecordKey(t.name)
+	cli, key := t.s.client, DelayRecordKey(t.name())
 	g, err := cli.Grant(ctx, ttlSeconds(t.s.lockDelay))
 	if err == nil {
 		_, err = cli.Txn(ctx).

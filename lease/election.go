@@ -33,7 +33,7 @@ func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership
 }
 
 // Name is the election's name.
-func (e *Leadership) Name() string { return e.l.t.name }
+func (e *Leadership) Name() string { return e.l.t.name() }
 
 // Key is the leader's etcd key: Name() + "/" + the lease ID in hex.
 func (e *Leadership) Key() string { return e.l.t.key }
@@ -75,10 +75,10 @@ func (e *Leadership) Lock() *Lock { return e.l }
 // and its lead.
 func (e *Leadership) Proclaim(ctx context.Context, value string) error {
 	if err := leaderValue(value); err != nil {
-		return failed(fmt.Sprintf("proclaim %q", e.l.t.name), err)
+		return failed(fmt.Sprintf("proclaim %q", e.l.t.name()), err)
 	}
 	if err := e.l.put(ctx, value); err != nil {
-		return failed(fmt.Sprintf("proclaim %q", e.l.t.name), err)
+		return failed(fmt.Sprintf("proclaim %q", e.l.t.name()), err)
 	}
 	return nil
 }
@@ -89,7 +89,7 @@ func (e *Leadership) Resign(ctx context.Context) error {
 	ctx, done := e.l.traceRelease(ctx, "Resign")
 	err := e.l.unlock(ctx)
 	if err != nil {
-		err = failed(fmt.Sprintf("resign %q", e.l.t.name), err)
+		err = failed(fmt.Sprintf("resign %q", e.l.t.name()), err)
 	}
 	done(err)
 	return err

@@ -78,7 +78,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 	mirrored := !try && t.w.mirror != nil && !t.w.q().Paused()
 	var reads []clientv3.Op
 	if !mirrored {
-		reads = append(reads, newestFirst(t.name+"/", 0, t.page()+1))
+		reads = append(reads, newestFirst(t.name()+"/", 0, t.page()+1))
 	}
 	for tries := 0; ; tries++ {
 		seen := t.s.highest.Load()
@@ -132,7 +132,7 @@ func (l *Lock) queued(ctx context.Context, resp *clientv3.TxnResponse, mirrored 
 // failed; otherwise only keys that do not block were found: queue.
 func (l *Lock) tryEmpty(wctx context.Context) (done bool, err error) {
 	t := l.t
-	resp, err := l.kw().TryPut(wctx, t.hold.value, oldestFirst(t.name+"/"))
+	resp, err := l.kw().TryPut(wctx, t.hold.value, oldestFirst(t.name()+"/"))
 	if err != nil {
 		return true, err
 	}

@@ -78,7 +78,7 @@ func (t *tracker) rereadFar(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pfx := t.name + "/"
+	pfx := t.name() + "/"
 	older, rev, err := t.readWithOwn(ctx, ownEpoch, epoch, 0, func(opts ...clientv3.OpOption) clientv3.Op {
 		return clientv3.OpGet(pfx, append(opts, clientv3.WithPrefix(),
 			clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(t.token-1), clientv3.WithLimit(queuePage))...)

@@ -36,7 +36,7 @@ func NewHealth(margin time.Duration) (*Health, error) {
 func (h *Health) Track(l *Lock) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.locks[l.t.name] = l
+	h.locks[l.t.name()] = l
 }
 
 // Forget stops checking the lock name.

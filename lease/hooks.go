@@ -95,7 +95,7 @@ func (l *Lock) reportGranted(waited time.Duration) {
 		ce.Write(zap.String("key", t.key), zap.Int64("token", t.token), zap.Duration("waited", waited))
 	}
 	if s.hooks.Acquired != nil {
-		s.hooks.Acquired(t.name, t.token, waited)
+		s.hooks.Acquired(t.name(), t.token, waited)
 	}
 	t.mu.Lock()
 	t.hold.grantedAt = max(time.Since(s.born), 1)
@@ -140,7 +140,7 @@ func (l *Lock) reportEnd() {
 		ce.Write(fields...)
 	}
 	if s.hooks.Ended != nil {
-		s.hooks.Ended(t.name, t.token, held, why)
+		s.hooks.Ended(t.name(), t.token, held, why)
 	}
 	l.trace.ended(held, why)
 }

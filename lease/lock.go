@@ -46,9 +46,8 @@ type Lock struct {
 // caller's API, the key's writes and the lock's end.
 type tracker struct {
 	s     *Session
-	l     *Lock // the handle, whose finish runs once the lock ends
-	name  string
-	key   string
+	l     *Lock  // the handle, whose finish runs once the lock ends
+	key   string // name()/lease ID in hex: the name is kept only in it
 	token int64
 	mode  Mode
 
@@ -103,12 +102,16 @@ const (
 // kw is the key's writes that need its marker: made for each write, as
 // they keep nothing of their own, so that a held lock keeps no copy.
 func (l *Lock) kw() *keywrite.Writes {
-	kw := l.t.s.keyWrites(l.t.name, l.t.key)
+	kw := l.t.s.keyWrites(l.t.name(), l.t.key)
 	return &kw
 }
 
+// name is the lock's name: its key up to the last slash, which ends the
+// name (lockKey).
+func (t *tracker) name() string { return t.key[:strings.LastIndexByte(t.key, '/')] }
+
 // Name is the lock's name, as given to Lock.
-func (l *Lock) Name() string { return l.t.name }
+func (l *Lock) Name() string { return l.t.name() }
 
 // Key is the etcd key that holds the lock: Name()/lease ID in hex.
 func (l *Lock) Key() string { return l.t.key }
@@ -205,7 +208,7 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	if mode == Read {
 		value = ReaderValue
 	}
-	t := &tracker{s: s, name: name, key: w.own.Key(), mode: mode, w: w} // the key: one string per name
+	t := &tracker{s: s, key: w.own.Key(), mode: mode, w: w} // the key: one string per name
 	t.hold.value, t.hold.gate = value, ge
 	q := queue.NewWaiter(queue.NewRule(t.key, t.owns, t.blocksKV), queue.Config{
 		Shared: w.shared != nil, Near: nearAhead, Follow: followKeys,
@@ -278,8 +281,8 @@ func (l *Lock) await(ctx context.Context, try bool) error {
 		return nil
 	}
 	if !try {
-		t.s.hooks.waiting(t.name, +1)
-		defer t.s.hooks.waiting(t.name, -1)
+		t.s.hooks.waiting(t.name(), +1)
+		defer t.s.hooks.waiting(t.name(), -1)
 	}
 	wctx, stop := l.Context(ctx)
 	err := t.wait(wctx, try)

@@ -78,7 +78,7 @@ func isReader(kv *mvccpb.KeyValue) bool { return modeOf(kv) == Read }
 
 // prefix is the lock's name and a slash: the start of its key, shared
 // with it rather than made for each lock.
-func (t *tracker) prefix() string { return t.key[:len(t.name)+1] }
+func (t *tracker) prefix() string { return t.key[:len(t.name())+1] }
 
 // isQueueKey and isChild are isQueueKey and isChildKey for the lock's
 // name.

@@ -88,7 +88,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	ctx, done := l.traceRelease(ctx, "Unlock")
 	err := l.unlock(ctx)
 	if err != nil {
-		err = failed(fmt.Sprintf("unlock %q", l.t.name), err)
+		err = failed(fmt.Sprintf("unlock %q", l.t.name()), err)
 	}
 	done(err)
 	return err

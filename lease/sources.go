@@ -194,7 +194,7 @@ func (t *tracker) stopListening() {
 func (t *tracker) queueWatch() (*watch.Watch, error) {
 	q := t.w.q()
 	if q == nil {
-		started, err := t.s.startWatch(t.name+"/", true, true)
+		started, err := t.s.startWatch(t.name()+"/", true, true)
 		if err != nil {
 			return nil, err
 		}

@@ -329,7 +329,7 @@ func (t *tracker) rereadNear(ctx context.Context) error {
 // pages past a page of keys that do not block the lock.
 func (t *tracker) readView(ctx context.Context, ownEpoch, epoch queue.Epoch, minRev int64) error {
 	t.leaveCopy()
-	pfx := t.name + "/"
+	pfx := t.name() + "/"
 	maxRev := t.token - 1
 	for {
 		page, rev, err := t.readWithOwn(ctx, ownEpoch, epoch, minRev, func(opts ...clientv3.OpOption) clientv3.Op {
