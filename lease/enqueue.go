@@ -75,7 +75,7 @@ func (l *Lock) enqueue(ctx, wctx context.Context, try bool) error {
 		// Only keys that do not block were seen: queue, then look again.
 	}
 	// A paused Keeper's watch (watch.Watch.Granted) keeps no copy: read.
-	mirrored := !try && t.w.mirror != nil && !t.w.q().Paused()
+	mirrored := !try && t.w.mirror() != nil && !t.w.q().Paused()
 	var reads []clientv3.Op
 	if !mirrored {
 		reads = append(reads, newestFirst(t.name()+"/", 0, t.page()+1))
@@ -167,7 +167,7 @@ func (t *tracker) viewFromMirror(ctx context.Context) {
 	t.mu.Lock()
 	epoch := t.q.Epoch()
 	t.mu.Unlock()
-	if !t.w.mirror.join(ctx, epoch, t, t.token, t.mode == Read) {
+	if !t.w.mirror().join(ctx, epoch, t, t.token, t.mode == Read) {
 		return
 	}
 	t.mu.Lock()
@@ -183,7 +183,7 @@ func (t *tracker) viewFromMirror(ctx context.Context) {
 // copy is gone. t.mu is held.
 func (t *tracker) joinCopy(epoch queue.Epoch) bool {
 	return t.q.JoinCopy(feed{t, t.w.q()}, epoch, func() (int64, bool) {
-		mv := t.w.mirror.snapshot(epoch, t.key, t.token, t.mode == Read)
+		mv := t.w.mirror().snapshot(epoch, t.key, t.token, t.mode == Read)
 		return mv.Base, mv.OK
 	})
 }
@@ -203,7 +203,7 @@ func (t *tracker) leaveCopy() {
 // leaveCopyLocked is leaveCopy with t.mu held.
 func (t *tracker) leaveCopyLocked() {
 	if t.q.LeaveCopy(feed{t, t.w.q()}) {
-		t.w.mirror.leave(t, t.token)
+		t.w.mirror().leave(t, t.token)
 	}
 }
 

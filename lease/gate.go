@@ -97,10 +97,26 @@ type watches struct {
 	queue   atomic.Pointer[watch.Watch]
 	mu      sync.Mutex
 	stopped bool
-	mirror  *queueMirror
 	follows atomic.Pointer[watch.Follows] // set once, as queue is
-	shared  *Keeper
+	// shared is the Keeper's side of a queue watch it shares; nil for a
+	// session's own, so that a name of such a session carries only this.
+	shared *keptQueue
+}
+
+// keptQueue is a Keeper's queue watch as a name's watches hold it: the
+// Keeper's copy of the queue, and the function that gives the watch back.
+type keptQueue struct {
+	mirror  *queueMirror
 	release func()
+}
+
+// mirror is the Keeper's copy of the queue; nil for a session's own
+// queue watch.
+func (w *watches) mirror() *queueMirror {
+	if w.shared == nil {
+		return nil
+	}
+	return w.shared.mirror
 }
 
 // q is the queue watch, nil before a lock started it.
@@ -149,7 +165,7 @@ func (w *watches) stop() {
 	w.fl().Stop()
 	switch q := w.q(); {
 	case w.shared != nil:
-		w.release()
+		w.shared.release()
 	case q != nil:
 		q.Stop()
 	}
@@ -179,11 +195,13 @@ func (s *Session) openGate(name string) (*gate, error) {
 	}
 	g := &gate{}
 	w := &g.w
-	w.own, w.shared = own, s.keeper
+	w.own = own
 	if s.keeper != nil {
 		var q *watch.Watch
-		q, w.mirror, w.release, err = s.keeper.queueWatch(name)
+		sq := &keptQueue{}
+		q, sq.mirror, sq.release, err = s.keeper.queueWatch(name)
 		w.queue.Store(q)
+		w.shared = sq
 	}
 	if err != nil {
 		own.Stop()

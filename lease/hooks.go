@@ -175,7 +175,7 @@ func (l *Lock) reportQueued() {
 	}
 	t.mu.Unlock()
 	if mirrored {
-		if m, ok := t.w.mirror.ahead(t.token, t.mode == Read); ok {
+		if m, ok := t.w.mirror().ahead(t.token, t.mode == Read); ok {
 			n = m
 		}
 	}

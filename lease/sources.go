@@ -181,7 +181,7 @@ func (t *tracker) stopListening() {
 		q.Unsubscribe(t)
 	}
 	t.w.fl().Unsubscribe(t)
-	if m := t.w.mirror; m != nil {
+	if m := t.w.mirror(); m != nil {
 		m.leave(t, token)
 	}
 }

@@ -104,8 +104,8 @@ func (t *tracker) look(try bool) (st queue.Step, ended bool) {
 	case queue.StepHeld:
 		t.grant()
 		if mirrored {
-			t.q.Copied(t.w.mirror.only(t.key, t.token))
-			t.w.mirror.leave(t, t.token)
+			t.q.Copied(t.w.mirror().only(t.key, t.token))
+			t.w.mirror().leave(t, t.token)
 		}
 		t.dropWaiter()
 	case queue.StepLost:
@@ -171,7 +171,7 @@ func (t *tracker) dropWaiter() {
 // false once the copy of the lock's epoch is gone, and then puts the lock
 // back on the queue watch's events. t.mu is held.
 func (t *tracker) lookInMirror() bool {
-	mv := t.w.mirror.snapshot(t.q.Epoch(), t.key, t.token, t.mode == Read)
+	mv := t.w.mirror().snapshot(t.q.Epoch(), t.key, t.token, t.mode == Read)
 	if !mv.OK {
 		t.leaveCopyLocked()
 		return false

@@ -44,13 +44,9 @@ type Watch struct {
 	// before): a lock that subscribes later reads at least this revision.
 	seenRev atomic.Int64
 
-	mu sync.Mutex
-	// news is closed (and forgotten) when the watch comes up or etcd
-	// refuses it; made by the first to wait (UpEpoch), so that a watch
-	// nobody waits on costs no channel.
-	news    chan struct{}
-	refusal error        // why etcd refused the watch, once it did
-	subs    []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
+	mu   sync.Mutex
+	up   *upNews      // made by the first to wait for the watch (UpEpoch) or etcd's refusal
+	subs []subscriber // locks of this name waiting or held (a map cost 0.1 KB more per lock)
 
 	// Guarded by stream.mu: its creation on the live stream, and when to
 	// create it again after a failure (after retryDelay, doubling with
@@ -68,6 +64,15 @@ type Watch struct {
 	stopped  bool  // mu: Stop was called
 	draining bool  // imu: a goroutine is handing the inbox on
 	retries  uint8 // stream.mu: failures in a row (retryDelay)
+}
+
+// upNews is what those who wait for a watch to come up learn: news is
+// closed (and forgotten) when it comes up or etcd refuses it, and
+// refusal says why etcd refused it, once it did. A watch that nobody
+// waits on and etcd never refused, such as a held lock's, has none.
+type upNews struct {
+	news    chan struct{}
+	refusal error
 }
 
 // copied is a Keeper's copy of the queue, kept by its shared queue
@@ -268,7 +273,9 @@ func (w *Watch) isUp(ctx context.Context) bool {
 		w.epoch.Add(1)
 		w.tellLocked()
 	}
-	w.refusal = nil // etcd accepts it now: a refusal before is no longer news
+	if w.up != nil {
+		w.up.refusal = nil // etcd accepts it now: a refusal before is no longer news
+	}
 	epoch := w.Epoch()
 	w.mu.Unlock()
 	// With no start revision, it reports every change after upRev. A lock
@@ -291,8 +298,11 @@ func (w *Watch) refuseIf(err error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.refusal == nil {
-		w.refusal = err
+	if w.up == nil {
+		w.up = &upNews{}
+	}
+	if w.up.refusal == nil {
+		w.up.refusal = err
 		w.tellLocked()
 	}
 }
@@ -302,15 +312,18 @@ func (w *Watch) refuseIf(err error) {
 func (w *Watch) Refused() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.refusal
+	if w.up == nil {
+		return nil
+	}
+	return w.up.refusal
 }
 
 // tellLocked wakes whoever waits for the watch to come up (UpEpoch).
 // w.mu is held.
 func (w *Watch) tellLocked() {
-	if w.news != nil {
-		close(w.news)
-		w.news = nil
+	if w.up != nil && w.up.news != nil {
+		close(w.up.news)
+		w.up.news = nil
 	}
 }
 
@@ -499,14 +512,17 @@ func (w *Watch) UpEpoch(ctx context.Context, l Listener) (queue.Epoch, error) {
 			w.mu.Unlock()
 			return epoch, nil
 		}
-		if err := w.refusal; err != nil {
+		if w.up == nil {
+			w.up = &upNews{}
+		}
+		if err := w.up.refusal; err != nil {
 			w.mu.Unlock()
 			return 0, err
 		}
-		if w.news == nil {
-			w.news = make(chan struct{})
+		if w.up.news == nil {
+			w.up.news = make(chan struct{})
 		}
-		news := w.news
+		news := w.up.news
 		w.mu.Unlock()
 		select {
 		case <-news:
