@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -124,6 +125,12 @@ func manyLocksOnce(b *testing.B, endpoint string, n int, concurrent, leasefence 
 	}
 	held := make([]any, n)
 	created, unary := r.created.Load(), r.unary.Load()
+	if concurrent {
+		// The runtime keeps a goroutine's descriptor for reuse once it
+		// ends, never freeing it: the fan-out's own are the benchmark's,
+		// not the locks', so they are made before the first reading.
+		warmGoroutines(manyFanOut)
+	}
 	before := quiet(b)
 	start := time.Now()
 	err := forEach(n, concurrent, func(j int) (err error) {
@@ -141,7 +148,9 @@ func manyLocksOnce(b *testing.B, endpoint string, n int, concurrent, leasefence 
 		watches = n
 	}
 	limit := 30*time.Second + time.Duration(n)*time.Millisecond
-	if !settle(limit, func() bool { return r.created.Load()-created >= int64(watches) }) {
+	// As its watch comes up a lock reads its key again (recheck), so the
+	// requests must have stopped too: a read in flight is not held.
+	if !settle(limit, func() bool { return r.created.Load()-created >= int64(watches) }, r.unary.Load) {
 		b.Logf("not settled after %v: %d of %d watches up, measured anyway", limit, r.created.Load()-created, watches)
 	}
 	after := memory()
@@ -196,9 +205,9 @@ func forEach(n int, concurrent bool, f func(int) error) error {
 }
 
 // settle waits, at most limit, until ready reports true and then the
-// number of goroutines has not changed for half a second; it reports
-// whether that happened in time.
-func settle(limit time.Duration, ready func() bool) bool {
+// number of goroutines, and each count in still, has not changed for half
+// a second; it reports whether that happened in time.
+func settle(limit time.Duration, ready func() bool, still ...func() int64) bool {
 	const quiet = 500 * time.Millisecond
 	deadline := time.Now().Add(limit)
 	for !ready() {
@@ -207,17 +216,36 @@ func settle(limit time.Duration, ready func() bool) bool {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	last, since := runtime.NumGoroutine(), time.Now()
+	now := func() []int64 {
+		v := []int64{int64(runtime.NumGoroutine())}
+		for _, f := range still {
+			v = append(v, f())
+		}
+		return v
+	}
+	last, since := now(), time.Now()
 	for time.Since(since) < quiet {
 		if time.Now().After(deadline) {
 			return false
 		}
 		time.Sleep(20 * time.Millisecond)
-		if g := runtime.NumGoroutine(); g != last {
-			last, since = g, time.Now()
+		if v := now(); !slices.Equal(v, last) {
+			last, since = v, time.Now()
 		}
 	}
 	return true
+}
+
+// warmGoroutines has n goroutines run at once and end, so that the
+// runtime has made the descriptors it keeps for reuse.
+func warmGoroutines(n int) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range n {
+		wg.Go(func() { <-start })
+	}
+	close(start)
+	wg.Wait()
 }
 
 // reportHeld reports what each of n things held costs between before and
