@@ -139,7 +139,7 @@ func NewSession(ctx context.Context, client *clientv3.Client, opts ...Option) (*
 	s.rechecks = keyread.Batcher{Client: client, Max: recheckBatch, MaxInFlight: recheckInFlight, Ctx: s.ctx, Timeout: granted, Go: s.goTracked}
 	if s.keeper != nil {
 		if err := s.keeper.add(s); err != nil {
-			s.cancel(err)
+			s.end(err)
 			s.revoke()
 			return nil, failed("session", err)
 		}
@@ -208,7 +208,7 @@ func (s *Session) Close() error {
 	s.holdings = nil
 	s.mu.Unlock()
 	s.releaseHoldings(held)
-	s.cancel(ErrSessionClosed)
+	s.end(ErrSessionClosed)
 	s.renewer.Remove(kept{s})
 	if s.keeper == nil {
 		<-s.renewer.Done()
@@ -294,7 +294,25 @@ func (s *Session) fail(why error) {
 	if s.hooks.SessionLost != nil {
 		s.hooks.SessionLost(why)
 	}
-	s.cancel(why)
+	s.end(why)
+}
+
+// end ends the session with cause, unless it has ended: its locks first,
+// with the same cause, then its context, under s.mu. So a lock is never
+// seen held once the session is seen ended (Session.Err, Done), and none
+// is registered after (trackLock refuses it). Their finish, which reports
+// each end and closes its Done, is left to endLocks, on a goroutine of
+// its own: cancelling a lock's ending runs no code of the lock's.
+func (s *Session) end(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return
+	}
+	for l := range s.locks {
+		l.t.end.end(cause)
+	}
+	s.cancel(cause)
 }
 
 // localDeadline is the deadline a keep-alive sent at sent earns when etcd
@@ -443,8 +461,8 @@ func (s *Session) untrackLock(l *Lock) {
 	s.wg.Done()
 }
 
-// endLocks finishes every lock registered as the session ends: their
-// contexts have ended with the session's. One context.AfterFunc per
+// endLocks finishes every lock registered as the session ends: end has
+// ended each already, with the session's cause. One context.AfterFunc per
 // session rather than one per lock (0.4 KB each with 100,000 held).
 func (s *Session) endLocks() {
 	defer s.wg.Done()
@@ -454,10 +472,9 @@ func (s *Session) endLocks() {
 		ls = append(ls, l)
 	}
 	s.mu.Unlock()
-	// The session's context cancels each lock's, but perhaps not yet: it
-	// runs this hook and cancels its children in no set order. A lock's
-	// Done must not close before its Err is set, so end each here first,
-	// with the same cause.
+	// end has ended each lock registered; ending one again with the same
+	// cause changes nothing, and keeps finish from running before a lock's
+	// Err is set should one have been missed.
 	cause := context.Cause(s.ctx)
 	for _, l := range ls {
 		l.t.end.end(cause)
