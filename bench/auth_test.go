@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -24,7 +25,9 @@ import (
 // concurrency.Mutex (one concurrency.Session) side by side; both hold
 // every key on one lease. sessions=10: this library with the locks taken
 // in turn through 10 sessions of one Keeper, so that each lease holds a
-// tenth of them, as the shards example advises under auth.
+// tenth of them, as the shards example advises under auth. pool=1000:
+// this library through a lease.Pool of at most 1,000 locks a session,
+// which opens the sessions as it fills them.
 func BenchmarkManyLocksAuth(b *testing.B) {
 	n := 10000
 	if *manyN > 0 {
@@ -33,10 +36,15 @@ func BenchmarkManyLocksAuth(b *testing.B) {
 	for _, tc := range []struct {
 		impl     string
 		sessions int
-	}{{"leasefence", 1}, {"mutex", 1}, {"leasefence", 10}} {
-		b.Run(fmt.Sprintf("n=%d/impl=%s/sessions=%d", n, tc.impl, tc.sessions), func(b *testing.B) {
+		pool     int
+	}{{"leasefence", 1, 0}, {"mutex", 1, 0}, {"leasefence", 10, 0}, {"leasefence", 0, 1000}} {
+		shape := fmt.Sprintf("sessions=%d", tc.sessions)
+		if tc.pool > 0 {
+			shape = fmt.Sprintf("pool=%d", tc.pool)
+		}
+		b.Run(fmt.Sprintf("n=%d/impl=%s/%s", n, tc.impl, shape), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				manyLocksAuthOnce(b, n, tc.impl == "leasefence", tc.sessions)
+				manyLocksAuthOnce(b, n, tc.impl == "leasefence", tc.sessions, tc.pool)
 			}
 		})
 	}
@@ -65,7 +73,26 @@ func keeperHolder(b *testing.B, cli *clientv3.Client, k int) holder {
 	}
 }
 
-func manyLocksAuthOnce(b *testing.B, n int, leasefence bool, sessions int) {
+// poolHolder takes locks through a lease.Pool of per locks a session.
+func poolHolder(b *testing.B, cli *clientv3.Client, per int) holder {
+	keeper, err := lease.NewKeeper(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := lease.NewPool(keeper, per)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return holder{
+		lock: func(ctx context.Context, name string) (any, error) { return p.Lock(ctx, name) },
+		close: func() error {
+			err := p.Close()
+			return errors.Join(err, keeper.Close())
+		},
+	}
+}
+
+func manyLocksAuthOnce(b *testing.B, n int, leasefence bool, sessions, pool int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c, err := etcdproc.Start(ctx, etcdproc.Config{NoFsync: true})
@@ -84,6 +111,8 @@ func manyLocksAuthOnce(b *testing.B, n int, leasefence bool, sessions int) {
 	defer cli.Close()
 	var locker holder
 	switch {
+	case pool > 0:
+		locker = poolHolder(b, cli, pool)
 	case sessions > 1:
 		locker = keeperHolder(b, cli, sessions)
 	case leasefence:

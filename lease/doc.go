@@ -8,8 +8,10 @@
 // Session.Campaign is leader election on the same queue (interoperating
 // with concurrency.Election and etcdctl elect), with CurrentLeader and
 // Observe to follow the leader. Run and Lead hold a lock or a leadership
-// under supervision and take it again after a loss. Inspect reads a
-// lock's queue, Health is a readiness check, and Hooks feed metrics
+// under supervision and take it again after a loss. A Keeper renews many
+// sessions of one client together, and a Pool takes many locks through
+// sessions of a Keeper, at most a set number on each lease. Inspect reads
+// a lock's queue, Health is a readiness check, and Hooks feed metrics
 // (package fence/fenceprom). Package leasetest runs a real etcd for tests.
 //
 // # Which to use
@@ -75,6 +77,15 @@
 //     Election and etcdctl lock on a parent name never wait behind them.
 //   - Holding a lock sends nothing beyond the session's keep-alives, and a
 //     handoff sends a few messages, not one per waiter in the queue.
+//   - A held lock has no goroutine of its own: a session has three
+//     however many locks it holds. What each costs in memory is measured
+//     in bench/README.md (under 1 KB).
+//   - A Pool takes at most the number of locks it was given through each
+//     of its sessions at a time (held, or being taken), so no lease
+//     carries the keys of more locks than that. With etcd's auth on, where
+//     each put that attaches a lease costs a check of every key already on
+//     it, taking n locks through a Pool takes time in proportion to n;
+//     through one session, to n squared.
 //   - An Observer delivers leaders in the order etcd committed them, and
 //     after a reconnect, a compaction or a broken watch reads the leader
 //     afresh: it may skip a leader that came and went, never the current

@@ -25,7 +25,7 @@ func (s *Session) Campaign(ctx context.Context, name, value string) (*Leadership
 	if err := leaderValue(value); err != nil {
 		return nil, failed(fmt.Sprintf("campaign %q", name), err)
 	}
-	l, err := s.acquire(ctx, Call{Op: "Campaign", Name: name, Mode: Write}, value, false)
+	l, err := s.acquire(ctx, Call{Op: "Campaign", Name: name, Mode: Write}, value, false, nil)
 	if err != nil {
 		return nil, err
 	}

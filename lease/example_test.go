@@ -162,6 +162,37 @@ func ExampleKeeper() {
 
 // Readers share a name, a writer excludes them; the read is fenced by the
 // read holding, so it never comes from a holding a writer has replaced.
+// A worker that owns thousands of shards, against an etcd with auth on,
+// takes them through a Pool: no lease carries more than 1,000 of its
+// locks, so each lock's put costs etcd's permission check on at most
+// that many keys.
+func ExamplePool() {
+	ctx := context.Background()
+	var cli *clientv3.Client // connected elsewhere, as a non-root user
+	k, err := lease.NewKeeper(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer k.Close()
+	p, err := lease.NewPool(k, 1000)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close() // releases every lock it took
+	var owned []*lease.Lock
+	for shard := 0; shard < 10000; shard++ {
+		l, err := p.TryLock(ctx, fmt.Sprintf("shards/%d", shard))
+		if errors.Is(err, lease.ErrLocked) {
+			continue // another worker owns it
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		owned = append(owned, l) // fence each write with l.Token()
+	}
+	fmt.Println(len(owned), "shards on", p.Sessions(), "sessions")
+}
+
 func ExampleSession_RLock() {
 	ctx := context.Background()
 	var s *lease.Session     // from lease.NewSession

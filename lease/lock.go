@@ -164,7 +164,7 @@ func (l *Lock) WriteContext(parent context.Context) (ctx context.Context, cancel
 // error that matches ctx's error (context.DeadlineExceeded or
 // context.Canceled) and names the key it was waiting behind, if any.
 func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
-	return s.acquire(ctx, Call{Op: "Lock", Name: name, Mode: Write}, "", false)
+	return s.acquire(ctx, Call{Op: "Lock", Name: name, Mode: Write}, "", false, nil)
 }
 
 // TryLock takes the lock name if nobody holds it, and returns an error
@@ -174,14 +174,15 @@ func (s *Session) Lock(ctx context.Context, name string) (*Lock, error) {
 // has no keys under it but its queue's; with many other keys there (data,
 // nested locks' keys) it may put its key and remove it again.
 func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
-	return s.acquire(ctx, Call{Op: "TryLock", Name: name, Mode: Write}, "", true)
+	return s.acquire(ctx, Call{Op: "TryLock", Name: name, Mode: Write}, "", true, nil)
 }
 
 // acquire is the common path of Lock, TryLock, RLock, TryRLock, Campaign:
-// it traces the call and names it in its error.
-func (s *Session) acquire(ctx context.Context, c Call, value string, try bool) (*Lock, error) {
+// it traces the call and names it in its error. tracked, if not nil, is
+// called once the session counts the lock (lockCount), if it ever does.
+func (s *Session) acquire(ctx context.Context, c Call, value string, try bool, tracked func()) (*Lock, error) {
 	ctx, trace := s.hooks.call(ctx, c)
-	l, err := s.take(ctx, c.Name, c.Mode, value, try, trace)
+	l, err := s.take(ctx, c.Name, c.Mode, value, try, trace, tracked)
 	if err != nil {
 		err = failed(fmt.Sprintf("%s %q", strings.ToLower(c.Op), c.Name), err)
 		trace.done(0, err)
@@ -192,7 +193,7 @@ func (s *Session) acquire(ctx context.Context, c Call, value string, try bool) (
 }
 
 // take queues the lock and waits for its turn.
-func (s *Session) take(ctx context.Context, name string, mode Mode, value string, try bool, trace *CallHooks) (*Lock, error) {
+func (s *Session) take(ctx context.Context, name string, mode Mode, value string, try bool, trace *CallHooks, tracked func()) (*Lock, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
@@ -219,6 +220,9 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	t.l = l
 	if err := l.start(); err != nil {
 		return nil, err
+	}
+	if tracked != nil {
+		tracked()
 	}
 	if err := l.queue(ctx, try); err != nil {
 		l.end(ErrUnlocked) // its key was withdrawn or removed: see create

@@ -47,7 +47,7 @@ func modeOf(kv *mvccpb.KeyValue) Mode {
 // write, take turns: use one session per concurrent reader. Failure is as
 // for Lock: the key is removed, and a lost key or session is never a grant.
 func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
-	return s.acquire(ctx, Call{Op: "RLock", Name: name, Mode: Read}, "", false)
+	return s.acquire(ctx, Call{Op: "RLock", Name: name, Mode: Read}, "", false, nil)
 }
 
 // TryRLock takes name for reading if no writer holds it or waits for it,
@@ -56,7 +56,7 @@ func (s *Session) RLock(ctx context.Context, name string) (*Lock, error) {
 // is near the head of the queue; behind many keys it may put its key and
 // remove it again.
 func (s *Session) TryRLock(ctx context.Context, name string) (*Lock, error) {
-	return s.acquire(ctx, Call{Op: "TryRLock", Name: name, Mode: Read}, "", true)
+	return s.acquire(ctx, Call{Op: "TryRLock", Name: name, Mode: Read}, "", true, nil)
 }
 
 // blocksKV tells whether kv, a key under the name older than the lock's

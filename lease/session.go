@@ -454,6 +454,15 @@ func (s *Session) trackLock(l *Lock) error {
 	return nil
 }
 
+// lockCount is how many locks of the session are registered: taken, or
+// being taken, and not finished. Each has a key on the lease, or is about
+// to put one.
+func (s *Session) lockCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.locks)
+}
+
 func (s *Session) untrackLock(l *Lock) {
 	s.mu.Lock()
 	delete(s.locks, l)

@@ -1,0 +1,232 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Pool takes locks through sessions of one Keeper, opening them as it
+// needs them, so that no session has more than a set number of locks at
+// once: for a process that holds many locks, such as a shard owner. Each
+// lock a session takes hangs on its lease, and with etcd's auth on every
+// put that attaches a lease makes etcd check write permission on each key
+// already on it, so on one lease the n-th lock costs in proportion to n.
+// Spread over sessions of at most perSession locks each, a lock costs at
+// most that many keys' checks, and taking n locks grows with n, not n
+// squared. Without auth a pool costs more than one session (a watch
+// stream, and a lease to renew, per perSession locks) and gains nothing.
+//
+// A pool's locks are ordinary locks of its sessions, with their
+// guarantees. Two locks of one name taken through the pool may be on
+// different sessions: they then queue in etcd as locks of two processes
+// do, and exclude each other all the same. A session the pool lost ends
+// its own locks only; the pool takes later locks through its other
+// sessions, or a new one. Its methods are safe for concurrent use.
+type Pool struct {
+	keeper *Keeper
+	per    int
+	opts   []Option
+
+	mu       sync.Mutex
+	closed   bool
+	sessions []*poolSession
+	opening  chan struct{} // closed once the session being opened is in sessions; nil if none is
+}
+
+// poolSession is one session of a pool, with the locks being taken
+// through it that it does not count yet.
+type poolSession struct {
+	s      *Session
+	taking int
+}
+
+// NewPool makes a pool that takes at most perSession locks through each
+// of its sessions, which it opens through k with opts. It opens none
+// before the first lock. A nil Keeper, a perSession under 1, an invalid
+// Option or WithKeeper among opts (the pool gives its sessions k) gives an
+// error wrapping ErrInvalidArgument.
+func NewPool(k *Keeper, perSession int, opts ...Option) (*Pool, error) {
+	o, err := buildOptions(opts)
+	switch {
+	case err != nil:
+		return nil, failed("pool", err)
+	case k == nil:
+		return nil, failed("pool", fmt.Errorf("%w: nil Keeper", ErrInvalidArgument))
+	case perSession < 1:
+		return nil, failed("pool", fmt.Errorf("%w: %d locks per session", ErrInvalidArgument, perSession))
+	case o.keeper != nil:
+		return nil, failed("pool", fmt.Errorf("%w: WithKeeper: the pool's sessions are its Keeper's", ErrInvalidArgument))
+	}
+	return &Pool{keeper: k, per: perSession, opts: append(opts[:len(opts):len(opts)], WithKeeper(k))}, nil
+}
+
+// Lock takes the lock name as Session.Lock does, through a session of the
+// pool with room for it, opened with ctx if none has. If that session
+// ends under the call, before the lock is granted, it takes the lock
+// through another.
+func (p *Pool) Lock(ctx context.Context, name string) (*Lock, error) {
+	return p.take(ctx, Call{Op: "Lock", Name: name, Mode: Write}, false)
+}
+
+// TryLock takes the lock name as Session.TryLock does, through a session
+// of the pool with room for it, as Lock does.
+func (p *Pool) TryLock(ctx context.Context, name string) (*Lock, error) {
+	return p.take(ctx, Call{Op: "TryLock", Name: name, Mode: Write}, true)
+}
+
+// poolTries bounds how many sessions a pool's Lock tries, each of which
+// ended under it (a lost lease, say): each try drops one from the pool.
+const poolTries = 3
+
+// take takes the lock c names through a session with room for it. The
+// session counts it from when it is registered (lockCount); until then
+// the pool does (taking).
+func (p *Pool) take(ctx context.Context, c Call, try bool) (l *Lock, err error) {
+	for range poolTries {
+		var ps *poolSession
+		ps, err = p.room(ctx)
+		if err != nil {
+			return nil, err
+		}
+		counted := false
+		uncount := func() {
+			p.mu.Lock()
+			if !counted {
+				counted = true
+				ps.taking--
+			}
+			p.mu.Unlock()
+		}
+		l, err = ps.s.acquire(ctx, c, "", try, uncount)
+		uncount()
+		if err == nil || ps.s.Err() == nil || ctx.Err() != nil {
+			return l, err
+		}
+		// The session ended under the call: its lease was lost, say,
+		// before the pool saw it. Take the lock through another.
+	}
+	return nil, err
+}
+
+// room returns a session with room for one more lock, counted in its
+// taking; it opens one if none has room. One session is opened at a
+// time: the callers that find no room meanwhile wait for it.
+func (p *Pool) room(ctx context.Context) (*poolSession, error) {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, ErrSessionClosed
+		}
+		ps, ended := p.withRoomLocked()
+		if len(ended) > 0 {
+			p.mu.Unlock()
+			closeEnded(ended)
+			continue
+		}
+		if ps != nil {
+			ps.taking++
+			p.mu.Unlock()
+			return ps, nil
+		}
+		if opening := p.opening; opening != nil {
+			p.mu.Unlock()
+			select {
+			case <-opening:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		opened := make(chan struct{})
+		p.opening = opened
+		p.mu.Unlock()
+		ps, err := p.open(ctx)
+		close(opened)
+		return ps, err
+	}
+}
+
+// withRoomLocked is the first live session with room for a lock, if any.
+// It takes the sessions that have ended out of the pool and returns them,
+// to be closed. p.mu is held.
+func (p *Pool) withRoomLocked() (found *poolSession, ended []*Session) {
+	live := p.sessions[:0]
+	for _, ps := range p.sessions {
+		if ps.s.Err() != nil {
+			ended = append(ended, ps.s) // its locks have ended with it
+			continue
+		}
+		live = append(live, ps)
+		if found == nil && ps.s.lockCount()+ps.taking < p.per {
+			found = ps
+		}
+	}
+	clear(p.sessions[len(live):])
+	p.sessions = live
+	return found, ended
+}
+
+// closeEnded closes sessions that ended on their own, which frees what
+// they hold of their Keeper; their errors say how they ended, which
+// their locks' Err said already.
+func closeEnded(ended []*Session) {
+	for _, s := range ended {
+		_ = s.Close()
+	}
+}
+
+// open opens a session for the pool and returns it with one lock counted
+// in its taking.
+func (p *Pool) open(ctx context.Context) (*poolSession, error) {
+	s, err := NewSession(ctx, p.keeper.client, p.opts...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.opening = nil
+	if err != nil {
+		return nil, err
+	}
+	if p.closed {
+		_ = s.Close() // a session no lock was taken through: nothing to report
+		return nil, ErrSessionClosed
+	}
+	ps := &poolSession{s: s, taking: 1}
+	p.sessions = append(p.sessions, ps)
+	return ps, nil
+}
+
+// Close closes every session of the pool (Session.Close: their locks end
+// with ErrSessionClosed), and makes later Lock and TryLock calls fail with
+// ErrSessionClosed. It returns the sessions' errors, joined: one that had
+// ended on its own says how. A second Close returns ErrSessionClosed.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrSessionClosed
+	}
+	p.closed = true
+	sessions := p.sessions
+	p.sessions = nil
+	p.mu.Unlock()
+	var errs []error
+	for _, ps := range sessions {
+		errs = append(errs, ps.s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Sessions is how many sessions the pool has open and not ended.
+func (p *Pool) Sessions() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, ps := range p.sessions {
+		if ps.s.Err() == nil {
+			n++
+		}
+	}
+	return n
+}
