@@ -64,8 +64,9 @@ func NewPool(k *Keeper, perSession int, opts ...Option) (*Pool, error) {
 
 // Lock takes the lock name as Session.Lock does, through a session of the
 // pool with room for it, opened with ctx if none has. If that session
-// ends under the call, before the lock is granted, it takes the lock
-// through another.
+// ends, or the call's key is deleted, before the lock is granted (a
+// revoked lease does both, the deletion first), it tries again: through
+// another session if that one has ended, at most four times in all.
 func (p *Pool) Lock(ctx context.Context, name string) (*Lock, error) {
 	return p.take(ctx, Call{Op: "Lock", Name: name, Mode: Write}, false)
 }
@@ -76,9 +77,9 @@ func (p *Pool) TryLock(ctx context.Context, name string) (*Lock, error) {
 	return p.take(ctx, Call{Op: "TryLock", Name: name, Mode: Write}, true)
 }
 
-// poolTries bounds how many sessions a pool's Lock tries, each of which
-// ended under it (a lost lease, say): each try drops one from the pool.
-const poolTries = 3
+// poolTries bounds how many times a pool's Lock tries, each ended by the
+// loss of its key or session before the grant.
+const poolTries = 4
 
 // take takes the lock c names through a session with room for it. The
 // session counts it from when it is registered (lockCount); until then
@@ -99,15 +100,23 @@ func (p *Pool) take(ctx context.Context, c Call, try bool) (l *Lock, err error) 
 			}
 			p.mu.Unlock()
 		}
-		l, err = ps.s.acquire(ctx, c, "", try, uncount)
-		uncount()
-		if err == nil || ps.s.Err() == nil || ctx.Err() != nil {
+		l, err = p.acquire(ctx, ps, c, try, uncount)
+		if err == nil || ctx.Err() != nil || (ps.s.Err() == nil && !errors.Is(err, ErrLost)) {
 			return l, err
 		}
-		// The session ended under the call: its lease was lost, say,
-		// before the pool saw it. Take the lock through another.
+		// The session ended under the call, or the call's key went (its
+		// lease was revoked, say, and etcd deleted the key before the
+		// session heard of it): never granted, so try again. room drops
+		// the session once it has seen its end.
 	}
 	return nil, err
+}
+
+// acquire is Session.acquire through ps, giving back the pool's count of
+// the call (uncount) however it ends: a hook that panics included.
+func (p *Pool) acquire(ctx context.Context, ps *poolSession, c Call, try bool, uncount func()) (*Lock, error) {
+	defer uncount()
+	return ps.s.acquire(ctx, c, "", try, uncount)
 }
 
 // room returns a session with room for one more lock, counted in its
@@ -143,9 +152,7 @@ func (p *Pool) room(ctx context.Context) (*poolSession, error) {
 		opened := make(chan struct{})
 		p.opening = opened
 		p.mu.Unlock()
-		ps, err := p.open(ctx)
-		close(opened)
-		return ps, err
+		return p.open(ctx, opened)
 	}
 }
 
@@ -179,28 +186,38 @@ func closeEnded(ended []*Session) {
 }
 
 // open opens a session for the pool and returns it with one lock counted
-// in its taking.
-func (p *Pool) open(ctx context.Context) (*poolSession, error) {
+// in its taking. However it ends (a hook that panics included), it lets
+// the callers waiting on opened look again, the new session in the pool
+// by then if it opened.
+func (p *Pool) open(ctx context.Context, opened chan struct{}) (*poolSession, error) {
+	defer close(opened)
+	defer func() {
+		p.mu.Lock()
+		p.opening = nil
+		p.mu.Unlock()
+	}()
 	s, err := NewSession(ctx, p.keeper.client, p.opts...)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.opening = nil
 	if err != nil {
 		return nil, err
 	}
+	p.mu.Lock()
 	if p.closed {
+		p.mu.Unlock()
 		_ = s.Close() // a session no lock was taken through: nothing to report
 		return nil, ErrSessionClosed
 	}
 	ps := &poolSession{s: s, taking: 1}
 	p.sessions = append(p.sessions, ps)
+	p.mu.Unlock()
 	return ps, nil
 }
 
 // Close closes every session of the pool (Session.Close: their locks end
 // with ErrSessionClosed), and makes later Lock and TryLock calls fail with
-// ErrSessionClosed. It returns the sessions' errors, joined: one that had
-// ended on its own says how. A second Close returns ErrSessionClosed.
+// ErrSessionClosed. It returns the errors of those Closes, joined: one for
+// a session that had ended on its own says how, unless a Lock had found
+// it ended first, which closed it and dropped it from the pool. A second
+// Close returns ErrSessionClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	if p.closed {

@@ -208,3 +208,91 @@ func TestPoolInput(t *testing.T) {
 		t.Errorf("an empty name: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// A waiter whose session's lease is revoked (its key deleted before the
+// session hears of the loss) is not ended: the pool queues it again
+// through a new session, and it is granted once the holder goes. Found by
+// a cold review: the pool gave the caller the deletion.
+func TestPoolRetriesWaiterOfRevokedLease(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	other := newSession(t, cli)
+	name := etcdproc.Name(t, "retry")
+	holder := mustLock(t, other, name)
+	p, err := lease.NewPool(newKeeper(t, cli), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	res := make(chan lockResult, 1)
+	go func() { l, err := p.Lock(ctx, name); res <- lockResult{l, err} }()
+	waitQueued(t, cli, name, 2)
+	keys := queueKeys(t, cli, name)
+	id, err := strconv.ParseInt(strings.TrimPrefix(keys[len(keys)-1], name+"/"), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := clientv3.LeaseID(id)
+	if _, err := cli.Revoke(ctx, revoked); err != nil {
+		t.Fatal(err)
+	}
+	// Queued again through a new session: a key of another lease behind
+	// the holder's.
+	waitQueued(t, cli, name, 2)
+	select {
+	case r := <-res:
+		t.Fatalf("the pool's Lock returned while the holder held: %v", r.err)
+	default:
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("Lock after its session's lease was revoked: %v", r.err)
+	}
+	if got := leaseOf(t, r.l); got == revoked || r.l.Err() != nil {
+		t.Fatalf("granted on lease %x (revoked %x), Err %v", int64(got), int64(revoked), r.l.Err())
+	}
+	if n := p.Sessions(); n != 1 {
+		t.Fatalf("%d sessions, want 1", n)
+	}
+}
+
+// A hook that panics in a pool's Lock, recovered by the caller, leaves the
+// pool's counts as they were: the next lock goes to the same session.
+func TestPoolHookPanicKeepsCount(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	hooks := &lease.Hooks{Call: func(ctx context.Context, c lease.Call) (context.Context, *lease.CallHooks) {
+		if strings.HasSuffix(c.Name, "boom") {
+			panic("hook")
+		}
+		return ctx, nil
+	}}
+	p, err := lease.NewPool(newKeeper(t, cli), 1, lease.WithHooks(hooks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	l, err := p.Lock(ctx, etcdproc.Name(t, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = p.Lock(ctx, etcdproc.Name(t, "boom"))
+		t.Error("the hook did not panic")
+	}()
+	if _, err := p.Lock(ctx, etcdproc.Name(t, "c")); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Sessions(); n != 1 {
+		t.Fatalf("%d sessions after a recovered hook panic, want 1", n)
+	}
+}
