@@ -27,7 +27,9 @@ type Request struct {
 	ClaimKey string
 	Bad      func(reason string) error
 	// Verify, if set, confirms the claim's token before the Store or the
-	// handler sees it (Verification.Check, EtcdStore.Verify).
+	// handler sees it (Verification.Check, EtcdStore.Verify); an
+	// EtcdStore that is to Accept the token verifies it there instead,
+	// before it writes anything.
 	Verify func(ctx context.Context, c Claim) error
 }
 
@@ -40,8 +42,9 @@ type Request struct {
 // read it comes with does not go through the Store, so nothing else would
 // raise the record. A claim on a request the server does not fence is
 // refused, since passing it would promise a protection nobody gives. With
-// Verify set, a token it does not confirm goes neither to the Store nor to
-// the handler, and raises nothing.
+// Verify set, a token it does not confirm reaches neither a Store's write
+// nor the handler, and raises nothing (an EtcdStore's Accept, which
+// verifies with the same Verify, refuses it before it writes).
 func Check(ctx context.Context, s Store, r Request) (c Claim, fenced bool, err error) {
 	if !r.Claim && r.Unchecked {
 		return Claim{}, false, nil
@@ -57,11 +60,21 @@ func Check(ctx context.Context, s Store, r Request) (c Claim, fenced bool, err e
 	if err == nil && c.Name != want {
 		err = r.Bad(fmt.Sprintf("token is for lock %q, this resource is fenced by %q", c.Name, want))
 	}
-	if err == nil && r.Verify != nil {
+	accept := r.Claim || !r.InHandler
+	if err == nil && r.Verify != nil && !(accept && verifiesInAccept(s)) {
 		err = r.Verify(ctx, c)
 	}
-	if err == nil && (r.Claim || !r.InHandler) {
+	if err == nil && accept {
 		err = s.Accept(ctx, c.Name, c.Token)
 	}
 	return c, err == nil, err
+}
+
+// verifiesInAccept tells a Store whose Accept verifies the token itself,
+// with the Verify a transport puts in Request.Verify (VerifyFunc), before
+// it writes anything: an *EtcdStore. Check leaves the verification to it
+// rather than ask twice; the verdict and the error are the same.
+func verifiesInAccept(s Store) bool {
+	_, ok := s.(*EtcdStore)
+	return ok
 }

@@ -178,7 +178,7 @@ func (s *EtcdStore) readBoth(v *EtcdVerifier) func(ctx context.Context, c Claim)
 		defer cancel()
 		resp, err := s.kv.Txn(rctx).Then(
 			clientv3.OpGet(s.Key(c.Name)),
-			clientv3.OpGet(c.Name+"/", clientv3.WithPrefix(), clientv3.WithMaxCreateRev(c.Token)),
+			clientv3.OpGet(c.Name+"/", keysUpTo(c.Token)...),
 		).Commit()
 		if err != nil {
 			return 0, nil, err

@@ -95,7 +95,7 @@ func (v *EtcdVerifier) Verify(ctx context.Context, name string, token int64) err
 	defer cancel()
 	// Linearizable: a serializable read of a lagging member could miss a
 	// key just created and refuse a fresh holder's token.
-	resp, err := v.kv.Get(rctx, name+"/", clientv3.WithPrefix(), clientv3.WithMaxCreateRev(token))
+	resp, err := v.kv.Get(rctx, name+"/", keysUpTo(token)...)
 	switch {
 	case err == nil:
 		return holding(name, token, resp.Header.GetRevision(), resp.Kvs)
@@ -103,6 +103,12 @@ func (v *EtcdVerifier) Verify(ctx context.Context, name string, token int64) err
 		return fmt.Errorf("fencestore: verify token %d of lock %q: %w", token, name, context.Cause(ctx))
 	}
 	return fmt.Errorf("%w: token %d of lock %q: %w", ErrVerifierUnavailable, token, name, err)
+}
+
+// keysUpTo are the options of the read holding decides from, of a name's
+// keys (name + "/") created at or before revision token.
+func keysUpTo(token int64) []clientv3.OpOption {
+	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithMaxCreateRev(token)}
 }
 
 // holding decides from a read at revision rev of name's keys created at or

@@ -413,3 +413,56 @@ func TestEtcdStoreVerifies(t *testing.T) {
 		}
 	}
 }
+
+// Check over an EtcdStore leaves verification to the store's Accept, which
+// verifies with the same Verify, rather than ask twice; with the handler's
+// write as the check (InHandler) it verifies itself. A forged token is
+// refused either way and the record stays.
+func TestCheckVerifiesOnceOverEtcdStore(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	name := etcdproc.Name(t, "once")
+	store, err := fencestore.NewEtcdStore(cli, etcdproc.Name(t, "records")+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := fencestore.VerifyFunc(store, nil)
+	if err != nil || own == nil {
+		t.Fatalf("VerifyFunc of an EtcdStore: %v, %v", own != nil, err)
+	}
+	calls := 0
+	counted := func(ctx context.Context, c fencestore.Claim) error {
+		calls++
+		return own(ctx, c)
+	}
+	l, err := newSession(t, cli).Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(token int64, inHandler bool) error {
+		_, _, err := fencestore.Check(ctx, store, fencestore.Request{
+			Lock:      func() string { return name },
+			Read:      func() (fencestore.Claim, error) { return fencestore.Claim{Name: name, Token: token}, nil },
+			InHandler: inHandler,
+			ClaimKey:  "claim",
+			Bad:       func(reason string) error { return errors.New(reason) },
+			Verify:    counted,
+		})
+		return err
+	}
+	if err := check(l.Token(), false); err != nil || calls != 0 {
+		t.Fatalf("holder through the store: %v, %d calls of Request.Verify, want none (Accept verifies)", err, calls)
+	}
+	wantUnverified(t, check(forged, false), name, forged, "")
+	if calls != 0 {
+		t.Fatalf("%d calls of Request.Verify for a forged token, want none", calls)
+	}
+	if h, err := fence.ReadRecord(ctx, cli, store.Key(name)); err != nil || h != l.Token() {
+		t.Fatalf("record after a forged token: %d %v, want %d", h, err, l.Token())
+	}
+	if err := check(l.Token(), true); err != nil || calls != 1 {
+		t.Fatalf("holder left to its handler: %v, %d calls of Request.Verify, want 1", err, calls)
+	}
+	wantUnverified(t, check(forged, true), name, forged, "")
+}
