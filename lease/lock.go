@@ -178,11 +178,11 @@ func (s *Session) TryLock(ctx context.Context, name string) (*Lock, error) {
 }
 
 // acquire is the common path of Lock, TryLock, RLock, TryRLock, Campaign:
-// it traces the call and names it in its error. tracked, if not nil, is
-// called once the session counts the lock (lockCount), if it ever does.
-func (s *Session) acquire(ctx context.Context, c Call, value string, try bool, tracked func()) (*Lock, error) {
+// it traces the call and names it in its error. pl, if not nil, is the
+// place a Pool holds on s for the lock.
+func (s *Session) acquire(ctx context.Context, c Call, value string, try bool, pl *place) (*Lock, error) {
 	ctx, trace := s.hooks.call(ctx, c)
-	l, err := s.take(ctx, c.Name, c.Mode, value, try, trace, tracked)
+	l, err := s.take(ctx, c.Name, c.Mode, value, try, trace, pl)
 	if err != nil {
 		err = failed(fmt.Sprintf("%s %q", strings.ToLower(c.Op), c.Name), err)
 		trace.done(0, err)
@@ -193,7 +193,7 @@ func (s *Session) acquire(ctx context.Context, c Call, value string, try bool, t
 }
 
 // take queues the lock and waits for its turn.
-func (s *Session) take(ctx context.Context, name string, mode Mode, value string, try bool, trace *CallHooks, tracked func()) (*Lock, error) {
+func (s *Session) take(ctx context.Context, name string, mode Mode, value string, try bool, trace *CallHooks, pl *place) (*Lock, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
@@ -218,11 +218,8 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 	t.q = &q
 	l := &Lock{t: t, trace: trace}
 	t.l = l
-	if err := l.start(); err != nil {
+	if err := l.start(pl); err != nil {
 		return nil, err
-	}
-	if tracked != nil {
-		tracked()
 	}
 	if err := l.queue(ctx, try); err != nil {
 		l.end(ErrUnlocked) // its key was withdrawn or removed: see create
@@ -243,12 +240,13 @@ func (s *Session) take(ctx context.Context, name string, mode Mode, value string
 }
 
 // start registers the lock with its session, whose end ends it and
-// whose Close waits for it to finish, and subscribes it to its watches. It does not wait for the own-key watch: a lock granted at once
-// needs it only after ownWatchDelay, and a waiter opens it before it
-// relies on its view.
-func (l *Lock) start() error {
+// whose Close waits for it to finish, in the place pl a Pool held for it
+// if any, and subscribes it to its watches. It does not wait for the
+// own-key watch: a lock granted at once needs it only after
+// ownWatchDelay, and a waiter opens it before it relies on its view.
+func (l *Lock) start(pl *place) error {
 	t := l.t
-	if err := t.s.trackLock(l); err != nil {
+	if err := t.s.trackLock(l, pl); err != nil {
 		t.end.end(err)
 		l.leave()
 		return err

@@ -31,15 +31,45 @@ type Pool struct {
 
 	mu       sync.Mutex
 	closed   bool
-	sessions []*poolSession
+	sessions []*Session
 	opening  chan struct{} // closed once the session being opened is in sessions; nil if none is
 }
 
-// poolSession is one session of a pool, with the locks being taken
-// through it that it does not count yet.
-type poolSession struct {
-	s      *Session
-	taking int
+// place is a place on a session that a pool holds for a lock it is taking
+// through it. The session counts it with its locks (holdPlace) until the
+// lock is registered, which frees the place in the same step (trackLock),
+// or the call ends before that (freePlace). The session's mutex guards
+// held.
+type place struct {
+	s    *Session
+	held bool
+}
+
+// holdPlace holds a place for a lock if the session has fewer than per
+// locks and places, and has not ended.
+func (s *Session) holdPlace(per int) (*place, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.endedLocked() != nil || len(s.locks)+s.places >= per {
+		return nil, false
+	}
+	s.places++
+	return &place{s: s, held: true}, true
+}
+
+// freePlace gives back pl if it is still held.
+func (s *Session) freePlace(pl *place) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.freePlaceLocked(pl)
+}
+
+// freePlaceLocked is freePlace with s.mu held; pl may be nil.
+func (s *Session) freePlaceLocked(pl *place) {
+	if pl != nil && pl.held {
+		pl.held = false
+		s.places--
+	}
 }
 
 // NewPool makes a pool that takes at most perSession locks through each
@@ -81,27 +111,16 @@ func (p *Pool) TryLock(ctx context.Context, name string) (*Lock, error) {
 // loss of its key or session before the grant.
 const poolTries = 4
 
-// take takes the lock c names through a session with room for it. The
-// session counts it from when it is registered (lockCount); until then
-// the pool does (taking).
+// take takes the lock c names through a session with room for it.
 func (p *Pool) take(ctx context.Context, c Call, try bool) (l *Lock, err error) {
 	for range poolTries {
-		var ps *poolSession
-		ps, err = p.room(ctx)
+		var pl *place
+		pl, err = p.room(ctx)
 		if err != nil {
 			return nil, err
 		}
-		counted := false
-		uncount := func() {
-			p.mu.Lock()
-			if !counted {
-				counted = true
-				ps.taking--
-			}
-			p.mu.Unlock()
-		}
-		l, err = p.acquire(ctx, ps, c, try, uncount)
-		if err == nil || ctx.Err() != nil || (ps.s.Err() == nil && !errors.Is(err, ErrLost)) {
+		l, err = p.acquire(ctx, pl, c, try)
+		if err == nil || ctx.Err() != nil || (pl.s.Err() == nil && !errors.Is(err, ErrLost)) {
 			return l, err
 		}
 		// The session ended under the call, or the call's key went (its
@@ -112,33 +131,32 @@ func (p *Pool) take(ctx context.Context, c Call, try bool) (l *Lock, err error) 
 	return nil, err
 }
 
-// acquire is Session.acquire through ps, giving back the pool's count of
-// the call (uncount) however it ends: a hook that panics included.
-func (p *Pool) acquire(ctx context.Context, ps *poolSession, c Call, try bool, uncount func()) (*Lock, error) {
-	defer uncount()
-	return ps.s.acquire(ctx, c, "", try, uncount)
+// acquire is Session.acquire in the place pl, which it gives back if the
+// lock never took it, however the call ends: a hook that panics included.
+func (p *Pool) acquire(ctx context.Context, pl *place, c Call, try bool) (*Lock, error) {
+	defer pl.s.freePlace(pl)
+	return pl.s.acquire(ctx, c, "", try, pl)
 }
 
-// room returns a session with room for one more lock, counted in its
-// taking; it opens one if none has room. One session is opened at a
-// time: the callers that find no room meanwhile wait for it.
-func (p *Pool) room(ctx context.Context) (*poolSession, error) {
+// room returns a place on a session with room for one more lock; it opens
+// a session if none has room. One session is opened at a time: the
+// callers that find no room meanwhile wait for it.
+func (p *Pool) room(ctx context.Context) (*place, error) {
 	for {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			return nil, ErrSessionClosed
 		}
-		ps, ended := p.withRoomLocked()
+		pl, ended := p.withRoomLocked()
 		if len(ended) > 0 {
 			p.mu.Unlock()
 			closeEnded(ended)
 			continue
 		}
-		if ps != nil {
-			ps.taking++
+		if pl != nil {
 			p.mu.Unlock()
-			return ps, nil
+			return pl, nil
 		}
 		if opening := p.opening; opening != nil {
 			p.mu.Unlock()
@@ -152,23 +170,25 @@ func (p *Pool) room(ctx context.Context) (*poolSession, error) {
 		opened := make(chan struct{})
 		p.opening = opened
 		p.mu.Unlock()
-		return p.open(ctx, opened)
+		if err := p.open(ctx, opened); err != nil {
+			return nil, err
+		}
 	}
 }
 
-// withRoomLocked is the first live session with room for a lock, if any.
-// It takes the sessions that have ended out of the pool and returns them,
-// to be closed. p.mu is held.
-func (p *Pool) withRoomLocked() (found *poolSession, ended []*Session) {
+// withRoomLocked holds a place on the first live session with room for a
+// lock, if any. It takes the sessions that have ended out of the pool and
+// returns them, to be closed. p.mu is held.
+func (p *Pool) withRoomLocked() (found *place, ended []*Session) {
 	live := p.sessions[:0]
-	for _, ps := range p.sessions {
-		if ps.s.Err() != nil {
-			ended = append(ended, ps.s) // its locks have ended with it
+	for _, s := range p.sessions {
+		if s.Err() != nil {
+			ended = append(ended, s) // its locks have ended with it
 			continue
 		}
-		live = append(live, ps)
-		if found == nil && ps.s.lockCount()+ps.taking < p.per {
-			found = ps
+		live = append(live, s)
+		if found == nil {
+			found, _ = s.holdPlace(p.per)
 		}
 	}
 	clear(p.sessions[len(live):])
@@ -185,11 +205,10 @@ func closeEnded(ended []*Session) {
 	}
 }
 
-// open opens a session for the pool and returns it with one lock counted
-// in its taking. However it ends (a hook that panics included), it lets
-// the callers waiting on opened look again, the new session in the pool
-// by then if it opened.
-func (p *Pool) open(ctx context.Context, opened chan struct{}) (*poolSession, error) {
+// open opens a session for the pool. However it ends (a hook that
+// panics included), it lets the callers waiting on opened look again,
+// the new session in the pool by then if it opened.
+func (p *Pool) open(ctx context.Context, opened chan struct{}) error {
 	defer close(opened)
 	defer func() {
 		p.mu.Lock()
@@ -198,18 +217,17 @@ func (p *Pool) open(ctx context.Context, opened chan struct{}) (*poolSession, er
 	}()
 	s, err := NewSession(ctx, p.keeper.client, p.opts...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		_ = s.Close() // a session no lock was taken through: nothing to report
-		return nil, ErrSessionClosed
+		return ErrSessionClosed
 	}
-	ps := &poolSession{s: s, taking: 1}
-	p.sessions = append(p.sessions, ps)
+	p.sessions = append(p.sessions, s)
 	p.mu.Unlock()
-	return ps, nil
+	return nil
 }
 
 // Close closes every session of the pool (Session.Close: their locks end
@@ -229,8 +247,8 @@ func (p *Pool) Close() error {
 	p.sessions = nil
 	p.mu.Unlock()
 	var errs []error
-	for _, ps := range sessions {
-		errs = append(errs, ps.s.Close())
+	for _, s := range sessions {
+		errs = append(errs, s.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -240,8 +258,8 @@ func (p *Pool) Sessions() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
-	for _, ps := range p.sessions {
-		if ps.s.Err() == nil {
+	for _, s := range p.sessions {
+		if s.Err() == nil {
 			n++
 		}
 	}

@@ -56,12 +56,13 @@ type Session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu       sync.Mutex // guards closed, deadline, holdings and locks
+	mu       sync.Mutex // guards closed, deadline, holdings, locks and places
 	closed   bool
 	deadline time.Time
 
 	gates  registry[*gate]    // makes locks of one name on this session take turns
 	locks  map[*Lock]struct{} // every lock not finished (trackLock); mu guards it
+	places int                // places a Pool holds for locks not yet in locks (hold)
 	stream *watch.Stream      // carries the session's watches
 	// rechecks batches held locks' reads of their keys (recheck).
 	rechecks keyread.Batcher
@@ -440,8 +441,10 @@ func (s *Session) bound(ctx context.Context) (context.Context, func()) {
 
 // trackLock registers a lock whose finish Close waits for, unless the
 // session ended; finish calls untrackLock. When the session ends,
-// endLocks runs finish for every lock still registered.
-func (s *Session) trackLock(l *Lock) error {
+// endLocks runs finish for every lock still registered. A place a Pool
+// held for the lock becomes the lock's entry in the same step, so the
+// pool never counts the lock twice or not at all.
+func (s *Session) trackLock(l *Lock, pl *place) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.trackLocked(); err != nil {
@@ -451,16 +454,8 @@ func (s *Session) trackLock(l *Lock) error {
 		s.locks = map[*Lock]struct{}{}
 	}
 	s.locks[l] = struct{}{}
+	s.freePlaceLocked(pl)
 	return nil
-}
-
-// lockCount is how many locks of the session are registered: taken, or
-// being taken, and not finished. Each has a key on the lease, or is about
-// to put one.
-func (s *Session) lockCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.locks)
 }
 
 func (s *Session) untrackLock(l *Lock) {
