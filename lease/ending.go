@@ -28,15 +28,15 @@ type ending struct {
 type endLink struct{ cancel context.CancelCauseFunc }
 
 // end ends the lock with cause (context.Canceled for nil), unless it has
-// ended already, and reports whether it did.
-func (e *ending) end(cause error) bool {
+// ended already.
+func (e *ending) end(cause error) {
 	if cause == nil {
 		cause = context.Canceled
 	}
 	e.mu.Lock()
 	if e.cause.Load() != nil {
 		e.mu.Unlock()
-		return false
+		return
 	}
 	e.cause.Store(&cause)
 	if e.ch != nil {
@@ -50,7 +50,6 @@ func (e *ending) end(cause error) bool {
 	for _, l := range links {
 		l.cancel(cause)
 	}
-	return true
 }
 
 // err is why the lock ended; nil while it has not.

@@ -256,11 +256,15 @@ func (l *Lock) start(pl *place) error {
 }
 
 // finish stops the ended lock's events, hands on the gate, reports the end.
+// The session stops counting the lock before Done closes (and so before
+// Unlock returns), so that a Pool sees its place free at once; Close
+// waits for the lock until the very end.
 func (l *Lock) finish() {
 	t := l.t
-	defer t.s.untrackLock(l)
+	defer t.s.wg.Done()     // trackLock's Add
 	defer l.recordOwnLoss() // after Done has closed: the warning comes first
 	defer l.finished.end(nil)
+	defer t.s.untrackLock(l)
 	t.stopListening()
 	t.s.unhold(l)
 	l.leave()

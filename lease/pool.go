@@ -19,7 +19,8 @@ import (
 // stream, and a lease to renew, per perSession locks) and gains nothing.
 //
 // A pool's locks are ordinary locks of its sessions, with their
-// guarantees. Two locks of one name taken through the pool may be on
+// guarantees. A lock's place on its session is free again by the time
+// its Done closes or its Unlock returns. Two locks of one name taken through the pool may be on
 // different sessions: they then queue in etcd as locks of two processes
 // do, and exclude each other all the same. A session the pool lost ends
 // its own locks only; the pool takes later locks through its other

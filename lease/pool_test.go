@@ -296,3 +296,42 @@ func TestPoolHookPanicKeepsCount(t *testing.T) {
 		t.Fatalf("%d sessions after a recovered hook panic, want 1", n)
 	}
 }
+
+// A lock that ended frees its place on its session by the time its Done
+// closes, and so by the time Unlock returns: the pool's next lock goes
+// there, not through a new session.
+func TestPoolPlaceFreeOnceLockEnds(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	p, err := lease.NewPool(newKeeper(t, cli), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	for i := range 20 {
+		l, err := p.Lock(ctx, etcdproc.Name(t, fmt.Sprint("freed-", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := leaseOf(t, l)
+		if _, err := cli.Delete(ctx, l.Key()); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			<-l.Done()
+		} else if err := l.Unlock(ctx); !errors.Is(err, lease.ErrKeyDeleted) {
+			t.Fatalf("round %d: Unlock after its key went: %v, want ErrKeyDeleted", i, err)
+		}
+		next, err := p.Lock(ctx, etcdproc.Name(t, fmt.Sprint("freed-next-", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := leaseOf(t, next); got != id || p.Sessions() != 1 {
+			t.Fatalf("round %d: the next lock is on lease %x with %d sessions, want %x and 1", i, int64(got), p.Sessions(), int64(id))
+		}
+		if err := next.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -440,10 +440,10 @@ func (s *Session) bound(ctx context.Context) (context.Context, func()) {
 }
 
 // trackLock registers a lock whose finish Close waits for, unless the
-// session ended; finish calls untrackLock. When the session ends,
-// endLocks runs finish for every lock still registered. A place a Pool
-// held for the lock becomes the lock's entry in the same step, so the
-// pool never counts the lock twice or not at all.
+// session ended; finish calls untrackLock, and s.wg.Done last. When the
+// session ends, endLocks runs finish for every lock still registered. A
+// place a Pool held for the lock becomes the lock's entry in the same
+// step, so the pool never counts the lock twice or not at all.
 func (s *Session) trackLock(l *Lock, pl *place) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -458,11 +458,12 @@ func (s *Session) trackLock(l *Lock, pl *place) error {
 	return nil
 }
 
+// untrackLock stops counting a finishing lock; finish calls s.wg.Done
+// once it is through.
 func (s *Session) untrackLock(l *Lock) {
 	s.mu.Lock()
 	delete(s.locks, l)
 	s.mu.Unlock()
-	s.wg.Done()
 }
 
 // endLocks finishes every lock registered as the session ends: end has
