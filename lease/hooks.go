@@ -13,7 +13,11 @@ import (
 // traces (see packages fence/fenceprom and fence/fenceotel). Every field
 // is optional. They are called on the library's goroutines and the
 // callers', possibly at the same time: they must be safe for concurrent
-// use, return quickly, and never call back into the session.
+// use, return quickly, never call back into the session, and never panic.
+// A panic on one of the library's goroutines ends the process; one on a
+// caller's goroutine, even if the caller recovers it, can leave the lock
+// that call was taking queued or held in etcd, with no Lock to release
+// it, until its session ends.
 type Hooks struct {
 	// Waiting is called with +1 when a Lock, RLock or Campaign starts
 	// waiting behind another holder, and with -1 when it stops.

@@ -150,14 +150,13 @@ func (p *Pool) room(ctx context.Context) (*place, error) {
 			return nil, ErrSessionClosed
 		}
 		pl, ended := p.withRoomLocked()
-		if len(ended) > 0 {
+		if pl != nil || len(ended) > 0 {
 			p.mu.Unlock()
 			closeEnded(ended)
+			if pl != nil {
+				return pl, nil
+			}
 			continue
-		}
-		if pl != nil {
-			p.mu.Unlock()
-			return pl, nil
 		}
 		if opening := p.opening; opening != nil {
 			p.mu.Unlock()

@@ -335,3 +335,49 @@ func TestPoolPlaceFreeOnceLockEnds(t *testing.T) {
 		}
 	}
 }
+
+// A pool that finds an ended session, in the same look that finds room on
+// a live one, keeps using the room it found: the place is not lost, and
+// the live session is not left looking full.
+func TestPoolRoomBesideEndedSession(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	p, err := lease.NewPool(newKeeper(t, cli), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	first, err := p.Lock(ctx, etcdproc.Name(t, "beside-first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := leaseOf(t, first)
+	second, err := p.Lock(ctx, etcdproc.Name(t, "beside-second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, leaseOf(t, second)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.SessionOf(second).Done():
+	case <-ctx.Done():
+		t.Fatal("the revoked session did not end")
+	}
+	for i := range 3 {
+		l, err := p.Lock(ctx, etcdproc.Name(t, fmt.Sprint("beside-", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := leaseOf(t, l); got != room || p.Sessions() != 1 {
+			t.Fatalf("round %d: the lock is on lease %x with %d sessions, want %x and 1", i, int64(got), p.Sessions(), int64(room))
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
