@@ -20,11 +20,12 @@ import (
 //
 // A pool's locks are ordinary locks of its sessions, with their
 // guarantees. A lock's place on its session is free again by the time
-// its Done closes or its Unlock returns. Two locks of one name taken through the pool may be on
-// different sessions: they then queue in etcd as locks of two processes
-// do, and exclude each other all the same. A session the pool lost ends
-// its own locks only; the pool takes later locks through its other
-// sessions, or a new one. Its methods are safe for concurrent use.
+// its Done closes or its Unlock returns. Two locks of one name taken
+// through the pool may be on different sessions: they then queue in etcd
+// as locks of two processes do, and exclude each other all the same. A
+// session the pool lost ends its own locks only; the pool takes later
+// locks through its other sessions, or a new one. Its methods are safe
+// for concurrent use.
 type Pool struct {
 	keeper *Keeper
 	per    int
@@ -47,15 +48,15 @@ type place struct {
 }
 
 // holdPlace holds a place for a lock if the session has fewer than per
-// locks and places, and has not ended.
-func (s *Session) holdPlace(per int) (*place, bool) {
+// locks and places, and has not ended; otherwise it returns nil.
+func (s *Session) holdPlace(per int) *place {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.endedLocked() != nil || len(s.locks)+s.places >= per {
-		return nil, false
+		return nil
 	}
 	s.places++
-	return &place{s: s, held: true}, true
+	return &place{s: s, held: true}
 }
 
 // freePlace gives back pl if it is still held.
@@ -188,7 +189,7 @@ func (p *Pool) withRoomLocked() (found *place, ended []*Session) {
 		}
 		live = append(live, s)
 		if found == nil {
-			found, _ = s.holdPlace(p.per)
+			found = s.holdPlace(p.per)
 		}
 	}
 	clear(p.sessions[len(live):])
