@@ -70,11 +70,14 @@ func Check(ctx context.Context, s Store, r Request) (c Claim, fenced bool, err e
 	return c, err == nil, err
 }
 
-// verifiesInAccept tells a Store whose Accept verifies the token itself,
-// with the Verify a transport puts in Request.Verify (VerifyFunc), before
-// it writes anything: an *EtcdStore. Check leaves the verification to it
-// rather than ask twice; the verdict and the error are the same.
+// verifiesInAccept tells a Store whose Accept verifies the token itself
+// before it writes anything: an *EtcdStore given a Verifier
+// (WithVerifier), whose own Verify is the only one VerifyFunc lets a
+// transport put in Request.Verify. Check leaves the verification to it
+// rather than ask twice; the verdict and the error are the same. An
+// EtcdStore without a Verifier verifies nothing in Accept, so a Verify
+// given beside it (a Verification of another Verifier) runs in Check.
 func verifiesInAccept(s Store) bool {
-	_, ok := s.(*EtcdStore)
-	return ok
+	e, ok := s.(*EtcdStore)
+	return ok && e.verify != nil
 }

@@ -466,3 +466,42 @@ func TestCheckVerifiesOnceOverEtcdStore(t *testing.T) {
 	}
 	wantUnverified(t, check(forged, true), name, forged, "")
 }
+
+// An EtcdStore made WithoutVerifier verifies nothing in Accept: a Verify
+// given beside it (a Verification of another Verifier) still runs in
+// Check, and refuses a forged token before the record is raised.
+func TestCheckVerifiesBesideUnverifiedEtcdStore(t *testing.T) {
+	etcdproc.LeakCheck(t)
+	cli := etcd.Client(t)
+	ctx := etcdproc.Ctx(t, 30*time.Second)
+	name := etcdproc.Name(t, "beside")
+	store, err := fencestore.NewEtcdStore(cli, etcdproc.Name(t, "records")+"/", fencestore.WithoutVerifier())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := fencestore.NewVerification(store, verifier(t, cli))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newSession(t, cli).Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(token int64) error {
+		_, _, err := fencestore.Check(ctx, store, fencestore.Request{
+			Lock:     func() string { return name },
+			Read:     func() (fencestore.Claim, error) { return fencestore.Claim{Name: name, Token: token}, nil },
+			ClaimKey: "claim",
+			Bad:      func(reason string) error { return errors.New(reason) },
+			Verify:   x.Check,
+		})
+		return err
+	}
+	if err := check(l.Token()); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	wantUnverified(t, check(forged), name, forged, "")
+	if h, err := fence.ReadRecord(ctx, cli, store.Key(name)); err != nil || h != l.Token() {
+		t.Fatalf("record after a forged token: %d %v, want %d", h, err, l.Token())
+	}
+}
